@@ -1,0 +1,265 @@
+/* redsem - connection options and the client handle. */
+#ifndef REDSEM_CLIENT_H
+#define REDSEM_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * THREADS. A redsem_client, and every semaphore, lock and permit made from it, may be used by
+ * one thread at a time: callers that share a client between threads must serialise the calls
+ * themselves (a mutex around each call is enough). Distinct clients share nothing and may be
+ * used concurrently from different threads. There is no global state: no global connection,
+ * no global script cache, no global initialisation call (sodium_init() is called for you,
+ * it is idempotent and thread-safe). redsem_strerror(), redsem_err_name(), redsem_is_fault(),
+ * redsem_id_generate() and the version calls may be called from any thread at any time.
+ *
+ * The one background thread redsem ever starts is the renewer of a client on which automatic
+ * renewal was enabled (see redsem_client_enable_renewal() in renew.h); it has its own
+ * connection and never touches the caller's.
+ *
+ * FORK. Handles belong to the process that created them. In a child after fork() every call
+ * on an inherited handle returns REDSEM_EFORKED without touching the network, so a child can
+ * never refresh or release its parent's permits by accident; the child may only free the
+ * handles (which closes its copy of the socket without sending anything).
+ *
+ * SIGNALS. redsem never raises SIGPIPE (sockets are written with MSG_NOSIGNAL), installs no
+ * signal handlers and never prints or exits.
+ *
+ * OWNERSHIP TAGS used in the comments: "borrowed" (the caller keeps it; redsem does not keep
+ * the pointer after the call returns), "copied" (redsem keeps its own copy), "owned-out"
+ * (written only on REDSEM_OK; the caller frees it with the named function), "view" (valid
+ * until the named event; never free it).
+ */
+
+/** Opaque connection options, built with redsem_options_new(). Since: 0.1 */
+typedef struct redsem_options redsem_options;
+
+/** Opaque client: one Redis connection plus its script cache and last error. Since: 0.1 */
+typedef struct redsem_client redsem_client;
+
+/** Default URL when none is set: "redis://127.0.0.1:6379". */
+#define REDSEM_DEFAULT_URL "redis://127.0.0.1:6379"
+/** Default connect timeout, ms. */
+#define REDSEM_DEFAULT_CONNECT_TIMEOUT_MS 2000
+/** Default command timeout, ms: how long one request waits for its reply. */
+#define REDSEM_DEFAULT_COMMAND_TIMEOUT_MS 2000
+/** Default retry window, ms, after a connection-level failure (see set_retry_ms). */
+#define REDSEM_DEFAULT_RETRY_MS 1000
+/** Default key prefix. */
+#define REDSEM_DEFAULT_KEY_PREFIX "redsem:"
+/** Largest timeout accepted by the *_timeout_ms and retry setters: 24 h, in ms. */
+#define REDSEM_TIMEOUT_MAX_MS 86400000LL
+
+/**
+ * redsem_options_new - make an options object holding every default.
+ *
+ * @ret_options  owned-out; free with redsem_options_free(). Must not be NULL.
+ * Returns: REDSEM_OK; REDSEM_EINVAL if ret_options is NULL; REDSEM_ENOMEM.
+ * Server: none. Thread safety: the new object is the caller's. Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_options_new(redsem_options **ret_options);
+
+/**
+ * redsem_options_free - free an options object. NULL is a no-op.
+ *
+ * Clients made from it keep their own copies and stay valid. Since: 0.1
+ */
+REDSEM_API void redsem_options_free(redsem_options *options);
+
+/**
+ * redsem_options_set_url - where and how to connect.
+ *
+ * @options  borrowed; must not be NULL.
+ * @url      copied; must not be NULL. Accepted forms (at most 4096 bytes):
+ *             redis://[user[:password]@]host[:port][/db]
+ *             unix:///absolute/path/to.sock[?db=N]   (also unix://[user[:password]@]/path)
+ *           host is a name, an IPv4 address or a bracketed IPv6 address ([::1]); port is
+ *           1..65535 (default 6379); db is 0..2147483647 (default 0). user and password may
+ *           be percent-encoded (%40 for '@'). With a password and no user, AUTH password is
+ *           sent; with both, AUTH user password (Redis 6 ACL). db != 0 sends SELECT db.
+ *           rediss:// (TLS) is not supported and is rejected.
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL or a malformed URL (the options are unchanged);
+ *          REDSEM_ENOMEM.
+ * Server: none (the URL is parsed now, used by redsem_client_new()). Since: 0.1
+ */
+REDSEM_API int redsem_options_set_url(redsem_options *options, const char *url);
+
+/**
+ * redsem_options_set_connect_timeout_ms - bound on establishing one connection (name lookup
+ * excluded: getaddrinfo() has no timeout), AUTH and SELECT included.
+ *
+ * @ms  1 .. REDSEM_TIMEOUT_MAX_MS milliseconds. Default REDSEM_DEFAULT_CONNECT_TIMEOUT_MS.
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range. Since: 0.1
+ */
+REDSEM_API int redsem_options_set_connect_timeout_ms(redsem_options *options, int64_t ms);
+
+/**
+ * redsem_options_set_command_timeout_ms - how long one request waits for its reply.
+ *
+ * A request that gets no reply in time fails with REDSEM_ETIMEDOUT (REDSEM_EUNKNOWN for an
+ * acquire, whose effect on the server is then unknown), and the connection is discarded, to
+ * be re-opened by the next call. A blocking acquire's own timeout is separate: its waiting
+ * is not bounded by this value.
+ *
+ * @ms  1 .. REDSEM_TIMEOUT_MAX_MS milliseconds. Default REDSEM_DEFAULT_COMMAND_TIMEOUT_MS.
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range. Since: 0.1
+ */
+REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, int64_t ms);
+
+/**
+ * redsem_options_set_retry_ms - retry window after a connection-level failure.
+ *
+ * When a call finds the connection refused, reset or closed by the server (a restart, a
+ * CLIENT KILL, an idle timeout), it reconnects and sends the same request again, with
+ * jittered exponential backoff (5 ms doubling to 100 ms), for up to this many ms after the
+ * first failure; then it returns REDSEM_ECONN (REDSEM_EUNKNOWN for an acquire that may have
+ * reached the server). Every redsem request is idempotent for its holder identifier, so a
+ * resend never takes a second permit. Timeouts (a stalled server) are not retried.
+ *
+ * @ms  0 (never retry: fail on the first connection error) .. REDSEM_TIMEOUT_MAX_MS.
+ *      Default REDSEM_DEFAULT_RETRY_MS.
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range. Since: 0.1
+ */
+REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
+
+/**
+ * redsem_options_set_key_prefix - prefix of every key redsem creates.
+ *
+ * A semaphore NAME lives in keys PREFIX{NAME}:suffix (see docs/design.md), so one
+ * semaphore's keys share the hash tag {NAME} and one Redis Cluster slot.
+ *
+ * @prefix  copied; must not be NULL; 0..256 bytes of printable ASCII (0x21..0x7e) other than
+ *          '{' and '}' (which would break the hash tag). Default REDSEM_DEFAULT_KEY_PREFIX.
+ * Returns: REDSEM_OK; REDSEM_EINVAL (options unchanged); REDSEM_ENOMEM. Since: 0.1
+ */
+REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char *prefix);
+
+/**
+ * redsem_client_new - connect to Redis and return a client.
+ *
+ * Connects now (AUTH and SELECT included) so that a wrong URL, password or database shows up
+ * here rather than at the first acquire. Later, a call that finds the connection lost
+ * reconnects by itself (see redsem_options_set_retry_ms()).
+ *
+ * @options     borrowed; NULL means all defaults (REDSEM_DEFAULT_URL, ...). The client keeps
+ *              its own copy.
+ * @ret_client  owned-out; free with redsem_client_free(). Must not be NULL. Not written on
+ *              failure.
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL ret_client); REDSEM_ENOMEM; REDSEM_ECONN (refused,
+ *          unreachable, name not found); REDSEM_ETIMEDOUT (connect timeout); REDSEM_EPERM
+ *          (AUTH refused: WRONGPASS, NOAUTH, NOPERM); REDSEM_ESERVER (SELECT refused or other
+ *          error reply); REDSEM_EPROTO. On failure no client exists, so the detail is not
+ *          available through redsem_client_errmsg(); use redsem_client_new_verbose() for it.
+ * Server: connect, then AUTH and SELECT as the URL asks.
+ * Thread safety: the new client belongs to the calling thread until handed over. Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,
+                                            redsem_client **ret_client);
+
+/**
+ * redsem_client_new_verbose - redsem_client_new() that also reports why it failed.
+ *
+ * @errbuf     borrowed; may be NULL; on failure receives a NUL-terminated message including
+ *             Redis' or the OS's own text (e.g. "AUTH: WRONGPASS invalid username-password
+ *             pair or user is disabled."). Untouched on success.
+ * @errbuf_len size of errbuf in bytes; ignored when errbuf is NULL.
+ * Everything else as redsem_client_new(). Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_client_new_verbose(const redsem_options *options,
+                                                    redsem_client **ret_client, char *errbuf,
+                                                    size_t errbuf_len);
+
+/**
+ * redsem_client_connect - redsem_client_new() with default options and the given URL.
+ *
+ * @url  borrowed; NULL means REDSEM_DEFAULT_URL. Format as redsem_options_set_url().
+ * Returns: as redsem_client_new(); REDSEM_EINVAL also for a malformed URL. Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_client_connect(const char *url, redsem_client **ret_client);
+
+/**
+ * redsem_client_free - close the connection and free the client. NULL is a no-op.
+ *
+ * Does not release permits: free every semaphore, lock and permit made from the client
+ * first (their leases then simply expire on the server). Stops the renewer thread, if any,
+ * and waits for it. In a child after fork() it closes the inherited socket without sending
+ * anything. Since: 0.1
+ */
+REDSEM_API void redsem_client_free(redsem_client *client);
+
+/**
+ * redsem_client_errmsg - detail of the last failed call on this client.
+ *
+ * Includes Redis' own error text where there was one (WRONGTYPE, NOPERM, OOM, ...) or the
+ * OS's (ECONNREFUSED ...). Reset to "" at the start of each call.
+ *
+ * @client  borrowed; NULL gives "".
+ * Returns: view; valid until the next call on the same client; never NULL. Since: 0.1
+ */
+REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
+
+/**
+ * redsem_client_ping - round trip to the server (PING), reconnecting first if needed.
+ *
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL); REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_EPERM;
+ *          REDSEM_ESERVER; REDSEM_EPROTO; REDSEM_EFORKED. Since: 0.1
+ */
+REDSEM_API int redsem_client_ping(redsem_client *client);
+
+/** Counters of what a client has sent, for operators and benchmarks. Since: 0.1 */
+typedef struct redsem_client_stats {
+    uint64_t requests;     /* requests written to Redis (each EVALSHA, SET, BLPOP ... once) */
+    uint64_t connects;     /* successful connections, the first one included */
+    uint64_t script_loads; /* SCRIPT LOAD requests */
+    uint64_t noscript;     /* NOSCRIPT replies seen (each followed by one load and one retry) */
+    uint64_t retries;      /* requests re-sent after a connection-level failure */
+    uint64_t wakeups;      /* blocking waits ended by a wake-up signal */
+    uint64_t reserved[8];  /* zero; room for later counters without an ABI break */
+} redsem_client_stats;
+
+/**
+ * redsem_client_get_stats - copy the client's counters.
+ *
+ * @client     borrowed; must not be NULL.
+ * @ret_stats  borrowed; must not be NULL; filled on REDSEM_OK.
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Since: 0.1
+ */
+REDSEM_API int redsem_client_get_stats(const redsem_client *client,
+                                       redsem_client_stats *ret_stats);
+
+/** Length of a holder identifier in hex characters (20 random bytes). */
+#define REDSEM_ID_LEN 40
+/** Buffer size for a holder identifier, NUL included. */
+#define REDSEM_ID_BUFSIZE 41
+
+/**
+ * redsem_id_generate - a fresh holder identifier: 20 random bytes from libsodium's
+ * randombytes_buf(), hex-encoded in lower case (the "20 bytes from /dev/urandom" of the Redis
+ * distributed-lock page).
+ *
+ * @out  borrowed; at least REDSEM_ID_BUFSIZE bytes; receives 40 hex chars and a NUL.
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL); REDSEM_ENOMEM if libsodium cannot initialise.
+ * Thread safety: callable from any thread. Since: 0.1
+ */
+REDSEM_API int redsem_id_generate(char out[REDSEM_ID_BUFSIZE]);
+
+/**
+ * redsem_monotonic_ms - the clock that permit validity deadlines are expressed in:
+ * CLOCK_MONOTONIC, in ms.
+ *
+ * Thread safety: callable from any thread. Since: 0.1
+ */
+REDSEM_API int64_t redsem_monotonic_ms(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* REDSEM_CLIENT_H */

@@ -1,0 +1,90 @@
+/* redsem - the distributed lock (mutex). */
+#ifndef REDSEM_LOCK_H
+#define REDSEM_LOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client.h"
+#include "export.h"
+#include "permit.h"
+#include "semaphore.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * The lock of the Redis "Distributed Locks" page (single instance), with fencing tokens:
+ * acquire is SET PREFIX{NAME}:mutex <token> NX PX <lease> (inside lock_acquire.lua, which on
+ * success also draws the fencing token); release is compare-and-delete; extend
+ * (redsem_permit_refresh()) is compare-and-pexpire. A grant is returned as a redsem_permit
+ * whose identifier is the random token stored in the key.
+ */
+typedef struct redsem_lock redsem_lock;
+
+/**
+ * redsem_lock_open - a handle on the lock NAME (nothing is sent).
+ *
+ * @client    borrowed; must not be NULL; must outlive the lock.
+ * @name      copied; must not be NULL; rules as redsem_sem_open().
+ * @lease_ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS: the key's PX.
+ * @ret_lock  owned-out; free with redsem_lock_free(). Must not be NULL.
+ * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_EFORKED.
+ * Server: none. Thread safety: the client's thread. Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_lock_open(redsem_client *client, const char *name,
+                                           int64_t lease_ms, redsem_lock **ret_lock);
+
+/** redsem_lock_free - NULL is a no-op; permits from it must be freed first. Since: 0.1 */
+REDSEM_API void redsem_lock_free(redsem_lock *lock);
+
+/**
+ * redsem_lock_try_acquire - take the lock if it is free now; never waits.
+ * Same as redsem_lock_acquire(lock, 0, ret_permit). Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_lock_try_acquire(redsem_lock *lock, redsem_permit **ret_permit);
+
+/**
+ * redsem_lock_acquire - take the lock, waiting up to timeout_ms.
+ *
+ * Waiting as redsem_sem_acquire() for the basic strategy: release pushes a wake-up to a list
+ * the waiters block on (BLPOP), the expiry of the current lease wakes them when due, and a
+ * jittered backoff covers lost wake-ups. Waiters are unordered.
+ *
+ * @lock        borrowed; must not be NULL.
+ * @timeout_ms  0 (try once), 1..REDSEM_WAIT_MAX_MS, or REDSEM_WAIT_FOREVER.
+ * @ret_permit  owned-out; free with redsem_permit_free(). Written only on REDSEM_OK.
+ * Returns: as redsem_sem_acquire() (REDSEM_EBUSY: held by someone else).
+ * Server: per attempt one EVALSHA of lock_acquire.lua; BLPOP while waiting.
+ * Thread safety: the client's thread. Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_lock_acquire(redsem_lock *lock, int64_t timeout_ms,
+                                              redsem_permit **ret_permit);
+
+/**
+ * redsem_lock_acquire_as - redsem_lock_acquire() with a caller-chosen token (REDSEM_ID_LEN
+ * lower-case hex chars), idempotent per token: if the lock is already held with this token,
+ * the same grant is returned with its lease renewed. Not allowed on a reentrant handle
+ * (REDSEM_EINVAL): there the token is the handle's owner identity. Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *token,
+                                                 int64_t timeout_ms, redsem_permit **ret_permit);
+
+/**
+ * redsem_lock_status - who holds the lock now (read-only).
+ *
+ * The status reports strategy 0 and limit 1; its holder (if any) is the owner token with
+ * its fencing token and remaining lease, redsem_status_hold_count() the reentrant count.
+ * Arguments and returns as redsem_sem_status(). Server: one EVALSHA of lock_status.lua.
+ * Since: 0.1
+ */
+REDSEM_API int redsem_lock_status(redsem_lock *lock, size_t max_entries,
+                                  redsem_status **ret_status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* REDSEM_LOCK_H */

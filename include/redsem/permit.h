@@ -1,0 +1,127 @@
+/* redsem - a permit: one grant of a semaphore or of a lock. */
+#ifndef REDSEM_PERMIT_H
+#define REDSEM_PERMIT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * A permit is what a successful acquire returns, for a semaphore (redsem_sem_acquire()) or a
+ * lock (redsem_lock_acquire()). It carries:
+ *   - the holder identifier: 20 random bytes from libsodium, hex-encoded (40 chars);
+ *   - the fencing token: a 64-bit number that strictly increases with every grant of that
+ *     semaphore or lock, across all clients (Kleppmann, "How to do distributed locking").
+ *     Tokens are not dense: each is max(previous + 1, the server's clock in microseconds),
+ *     so they keep increasing even after the keys expired or the server restarted without
+ *     persistence (as long as the server's clock does not step back);
+ *   - the validity: a CLOCK_MONOTONIC deadline until which the holder may act on the
+ *     resource. It is counted from the moment the granting request was sent (for a blocking
+ *     acquire: the attempt that was granted, not the start of the wait), plus the lease,
+ *     minus a drift margin of lease/100 + 2 ms (the Redis distributed-lock page). The server
+ *     keeps the permit at least that long unless the server itself loses data.
+ *
+ * A permit belongs to the semaphore or lock handle it came from, which must outlive it, and
+ * to that handle's client: one thread at a time (see client.h).
+ */
+typedef struct redsem_permit redsem_permit;
+
+/**
+ * redsem_permit_id - the holder identifier.
+ *
+ * @permit  borrowed; NULL gives "".
+ * Returns: view of 40 lower-case hex chars, NUL-terminated; valid until redsem_permit_free().
+ *          Pass it to redsem_sem_acquire_as() to retry an acquire idempotently.
+ * Server: none. Since: 0.1
+ */
+REDSEM_API const char *redsem_permit_id(const redsem_permit *permit);
+
+/**
+ * redsem_permit_token - the fencing token of this grant (see above); 0 for NULL.
+ *
+ * For a reentrant lock acquired again by its owner, the token of the outer grant.
+ * Server: none. Since: 0.1
+ */
+REDSEM_API uint64_t redsem_permit_token(const redsem_permit *permit);
+
+/**
+ * redsem_permit_deadline_ms - the validity deadline on redsem_monotonic_ms()'s clock (ms).
+ *
+ * Moved forward by each successful refresh. 0 for NULL. Server: none. Since: 0.1
+ */
+REDSEM_API int64_t redsem_permit_deadline_ms(const redsem_permit *permit);
+
+/**
+ * redsem_permit_validity_ms - milliseconds of validity left, on the monotonic clock.
+ *
+ * Returns: > 0 while the holder may still act; 0 once the deadline has passed, or after the
+ *          permit was released or found lost; 0 for NULL. Cheap (no server round trip).
+ * Thread safety: for a permit under automatic renewal, callable from any thread. Since: 0.1
+ */
+REDSEM_API int64_t redsem_permit_validity_ms(const redsem_permit *permit);
+
+/**
+ * redsem_permit_held - whether this holder still believes it holds the permit: it was not
+ * released, no refresh found it lost, and the validity deadline has not passed.
+ *
+ * Server: none. Thread safety: as redsem_permit_validity_ms(). Since: 0.1
+ */
+REDSEM_API bool redsem_permit_held(const redsem_permit *permit);
+
+/**
+ * redsem_permit_refresh - extend the lease by the handle's lease_ms, counted from now.
+ *
+ * For a lock this is the compare-and-pexpire script: only the owner can extend. For a
+ * semaphore, the holder's deadline is moved only if the entry still exists and has not
+ * expired: an expired or released entry is never re-created (Redis in Action 6.3.3 notes the
+ * refresh race; redsem reports it as lost instead).
+ *
+ * @permit  borrowed; must not be NULL.
+ * Returns: REDSEM_OK (validity moved to: send time + lease - drift); REDSEM_ELOST (expired,
+ *          released, or taken over: the permit is marked lost and stays lost); REDSEM_ESTATE
+ *          (already released or found lost); REDSEM_EINVAL; REDSEM_ECONN; REDSEM_ETIMEDOUT
+ *          (the validity deadline is then unchanged); REDSEM_ESERVER; REDSEM_EPERM;
+ *          REDSEM_EPROTO; REDSEM_EFORKED.
+ * Server: one EVALSHA (refresh.lua or lock_extend.lua) on the permit's client.
+ * Thread safety: the permit's client's thread. Since: 0.1
+ */
+REDSEM_API int redsem_permit_refresh(redsem_permit *permit);
+
+/**
+ * redsem_permit_release - give the permit back.
+ *
+ * Removes only this holder's own entry (a lock: compare-and-delete). Releasing a reentrant
+ * lock that was taken n times decrements the server-side hold count; the n-th release frees
+ * it. Wakes one waiter if any is registered. Stops automatic renewal of this permit first,
+ * waiting for a renewal in flight, so a lease is never extended after it was released.
+ *
+ * @permit  borrowed; must not be NULL. Still needs redsem_permit_free() afterwards.
+ * Returns: REDSEM_OK; REDSEM_ELOST (it had expired or was taken over: nothing of anyone
+ *          else's was touched); REDSEM_ESTATE (already released); REDSEM_EINVAL;
+ *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
+ *          REDSEM_EFORKED. After a connection-level failure the permit stays releasable; if
+ *          it is never released, the lease expires on the server by itself.
+ * Server: one EVALSHA (basic_release.lua, fair_release.lua or lock_release.lua).
+ * Thread safety: the permit's client's thread. Since: 0.1
+ */
+REDSEM_API int redsem_permit_release(redsem_permit *permit);
+
+/**
+ * redsem_permit_free - free the local permit object. NULL is a no-op.
+ *
+ * Does NOT release it on the server (call redsem_permit_release() first, or let the lease
+ * expire). Stops its automatic renewal, if any, waiting for a renewal in flight.
+ * Since: 0.1
+ */
+REDSEM_API void redsem_permit_free(redsem_permit *permit);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* REDSEM_PERMIT_H */

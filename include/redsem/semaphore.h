@@ -1,0 +1,273 @@
+/* redsem - counting semaphores. */
+#ifndef REDSEM_SEMAPHORE_H
+#define REDSEM_SEMAPHORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client.h"
+#include "export.h"
+#include "permit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** A semaphore handle: a name, a strategy, a limit and a lease, on one client. Since: 0.1 */
+typedef struct redsem_sem redsem_sem;
+
+/**
+ * The three strategies (Redis in Action, 6.3). All three keep at most `limit` unexpired
+ * leases at any instant, read time only from the server (TIME inside the scripts), and run
+ * every operation as one Lua script (EVALSHA), so each step is atomic on the server.
+ *
+ * BASIC (6.3.1): one sorted set holder -> lease deadline. Cheapest. Waiters are unordered:
+ *   whoever retries first after a release wins ("barging"), so a busy client can starve
+ *   others.
+ * FAIR (6.3.2-6.3.3): a counter gives each request a ticket; an owner sorted set ranks
+ *   requests by ticket and a timeout sorted set holds their deadlines. A request is granted
+ *   iff fewer than `limit` requests are ahead of it. A waiter blocked in acquire keeps its
+ *   ticket in the queue under a short wait lease that it renews, so permits go to waiters in
+ *   arrival order and none starves.
+ * LOCKED (6.3.4): the fair acquire performed while holding a short-lived guard lock
+ *   PREFIX{NAME}:lock (SET NX PX, then compare-and-delete). Two more round trips per attempt
+ *   and spurious failures when the guard is busy; see docs/design.md for what the guard buys
+ *   now that every script is atomic (nothing) and what it costs.
+ */
+typedef enum redsem_strategy {
+    REDSEM_STRATEGY_BASIC = 1,
+    REDSEM_STRATEGY_FAIR = 2,
+    REDSEM_STRATEGY_LOCKED = 3
+} redsem_strategy;
+
+/** Largest limit (permits) of a semaphore. */
+#define REDSEM_LIMIT_MAX 1000000u
+/** Smallest lease, ms (below this the drift margin of lease/100 + 2 ms eats the lease). */
+#define REDSEM_LEASE_MIN_MS 10
+/** Largest lease, ms (30 days). */
+#define REDSEM_LEASE_MAX_MS 2592000000LL
+/** Longest finite acquire timeout, ms (30 days). */
+#define REDSEM_WAIT_MAX_MS 2592000000LL
+/** Acquire timeout meaning "wait until a permit comes, however long". */
+#define REDSEM_WAIT_FOREVER (-1)
+/** Longest semaphore or lock name, bytes. */
+#define REDSEM_NAME_MAX 512
+/** Default wait lease of a queued fair/locked waiter, ms (renewed every third of it). */
+#define REDSEM_DEFAULT_WAIT_LEASE_MS 3000
+/** Default lease of the locked strategy's guard lock, ms. */
+#define REDSEM_DEFAULT_GUARD_LEASE_MS 1000
+
+/**
+ * redsem_strategy_name - "basic", "fair" or "locked"; "lock" for 0 (the status of a lock);
+ * "?" for anything else. Returns a static string. Thread safety: any thread. Since: 0.1
+ */
+REDSEM_API const char *redsem_strategy_name(int strategy);
+
+/**
+ * redsem_strategy_parse - the strategy named "basic", "fair" or "locked" (exact, lower case).
+ *
+ * @name          borrowed; must not be NULL.
+ * @ret_strategy  borrowed; must not be NULL; written on REDSEM_OK only.
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Thread safety: any thread. Since: 0.1
+ */
+REDSEM_API int redsem_strategy_parse(const char *name, redsem_strategy *ret_strategy);
+
+/**
+ * redsem_sem_open - open (creating on first use) the semaphore NAME.
+ *
+ * The strategy and limit are recorded on the server the first time the semaphore is used.
+ * Opening an existing semaphore with another strategy or another limit fails with
+ * REDSEM_ECONFLICT and a message saying what the server has, instead of silently admitting
+ * more holders than intended; change the limit with redsem_sem_set_limit(). The lease is per
+ * handle: holders of one semaphore may use different leases.
+ *
+ * @client     borrowed; must not be NULL; must outlive the semaphore.
+ * @name       copied; must not be NULL; 1..REDSEM_NAME_MAX bytes of printable ASCII
+ *             (0x21..0x7e) other than '{' and '}'.
+ * @strategy   REDSEM_STRATEGY_BASIC, _FAIR or _LOCKED.
+ * @limit      permits, 1..REDSEM_LIMIT_MAX.
+ * @lease_ms   lease of each permit in ms, REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS: the
+ *             server frees a permit this long after its grant or last refresh.
+ * @ret_sem    owned-out; free with redsem_sem_free(). Must not be NULL.
+ * Returns: REDSEM_OK; REDSEM_EINVAL (any argument out of range; nothing sent);
+ *          REDSEM_ECONFLICT; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER
+ *          (e.g. WRONGTYPE: a key of that name is not ours; nothing is overwritten);
+ *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
+ * Server: one EVALSHA of sem_open.lua: creates PREFIX{NAME}:meta (strategy, limit) if absent,
+ *         with a TTL, else compares.
+ * Thread safety: the client's thread. Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_sem_open(redsem_client *client, const char *name,
+                                          redsem_strategy strategy, uint32_t limit,
+                                          int64_t lease_ms, redsem_sem **ret_sem);
+
+/**
+ * redsem_sem_free - free the handle. NULL is a no-op. Permits from it must be freed first
+ * (their leases are not released; they expire on the server). Server: none. Since: 0.1
+ */
+REDSEM_API void redsem_sem_free(redsem_sem *sem);
+
+/**
+ * redsem_sem_set_wait_lease_ms - lease of this handle's queued waiters (fair and locked).
+ *
+ * A waiter blocked in redsem_sem_acquire() keeps its ticket under this lease and renews it
+ * every third of it; if the waiter dies, its place is dropped after at most this long. No
+ * effect for the basic strategy (its waiters hold no place).
+ *
+ * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default REDSEM_DEFAULT_WAIT_LEASE_MS.
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Since: 0.1
+ */
+REDSEM_API int redsem_sem_set_wait_lease_ms(redsem_sem *sem, int64_t ms);
+
+/**
+ * redsem_sem_set_guard_lease_ms - lease of the locked strategy's guard lock, ms.
+ *
+ * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default REDSEM_DEFAULT_GUARD_LEASE_MS. A
+ *      holder of the guard that dies blocks every acquire of this semaphore this long.
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Since: 0.1
+ */
+REDSEM_API int redsem_sem_set_guard_lease_ms(redsem_sem *sem, int64_t ms);
+
+/** The handle's name (view, valid until redsem_sem_free()), strategy, limit, lease (ms). */
+REDSEM_API const char *redsem_sem_name(const redsem_sem *sem);
+REDSEM_API redsem_strategy redsem_sem_strategy(const redsem_sem *sem);
+/** The limit last seen on the server (redsem_sem_set_limit() by anyone is picked up by the
+ * next acquire). */
+REDSEM_API uint32_t redsem_sem_limit(const redsem_sem *sem);
+REDSEM_API int64_t redsem_sem_lease_ms(const redsem_sem *sem);
+
+/**
+ * redsem_sem_try_acquire - take a permit if one is free now; never waits.
+ *
+ * Same as redsem_sem_acquire(sem, 0, ret_permit).
+ * Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit **ret_permit);
+
+/**
+ * redsem_sem_acquire - take a permit, waiting up to timeout_ms for one to become free.
+ *
+ * Waiting does not poll: a release wakes one waiter through a Redis list it blocks on
+ * (BLPOP), and a lease that expires wakes the waiters when it is due; a bounded, jittered
+ * backoff (50 ms doubling to 1 s) covers lost wake-ups. Fair and locked waiters keep their
+ * place in the queue (ticket order); basic waiters compete on every wake-up. The call
+ * returns by its deadline plus a few ms (one reconnect and one round trip at most).
+ *
+ * @sem         borrowed; must not be NULL.
+ * @timeout_ms  0 = try once (fair: take a ticket and leave at once if not granted, as in
+ *              the book); 1..REDSEM_WAIT_MAX_MS; REDSEM_WAIT_FOREVER.
+ * @ret_permit  owned-out; free with redsem_permit_free() (after redsem_permit_release()).
+ *              Must not be NULL. Written only on REDSEM_OK.
+ * Returns: REDSEM_OK; REDSEM_EBUSY (no permit free, or none became free in time: expected);
+ *          REDSEM_EUNKNOWN (the reply of a request that could have granted a permit was
+ *          lost: a permit may be held in this holder's name until its lease expires; retry
+ *          with redsem_sem_acquire_as() and the same identifier to find out, idempotently);
+ *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER
+ *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed);
+ *          REDSEM_EPERM (NOPERM ...); REDSEM_ECONFLICT (the semaphore was re-created with
+ *          another strategy); REDSEM_EPROTO; REDSEM_EFORKED.
+ * Server: per attempt one EVALSHA of basic_acquire.lua or fair_acquire.lua (locked: also
+ *         SET NX PX of the guard before and a compare-and-delete EVALSHA after); while
+ *         waiting, BLPOP on the semaphore's wake-up list (basic) or the waiter's own list
+ *         (fair, locked).
+ * Thread safety: the client's thread. Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_sem_acquire(redsem_sem *sem, int64_t timeout_ms,
+                                             redsem_permit **ret_permit);
+
+/**
+ * redsem_sem_acquire_as - redsem_sem_acquire() with a holder identifier chosen by the caller.
+ *
+ * Acquire is idempotent per identifier: if this identifier already holds a live permit of
+ * the semaphore (because an earlier call's reply was lost), the same permit is returned, its
+ * lease renewed from now, with the same fencing token; a second permit is never taken.
+ *
+ * @holder_id  borrowed; must not be NULL; exactly REDSEM_ID_LEN lower-case hex chars, e.g.
+ *             from redsem_id_generate() or redsem_permit_id().
+ * Other arguments and returns as redsem_sem_acquire(). Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *holder_id,
+                                                int64_t timeout_ms, redsem_permit **ret_permit);
+
+/**
+ * redsem_sem_set_limit - change the semaphore's limit on the server, for every client.
+ *
+ * Raising it wakes as many waiters as there are new permits. Lowering it revokes nothing:
+ * existing holders keep their permits and new grants resume once fewer than the new limit
+ * are held. Other handles pick the new limit up at their next acquire.
+ *
+ * @limit  1..REDSEM_LIMIT_MAX.
+ * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ECONFLICT (the server has another strategy);
+ *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
+ *          REDSEM_EFORKED.
+ * Server: one EVALSHA of set_limit.lua. Since: 0.1
+ */
+REDSEM_API int redsem_sem_set_limit(redsem_sem *sem, uint32_t limit);
+
+/** Introspection result (opaque). Since: 0.1 */
+typedef struct redsem_status redsem_status;
+
+/**
+ * redsem_sem_status - what the server holds for this semaphore now (read-only).
+ *
+ * @max_entries  how many holders and how many waiters to list, 0..REDSEM_LIMIT_MAX; the
+ *               counts are exact whatever this is.
+ * @ret_status   owned-out; free with redsem_status_free(). Must not be NULL.
+ * Returns: REDSEM_OK (also for a semaphore that does not exist yet: zero holders);
+ *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER;
+ *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
+ * Server: one EVALSHA of status.lua (no writes; works on a read-only ACL user).
+ * Since: 0.1
+ */
+REDSEM_API int redsem_sem_status(redsem_sem *sem, size_t max_entries,
+                                 redsem_status **ret_status);
+
+/** redsem_status_free - NULL is a no-op. Since: 0.1 */
+REDSEM_API void redsem_status_free(redsem_status *status);
+
+/** Strategy recorded on the server (0 when inspecting a lock, or when the semaphore does
+ * not exist on the server: see redsem_status_exists()). */
+REDSEM_API int redsem_status_strategy(const redsem_status *status);
+/** Whether the server has a record of the semaphore or lock at all. */
+REDSEM_API bool redsem_status_exists(const redsem_status *status);
+/** Limit recorded on the server (1 for a lock; 0 if it does not exist). */
+REDSEM_API uint32_t redsem_status_limit(const redsem_status *status);
+/** Exact number of live (unexpired) holders, and of live queued waiters. */
+REDSEM_API size_t redsem_status_holder_count(const redsem_status *status);
+REDSEM_API size_t redsem_status_waiter_count(const redsem_status *status);
+/** How many holders / waiters are listed (at most max_entries). */
+REDSEM_API size_t redsem_status_holders_listed(const redsem_status *status);
+REDSEM_API size_t redsem_status_waiters_listed(const redsem_status *status);
+
+/**
+ * redsem_status_holder - the i-th listed holder (fair/locked: in ticket order; basic: by
+ * deadline; lock: the owner).
+ *
+ * @i                 0..holders_listed-1.
+ * @ret_id            borrowed, may be NULL; receives a view valid until redsem_status_free().
+ * @ret_token         may be NULL; the holder's fencing token.
+ * @ret_remaining_ms  may be NULL; lease left, by the server's clock, ms.
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL status or i out of range). Since: 0.1
+ */
+REDSEM_API int redsem_status_holder(const redsem_status *status, size_t i, const char **ret_id,
+                                    uint64_t *ret_token, int64_t *ret_remaining_ms);
+
+/**
+ * redsem_status_waiter - the i-th listed waiter: fair/locked in queue order, with the wait
+ * lease left; basic and lock waiters are registered too (unordered, by wait deadline).
+ *
+ * Arguments as redsem_status_holder(); ret_token receives the waiter's ticket (0 for basic
+ * and lock waiters). Since: 0.1
+ */
+REDSEM_API int redsem_status_waiter(const redsem_status *status, size_t i, const char **ret_id,
+                                    uint64_t *ret_ticket, int64_t *ret_remaining_ms);
+
+/** Reentrant hold count of a lock's owner (0 if free or not reentrant-held). */
+REDSEM_API uint32_t redsem_status_hold_count(const redsem_status *status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* REDSEM_SEMAPHORE_H */

@@ -1,0 +1,76 @@
+-- basic_acquire: Redis in Action 6.3.1, with server time, a cardinality check and tokens.
+-- KEYS: 1 meta (hash), 2 holders (zset id -> lease deadline, ms), 3 waiters (zset id -> wait
+--       deadline), 4 signal (list the waiters BLPOP on)
+-- ARGV: 1 id, 2 limit (used if the semaphore is new), 3 lease ms, 4 mode (0 try, 1 wait,
+--       2 again, 3 last), 5 wait lease ms
+-- Returns {1, token, limit} granted, or {0, ms until the earliest lease deadline (-1 none),
+-- limit}.
+local now, now_us = clock()
+local meta, holders, waiters, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local id, lease, mode = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+local tkey = 't:' .. id
+local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey)
+if m[1] and m[1] ~= 'basic' then return conflict(meta, m, 'basic') end
+local limit = tonumber(m[2]) or tonumber(ARGV[2])
+local deadline = now + lease
+local exp = new_exp(m[4], deadline)
+local e = exp or tonumber(m[4])
+local all = {meta, holders, waiters, signal}
+
+-- The same identifier holding a live permit gets it back, renewed (idempotent retry).
+if m[5] then
+  local d = redis.call('ZSCORE', holders, id)
+  if d and tonumber(d) > now then
+    redis.call('ZADD', holders, deadline, id)
+    if mode >= 2 then redis.call('ZREM', waiters, id) end
+    if exp then
+      expire_at(all, exp)
+      redis.call('HSET', meta, 'exp', num(exp))
+    end
+    return {1, tonumber(m[5]), limit}
+  end
+end
+
+-- Admit iff fewer than `limit` holders remain: a cardinality check, so a new request never
+-- displaces a holder. Expired holders are removed only when they are in the way, at most
+-- 256 per call, so the cost does not grow with the number of holders.
+local card = redis.call('ZCARD', holders)
+if card >= limit then
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'LIMIT', 0, 256)
+  if #gone > 0 then
+    forget(meta, {holders}, gone)
+    card = card - #gone
+  end
+end
+
+if card < limit then
+  local tok = next_token(m[3], now_us)
+  redis.call('ZADD', holders, deadline, id)
+  if card == 0 and not exp then redis.call('PEXPIREAT', holders, e) end
+  if not m[1] then
+    redis.call('HSET', meta, 'strategy', 'basic', 'limit', limit, 'fence', num(tok),
+      tkey, num(tok), 'exp', num(exp))
+  elseif exp then
+    redis.call('HSET', meta, 'fence', num(tok), tkey, num(tok), 'exp', num(exp))
+  else
+    redis.call('HSET', meta, 'fence', num(tok), tkey, num(tok))
+  end
+  if exp then expire_at(all, exp) end
+  if mode >= 2 then redis.call('ZREM', waiters, id) end
+  return {1, tok, limit}
+end
+
+local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+local next_ms = -1
+if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
+if mode == 1 or mode == 2 then
+  local wd = now + tonumber(ARGV[5])
+  redis.call('ZADD', waiters, wd, id)
+  redis.call('ZREMRANGEBYSCORE', waiters, '-inf', now)
+  redis.call('PEXPIREAT', waiters, math.max(e or 0, wd + IDLE))
+  -- Every permit is taken right now, so a wake-up still pending is stale.
+  redis.call('DEL', signal)
+elseif mode == 3 then
+  redis.call('ZREM', waiters, id)
+end
+return {0, next_ms, limit}

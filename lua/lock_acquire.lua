@@ -1,0 +1,38 @@
+-- lock_acquire: SET key token NX PX lease (Redis "Distributed Locks", single instance), plus
+-- a fencing token drawn on success, reentrancy for the same owner, and waiter registration.
+-- KEYS: 1 mutex (string: owner token), 2 lock meta (hash: fence, cur = token of the current
+--       grant, n = reentrant hold count), 3 waiters (zset token -> wait deadline), 4 signal
+-- ARGV: 1 token, 2 lease ms, 3 mode (0 try, 1 wait, 2 again, 3 last), 4 wait lease ms,
+--       5 reentrant ('1' or '0')
+-- Returns {1, fencing token, hold count} granted, {0, ms the current lease has left, 1}.
+local now, now_us = clock()
+local mutex, lmeta, waiters, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, lease, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local m = redis.call('HMGET', lmeta, 'fence', 'cur', 'n')
+if redis.call('SET', mutex, token, 'NX', 'PX', lease) then
+  local f = next_token(m[1], now_us)
+  redis.call('HSET', lmeta, 'fence', num(f), 'cur', num(f), 'n', 1)
+  redis.call('PEXPIRE', lmeta, lease + IDLE)
+  if mode >= 2 then redis.call('ZREM', waiters, token) end
+  return {1, f, 1}
+end
+if redis.call('GET', mutex) == token then
+  -- the same owner: reentrant acquire, or an idempotent retry of a lost reply
+  local n = tonumber(m[3]) or 1
+  redis.call('PEXPIRE', mutex, lease)
+  redis.call('PEXPIRE', lmeta, lease + IDLE)
+  if ARGV[5] == '1' then n = redis.call('HINCRBY', lmeta, 'n', 1) end
+  if mode >= 2 then redis.call('ZREM', waiters, token) end
+  return {1, tonumber(m[2]) or 0, n}
+end
+local left = redis.call('PTTL', mutex)
+if mode == 1 or mode == 2 then
+  local wd = now + tonumber(ARGV[4])
+  redis.call('ZADD', waiters, wd, token)
+  redis.call('ZREMRANGEBYSCORE', waiters, '-inf', now)
+  redis.call('PEXPIREAT', waiters, wd + IDLE)
+  redis.call('DEL', signal)
+elseif mode == 3 then
+  redis.call('ZREM', waiters, token)
+end
+return {0, left, 1}

@@ -1,0 +1,78 @@
+-- redsem prelude: prepended to every script by tools/embed-lua.c at build time.
+-- Conventions of all scripts:
+--   * time comes only from the server: clock() reads TIME (allowed in scripts since Redis 5,
+--     which replicate effects, not scripts);
+--   * every key is passed in KEYS; the only name formed here is a fair waiter's wake-up list,
+--     KEYS[4] .. id, where KEYS[4] (a declared key prefix) carries the semaphore's hash tag,
+--     so the list is always in the semaphore's cluster slot;
+--   * reads that can fail (WRONGTYPE) come before the first write of each path, so an error
+--     leaves nothing half-done;
+--   * the keys of a semaphore share an absolute expiry `exp` (server ms, recorded in the meta
+--     hash) kept at least IDLE/2 beyond the latest deadline, so an abandoned semaphore
+--     disappears by itself.
+local IDLE = 60000
+
+local function clock()
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return math.floor(us / 1000), us
+end
+
+-- Fencing tokens and tickets: max(last + 1, server clock in microseconds). Strictly
+-- increasing per semaphore, and still increasing after the counter's key expired or the
+-- server restarted without persistence (unless the server clock stepped back). Exact in a
+-- Lua double until the year 2255.
+local function next_token(last, now_us)
+  local n = (tonumber(last) or 0) + 1
+  if n < now_us then n = now_us end
+  return n
+end
+
+local function num(n)
+  return string.format('%.0f', n)
+end
+
+local function conflict(meta_key, m, want)
+  return redis.error_reply('CONFLICT ' .. meta_key .. ' records strategy ' .. tostring(m[1]) ..
+    ' with limit ' .. tostring(m[2]) .. '; this handle wants ' .. want)
+end
+
+-- New expiry for a semaphore's keys if `need` (an absolute deadline) is not covered yet.
+local function new_exp(exp, need)
+  exp = tonumber(exp) or 0
+  if exp < need + IDLE / 2 then return need + IDLE end
+  return nil
+end
+
+local function expire_at(keys, exp)
+  for _, k in ipairs(keys) do redis.call('PEXPIREAT', k, exp) end
+end
+
+-- Remove ids from a sorted set and their tokens from the meta hash.
+local function forget(meta, zsets, ids)
+  for _, z in ipairs(zsets) do redis.call('ZREM', z, unpack(ids)) end
+  local f = {}
+  for i, g in ipairs(ids) do f[i] = 't:' .. g end
+  redis.call('HDEL', meta, unpack(f))
+end
+
+-- Fair: push a wake-up to each queued waiter (not holder) at ranks from..to, except `self`.
+local function wake_waiters(meta, owners, sigp, from, to, self)
+  if to < from then return end
+  for _, w in ipairs(redis.call('ZRANGE', owners, from, to)) do
+    if w ~= self and redis.call('HEXISTS', meta, 't:' .. w) == 0 then
+      redis.call('LPUSH', sigp .. w, '1')
+      redis.call('PEXPIRE', sigp .. w, IDLE)
+    end
+  end
+end
+
+-- Basic and lock: wake one registered waiter, keeping at most one pending wake-up per
+-- registered waiter.
+local function wake_one(waiters, signal)
+  local nw = redis.call('ZCARD', waiters)
+  if nw > 0 and redis.call('LLEN', signal) < nw then
+    redis.call('LPUSH', signal, '1')
+    redis.call('PEXPIRE', signal, IDLE)
+  end
+end

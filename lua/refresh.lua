@@ -1,0 +1,19 @@
+-- refresh: extend a live holder's lease; never re-create or extend an expired or released
+-- entry (redis-semaphore and others shipped that bug: a late refresh resurrected a lease).
+-- KEYS: 1 meta, 2 the deadline zset (basic: holders; fair/locked: timeouts), 3.. the other
+--       keys of the semaphore (to move their expiry along).
+-- ARGV: 1 id, 2 lease ms.  Returns {1} extended, {-1} lost.
+local now = clock()
+local meta, dz, id = KEYS[1], KEYS[2], ARGV[1]
+local m = redis.call('HMGET', meta, 't:' .. id, 'exp')
+if not m[1] then return {-1} end
+local d = redis.call('ZSCORE', dz, id)
+if not d or tonumber(d) <= now then return {-1} end
+local deadline = now + tonumber(ARGV[2])
+local exp = new_exp(m[2], deadline)
+-- The first write is PEXPIREAT, which is not DENYOOM: Redis checks maxmemory only before a
+-- script's first write, so the ZADD below still runs when the server is out of memory.
+if exp then expire_at(KEYS, exp) else redis.call('PEXPIREAT', meta, tonumber(m[2])) end
+redis.call('ZADD', dz, 'XX', deadline, id)
+if exp then redis.call('HSET', meta, 'exp', num(exp)) end
+return {1}

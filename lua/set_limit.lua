@@ -1,0 +1,26 @@
+-- set_limit: change the recorded limit; wake as many waiters as there are new permits.
+-- KEYS: basic: 1 meta, 2 holders, 3 waiters, 4 signal;
+--       fair/locked: 1 meta, 2 owners, 3 timeouts, 4 wake-up list prefix.
+-- ARGV: 1 strategy, 2 new limit.  Returns {old limit}.
+local now = clock()
+local meta, strategy, limit = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local m = redis.call('HMGET', meta, 'strategy', 'limit', 'exp')
+if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
+local old = tonumber(m[2]) or limit
+if m[1] then
+  redis.call('HSET', meta, 'limit', limit)
+else
+  local exp = now + IDLE
+  redis.call('HSET', meta, 'strategy', strategy, 'limit', limit, 'exp', num(exp))
+  redis.call('PEXPIREAT', meta, exp)
+end
+if limit > old then
+  if strategy == 'basic' then
+    local n = math.min(limit - old, redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf'))
+    for _ = 1, n do redis.call('LPUSH', KEYS[4], '1') end
+    if n > 0 then redis.call('PEXPIRE', KEYS[4], IDLE) end
+  else
+    wake_waiters(meta, KEYS[2], KEYS[4], old, limit - 1, nil)
+  end
+end
+return {old}

@@ -1,0 +1,132 @@
+/* redsem - the waiting loop shared by the three strategies and the lock.
+ *
+ * One attempt is one script (plus the guard for the locked strategy). A blocking acquire that
+ * is not granted registers (basic, lock: in a waiters set; fair, locked: in the queue, keeping
+ * its ticket) and blocks on a Redis list with BLPOP. Releases push to that list, so a waiter
+ * wakes as soon as a permit is handed over; the script also says when the earliest lease
+ * expires, and the wait never lasts past that; a jittered backoff (50 ms doubling to 1 s)
+ * bounds the wait in case a wake-up was lost. No fixed sleeps. */
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "internal.h"
+
+const char *const redsem__mode_names[4] = {"try", "wait", "again", "last"};
+
+/* Parse the {status, a, b, ...} reply of an acquire script. */
+int redsem__parse_attempt(redsem_client *c, const redisReply *r, redsem__attempt *att,
+                         const char *what)
+{
+    long long st = 0, a = 0, b = 0;
+    memset(att, 0, sizeof *att);
+    att->next_ms = -1;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        !redsem__reply_int(r->element[0], &st))
+        return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply shape", what);
+    if (st == REDSEM__ATT_GUARD_BUSY) {
+        att->outcome = REDSEM__ATT_GUARD_BUSY;
+        return REDSEM_OK;
+    }
+    if (r->elements < 3 || !redsem__reply_int(r->element[1], &a) ||
+        !redsem__reply_int(r->element[2], &b) || (st != 0 && st != 1) || b < 0 ||
+        b > UINT32_MAX)
+        return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply values", what);
+    if (st == 1) {
+        att->outcome = REDSEM__ATT_GRANTED;
+        att->token = (uint64_t)a;
+        att->holds = (uint32_t)b; /* lock: hold count in place of the limit */
+        att->limit = (uint32_t)b;
+    } else {
+        att->outcome = REDSEM__ATT_BUSY;
+        att->next_ms = a;
+        att->limit = (uint32_t)b;
+    }
+    return REDSEM_OK;
+}
+
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 1000
+
+static int unknown(redsem_client *c, const char *id, int rc)
+{
+    char detail[sizeof c->errmsg];
+    memcpy(detail, c->errmsg, sizeof detail);
+    return redsem__set_err(c, REDSEM_EUNKNOWN,
+                           "%s (%s); the request may have been applied: holder %s may hold a "
+                           "permit until its lease expires; acquire again with that id to "
+                           "find out",
+                           detail, redsem_err_name(rc), id);
+}
+
+int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t timeout_ms,
+                         redsem__attempt *att)
+{
+    redsem_client *c = q->client;
+    bool blocking = timeout_ms != 0;
+    int64_t deadline = blocking ? redsem__deadline_after_ms(timeout_ms) : 0;
+    int mode = blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
+    int64_t backoff_ms = BACKOFF_MIN_MS;
+    bool registered = false;
+    char keybuf[1024];
+    size_t keylen = 0;
+    const char *wkey = NULL;
+
+    for (;;) {
+        redsem__req_info info;
+        int rc = q->attempt(q->handle, id, mode, att, &info);
+        if (rc != REDSEM_OK)
+            return info.maybe_applied ? unknown(c, id, rc) : rc;
+        if (att->outcome == REDSEM__ATT_GRANTED) {
+            att->sent_ns = info.sent_ns;
+            return REDSEM_OK;
+        }
+        if (!blocking)
+            return redsem__set_err(c, REDSEM_EBUSY, "no permit free (limit %u)", att->limit);
+        if (att->outcome == REDSEM__ATT_BUSY) {
+            registered = true;
+            mode = REDSEM__MODE_AGAIN;
+        }
+
+        int64_t now = redsem__now_ns();
+        if (now >= deadline) {
+            if (!registered)
+                return redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
+            /* Leave the queue; a permit handed over at the last moment is still taken. */
+            rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
+            if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
+                att->sent_ns = info.sent_ns;
+                return REDSEM_OK;
+            }
+            if (rc != REDSEM_OK && info.maybe_applied)
+                return unknown(c, id, rc);
+            return redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout (limit %u)",
+                                   att->limit);
+        }
+
+        int64_t left_ms = deadline == REDSEM__FOREVER
+                              ? INT64_MAX
+                              : (deadline - now + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
+        if (att->outcome == REDSEM__ATT_GUARD_BUSY) {
+            /* The guard is held for about one round trip: a short jittered pause. */
+            int64_t nap = redsem__rand_between(1, 5);
+            redsem__sleep_ns((nap < left_ms ? nap : left_ms) * REDSEM__NS_PER_MS);
+            continue;
+        }
+        int64_t wait = redsem__rand_between(backoff_ms * 3 / 4, backoff_ms);
+        if (att->next_ms >= 0 && att->next_ms + 1 < wait)
+            wait = att->next_ms + 1;
+        if (q->wait_lease_ms > 0 && q->wait_lease_ms / 3 < wait)
+            wait = q->wait_lease_ms / 3;
+        if (left_ms < wait)
+            wait = left_ms;
+        if (wkey == NULL)
+            wkey = q->wait_key(q->handle, id, &keylen, keybuf, sizeof keybuf);
+        bool signaled = false;
+        rc = redsem__blpop(c, wkey, keylen, wait, deadline, &signaled);
+        if (rc != REDSEM_OK)
+            return rc; /* a registration left behind expires with its wait lease */
+        backoff_ms = signaled ? BACKOFF_MIN_MS
+                              : (backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff_ms * 2);
+    }
+}

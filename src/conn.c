@@ -1,0 +1,261 @@
+/* redsem - the transport: one non-blocking socket, hiredis' protocol reader, poll deadlines.
+ *
+ * Why not hiredis' blocking redisContext: hiredis 0.14 writes with write(2), which raises
+ * SIGPIPE on a reset connection (a library must never kill its host process), and its
+ * timeouts are per-socket SO_RCVTIMEO values rather than per-call deadlines. hiredis still
+ * does the protocol: redisFormatCommandArgv() encodes and redisReader parses. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "internal.h"
+
+void redsem__conn_init(redsem__conn *c)
+{
+    c->fd = -1;
+    c->reader = NULL;
+}
+
+void redsem__conn_close(redsem__conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    if (c->reader)
+        redisReaderFree(c->reader);
+    c->reader = NULL;
+}
+
+/* Wait for events on fd until deadline. 1 ready, 0 timeout, -1 error (errno). */
+static int wait_fd(int fd, short events, int64_t deadline_ns)
+{
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = events};
+        int64_t left = deadline_ns == REDSEM__FOREVER ? -1 : deadline_ns - redsem__now_ns();
+        if (deadline_ns != REDSEM__FOREVER && left <= 0)
+            return 0;
+        struct timespec ts, *tsp = NULL;
+        if (left >= 0) {
+            ts.tv_sec = left / 1000000000LL;
+            ts.tv_nsec = left % 1000000000LL;
+            tsp = &ts;
+        }
+        int n = ppoll(&pfd, 1, tsp, NULL);
+        if (n > 0)
+            return 1;
+        if (n == 0)
+            continue; /* re-check the clock; ppoll may wake slightly early */
+        if (errno != EINTR)
+            return -1;
+    }
+}
+
+static int finish_connect(int fd, int64_t deadline_ns, int *err_no)
+{
+    int w = wait_fd(fd, POLLOUT, deadline_ns);
+    if (w == 0)
+        return REDSEM__IO_TIMEOUT;
+    if (w < 0) {
+        *err_no = errno;
+        return REDSEM__IO_CLOSED;
+    }
+    int so = 0;
+    socklen_t sl = sizeof so;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) < 0)
+        so = errno;
+    if (so != 0) {
+        *err_no = so;
+        return REDSEM__IO_CLOSED;
+    }
+    return REDSEM__IO_OK;
+}
+
+static int connect_unix(const char *path, int64_t deadline_ns, int *fd_out, int *err_no)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t len = strlen(path);
+    if (len >= sizeof sa.sun_path) {
+        *err_no = ENAMETOOLONG;
+        return REDSEM__IO_CLOSED;
+    }
+    memcpy(sa.sun_path, path, len);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        *err_no = errno;
+        return REDSEM__IO_CLOSED;
+    }
+    int st = REDSEM__IO_OK;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        if (errno == EINPROGRESS || errno == EAGAIN)
+            st = finish_connect(fd, deadline_ns, err_no);
+        else {
+            *err_no = errno;
+            st = REDSEM__IO_CLOSED;
+        }
+    }
+    if (st != REDSEM__IO_OK) {
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
+    return REDSEM__IO_OK;
+}
+
+int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,
+                      bool *retryable, char *err, size_t errlen)
+{
+    int fd = -1, err_no = 0, st;
+    *retryable = true;
+    redsem__conn_close(c);
+    if (ep->kind == REDSEM__EP_UNIX) {
+        st = connect_unix(ep->path, deadline_ns, &fd, &err_no);
+        if (st == REDSEM__IO_TIMEOUT) {
+            snprintf(err, errlen, "connect to unix:%s timed out", ep->path);
+            return REDSEM_ETIMEDOUT;
+        }
+        if (st != REDSEM__IO_OK) {
+            snprintf(err, errlen, "connect to unix:%s: %s", ep->path, strerror(err_no));
+            return REDSEM_ECONN;
+        }
+    } else {
+        struct addrinfo hints, *res = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        char port[16];
+        snprintf(port, sizeof port, "%d", ep->port);
+        int gai = getaddrinfo(ep->host, port, &hints, &res);
+        if (gai != 0) {
+            *retryable = gai == EAI_AGAIN;
+            snprintf(err, errlen, "cannot resolve host '%s': %s", ep->host,
+                     gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
+            return gai == EAI_MEMORY ? REDSEM_ENOMEM : REDSEM_ECONN;
+        }
+        st = REDSEM__IO_CLOSED;
+        err_no = ECONNREFUSED;
+        for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+            fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                        ai->ai_protocol);
+            if (fd < 0) {
+                err_no = errno;
+                continue;
+            }
+            if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
+                st = REDSEM__IO_OK;
+            else if (errno == EINPROGRESS)
+                st = finish_connect(fd, deadline_ns, &err_no);
+            else {
+                err_no = errno;
+                st = REDSEM__IO_CLOSED;
+            }
+            if (st == REDSEM__IO_OK)
+                break;
+            close(fd);
+            fd = -1;
+            if (st == REDSEM__IO_TIMEOUT)
+                break;
+        }
+        freeaddrinfo(res);
+        if (st == REDSEM__IO_TIMEOUT) {
+            snprintf(err, errlen, "connect to %s:%d timed out", ep->host, ep->port);
+            return REDSEM_ETIMEDOUT;
+        }
+        if (st != REDSEM__IO_OK) {
+            snprintf(err, errlen, "connect to %s:%d: %s", ep->host, ep->port,
+                     strerror(err_no));
+            return REDSEM_ECONN;
+        }
+        int one = 1;
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    }
+    c->reader = redisReaderCreate();
+    if (c->reader == NULL) {
+        close(fd);
+        snprintf(err, errlen, "out of memory creating the reply reader");
+        return REDSEM_ENOMEM;
+    }
+    c->fd = fd;
+    return REDSEM_OK;
+}
+
+int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
+                       int *err_no)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int w = wait_fd(c->fd, POLLOUT, deadline_ns);
+            if (w == 0)
+                return REDSEM__IO_TIMEOUT;
+            if (w < 0) {
+                *err_no = errno;
+                return REDSEM__IO_CLOSED;
+            }
+            continue;
+        }
+        *err_no = n < 0 ? errno : EPIPE;
+        return REDSEM__IO_CLOSED;
+    }
+    return REDSEM__IO_OK;
+}
+
+int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, int *err_no,
+                      char *err, size_t errlen)
+{
+    redisReader *rd = c->reader;
+    char buf[16384];
+    for (;;) {
+        void *reply = NULL;
+        if (redisReaderGetReply(rd, &reply) != REDIS_OK) {
+            snprintf(err, errlen, "protocol error: %s", rd->errstr);
+            return rd->err == REDIS_ERR_OOM ? REDSEM__IO_NOMEM : REDSEM__IO_PROTO;
+        }
+        if (reply != NULL) {
+            *ret = reply;
+            return REDSEM__IO_OK;
+        }
+        int w = wait_fd(c->fd, POLLIN, deadline_ns);
+        if (w == 0)
+            return REDSEM__IO_TIMEOUT;
+        if (w < 0) {
+            *err_no = errno;
+            return REDSEM__IO_CLOSED;
+        }
+        ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n > 0) {
+            if (redisReaderFeed(rd, buf, (size_t)n) != REDIS_OK) {
+                snprintf(err, errlen, "protocol error: %s", rd->errstr);
+                return REDSEM__IO_PROTO;
+            }
+            continue;
+        }
+        if (n == 0) {
+            *err_no = 0;
+            return REDSEM__IO_CLOSED;
+        }
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+            continue;
+        *err_no = errno;
+        return REDSEM__IO_CLOSED;
+    }
+}

@@ -1,0 +1,237 @@
+/* redsem - the distributed lock: SET NX PX, compare-and-delete, compare-and-pexpire. */
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "internal.h"
+
+void redsem_lock_free(redsem_lock *l)
+{
+    if (l == NULL)
+        return;
+    redsem__free(l->name);
+    redsem__free(l->k_mutex);
+    redsem__free(l->k_meta);
+    redsem__free(l->k_waiters);
+    redsem__free(l->k_signal);
+    redsem__free(l);
+}
+
+int redsem_lock_open(redsem_client *c, const char *name, int64_t lease_ms, redsem_lock **ret_lock)
+{
+    if (c == NULL)
+        return REDSEM_EINVAL;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (ret_lock == NULL)
+        return redsem__set_err(c, REDSEM_EINVAL, "ret_lock is NULL");
+    if (!redsem__valid_name(name))
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "name must be 1..%d bytes of printable ASCII without '{' '}'",
+                               REDSEM_NAME_MAX);
+    if (!redsem__valid_lease(lease_ms))
+        return redsem__set_err(c, REDSEM_EINVAL, "lease %lld ms is outside %d..%lld",
+                               (long long)lease_ms, REDSEM_LEASE_MIN_MS, REDSEM_LEASE_MAX_MS);
+    redsem_lock *l = redsem__calloc(1, sizeof *l);
+    if (l == NULL)
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    l->client = c;
+    l->lease_ms = lease_ms;
+    l->name = redsem__strdup(name);
+    l->k_mutex = redsem__key(c, name, ":mutex");
+    l->k_meta = redsem__key(c, name, ":mutex:meta");
+    l->k_waiters = redsem__key(c, name, ":mutex:waiters");
+    l->k_signal = redsem__key(c, name, ":mutex:signal");
+    if (!l->name || !l->k_mutex || !l->k_meta || !l->k_waiters || !l->k_signal) {
+        redsem_lock_free(l);
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    }
+    redsem__new_id(l->owner);
+    *ret_lock = l;
+    return REDSEM_OK;
+}
+
+static void lock_keys(const redsem_lock *l, redsem__args *a, int n)
+{
+    const char *k[4] = {l->k_mutex, l->k_meta, l->k_waiters, l->k_signal};
+    for (int i = 0; i < n; i++)
+        redsem__args_str(a, k[i]);
+}
+
+static int lock_attempt(void *h, const char *id, int mode, redsem__attempt *att,
+                        redsem__req_info *info)
+{
+    redsem_lock *l = h;
+    redsem_client *c = l->client;
+    redsem__args a;
+    redsem__args_init(&a);
+    lock_keys(l, &a, 4);
+    redsem__args_mem(&a, id, REDSEM_ID_LEN);
+    redsem__args_i64(&a, l->lease_ms);
+    redsem__args_i64(&a, mode);
+    redsem__args_i64(&a, REDSEM_DEFAULT_WAIT_LEASE_MS);
+    redsem__args_str(&a, l->reentrant ? "1" : "0");
+    redisReply *r = NULL;
+    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_ACQUIRE, 4, &a, REDSEM__REQ_RETRY, info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__parse_attempt(c, r, att, "lock_acquire");
+    freeReplyObject(r);
+    att->limit = 1;
+    return rc;
+}
+
+static const char *lock_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)
+{
+    (void)id;
+    (void)buf;
+    (void)buflen;
+    redsem_lock *l = h;
+    *len = strlen(l->k_signal);
+    return l->k_signal;
+}
+
+static int lock_acquire(redsem_lock *l, const char *token, int64_t timeout_ms,
+                        redsem_permit **ret_permit)
+{
+    if (l == NULL)
+        return REDSEM_EINVAL;
+    redsem_client *c = l->client;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (ret_permit == NULL)
+        return redsem__set_err(c, REDSEM_EINVAL, "ret_permit is NULL");
+    if (!redsem__valid_wait(timeout_ms))
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "timeout %lld ms: use 0 (try), 1..%lld, or REDSEM_WAIT_FOREVER",
+                               (long long)timeout_ms, REDSEM_WAIT_MAX_MS);
+    char id[REDSEM_ID_BUFSIZE];
+    if (token != NULL) {
+        if (l->reentrant)
+            return redsem__set_err(c, REDSEM_EINVAL,
+                                   "a reentrant lock's token is its owner identity");
+        if (!redsem__valid_id(token))
+            return redsem__set_err(c, REDSEM_EINVAL, "token must be %d lower-case hex characters",
+                                   REDSEM_ID_LEN);
+        memcpy(id, token, REDSEM_ID_BUFSIZE);
+    } else if (l->reentrant) {
+        memcpy(id, l->owner, REDSEM_ID_BUFSIZE);
+    } else {
+        redsem__new_id(id);
+    }
+    redsem__acquirer q = {
+        .client = c,
+        .handle = l,
+        .attempt = lock_attempt,
+        .wait_key = lock_wait_key,
+        .wait_lease_ms = 0,
+    };
+    redsem__attempt att;
+    rc = redsem__acquire_loop(&q, id, timeout_ms, &att);
+    if (rc != REDSEM_OK)
+        return rc;
+    redsem_permit *p = redsem__permit_new(REDSEM__PERMIT_LOCK, c, id, &att, l->lease_ms);
+    if (p == NULL) {
+        redsem_permit tmp = {.kind = REDSEM__PERMIT_LOCK, .client = c, .lock = l};
+        memcpy(tmp.id, id, sizeof id);
+        (void)redsem__lock_release(c, l, &tmp);
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the lock was released)");
+    }
+    p->lock = l;
+    *ret_permit = p;
+    return REDSEM_OK;
+}
+
+int redsem_lock_try_acquire(redsem_lock *l, redsem_permit **ret_permit)
+{
+    return lock_acquire(l, NULL, 0, ret_permit);
+}
+
+int redsem_lock_acquire(redsem_lock *l, int64_t timeout_ms, redsem_permit **ret_permit)
+{
+    return lock_acquire(l, NULL, timeout_ms, ret_permit);
+}
+
+int redsem_lock_acquire_as(redsem_lock *l, const char *token, int64_t timeout_ms,
+                           redsem_permit **ret_permit)
+{
+    if (l != NULL && token == NULL) {
+        int rc = redsem__check_owner(l->client);
+        return rc != REDSEM_OK ? rc : redsem__set_err(l->client, REDSEM_EINVAL, "token is NULL");
+    }
+    return lock_acquire(l, token, timeout_ms, ret_permit);
+}
+
+int redsem__lock_refresh(redsem_client *c, redsem_lock *l, redsem_permit *p, int64_t *sent_ns)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    lock_keys(l, &a, 2);
+    redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
+    redsem__args_i64(&a, l->lease_ms);
+    redisReply *r = NULL;
+    redsem__req_info info;
+    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_EXTEND, 2, &a, REDSEM__REQ_RETRY, &info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    long long st = 0;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !redsem__reply_int(r->element[0], &st))
+        rc = redsem__set_err(c, REDSEM_EPROTO, "lock_extend: unexpected reply");
+    freeReplyObject(r);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (st != 1)
+        return redsem__set_err(c, REDSEM_ELOST, "lock '%s' is no longer held by %s", l->name,
+                               p->id);
+    *sent_ns = info.sent_ns;
+    return REDSEM_OK;
+}
+
+int redsem__lock_release(redsem_client *c, redsem_lock *l, redsem_permit *p)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    lock_keys(l, &a, 4);
+    redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
+    redsem__args_str(&a, l->reentrant ? "1" : "0");
+    redisReply *r = NULL;
+    redsem__req_info info;
+    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_RELEASE, 4, &a, REDSEM__REQ_RETRY, &info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    long long st = 0;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !redsem__reply_int(r->element[0], &st))
+        rc = redsem__set_err(c, REDSEM_EPROTO, "lock_release: unexpected reply");
+    freeReplyObject(r);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (st != 1 && !info.maybe_applied)
+        return redsem__set_err(c, REDSEM_ELOST, "lock '%s' was not held by %s", l->name, p->id);
+    return REDSEM_OK;
+}
+
+int redsem_lock_status(redsem_lock *l, size_t max_entries, redsem_status **ret_status)
+{
+    if (l == NULL)
+        return REDSEM_EINVAL;
+    redsem_client *c = l->client;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (ret_status == NULL || max_entries > REDSEM_LIMIT_MAX)
+        return redsem__set_err(c, REDSEM_EINVAL, "ret_status is NULL or max_entries > %u",
+                               REDSEM_LIMIT_MAX);
+    redsem__args a;
+    redsem__args_init(&a);
+    lock_keys(l, &a, 3);
+    redsem__args_i64(&a, (int64_t)max_entries);
+    redisReply *r = NULL;
+    rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_STATUS, 3, &a, REDSEM__REQ_RETRY, NULL, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__status_from_reply(c, r, ret_status);
+    freeReplyObject(r);
+    return rc;
+}

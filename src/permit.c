@@ -1,0 +1,113 @@
+/* redsem - permits: accessors, refresh, release. */
+#include <string.h>
+
+#include "internal.h"
+
+redsem_permit *redsem__permit_new(int kind, redsem_client *c, const char *id,
+                                  const redsem__attempt *att, int64_t lease_ms)
+{
+    redsem_permit *p = redsem__calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->kind = kind;
+    p->client = c;
+    memcpy(p->id, id, REDSEM_ID_BUFSIZE);
+    p->token = att->token;
+    p->lease_ms = lease_ms;
+    atomic_store(&p->deadline_ns, redsem__validity_deadline(att->sent_ns, lease_ms));
+    atomic_store(&p->state, REDSEM__HELD);
+    return p;
+}
+
+const char *redsem_permit_id(const redsem_permit *p)
+{
+    return p ? p->id : "";
+}
+
+uint64_t redsem_permit_token(const redsem_permit *p)
+{
+    return p ? p->token : 0;
+}
+
+int64_t redsem_permit_deadline_ms(const redsem_permit *p)
+{
+    return p ? atomic_load(&p->deadline_ns) / REDSEM__NS_PER_MS : 0;
+}
+
+int64_t redsem_permit_validity_ms(const redsem_permit *p)
+{
+    if (p == NULL || atomic_load(&p->state) != REDSEM__HELD)
+        return 0;
+    int64_t left = atomic_load(&p->deadline_ns) - redsem__now_ns();
+    return left > 0 ? (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS : 0;
+}
+
+bool redsem_permit_held(const redsem_permit *p)
+{
+    return redsem_permit_validity_ms(p) > 0;
+}
+
+int redsem__permit_refresh_on(redsem_client *c, redsem_permit *p, int64_t *sent_ns)
+{
+    if (p->kind == REDSEM__PERMIT_SEM)
+        return redsem__sem_refresh(c, p->sem, p, sent_ns);
+    return redsem__lock_refresh(c, p->lock, p, sent_ns);
+}
+
+int redsem_permit_refresh(redsem_permit *p)
+{
+    if (p == NULL)
+        return REDSEM_EINVAL;
+    redsem_client *c = p->client;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    int st = atomic_load(&p->state);
+    if (st != REDSEM__HELD)
+        return redsem__set_err(c, REDSEM_ESTATE, "permit %s was already %s", p->id,
+                               st == REDSEM__RELEASED ? "released" : "found lost");
+    int64_t sent = 0;
+    rc = redsem__permit_refresh_on(c, p, &sent);
+    if (rc == REDSEM_OK) {
+        int64_t d = redsem__validity_deadline(sent, p->lease_ms);
+        /* never move the deadline back (a concurrent renewal may have moved it further) */
+        int64_t cur = atomic_load(&p->deadline_ns);
+        while (d > cur && !atomic_compare_exchange_weak(&p->deadline_ns, &cur, d))
+            ;
+    } else if (rc == REDSEM_ELOST) {
+        atomic_store(&p->state, REDSEM__LOST);
+    }
+    return rc;
+}
+
+int redsem_permit_release(redsem_permit *p)
+{
+    if (p == NULL)
+        return REDSEM_EINVAL;
+    redsem_client *c = p->client;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (atomic_load(&p->state) == REDSEM__RELEASED)
+        return redsem__set_err(c, REDSEM_ESTATE, "permit %s was already released", p->id);
+    /* Stop renewal first, waiting for a renewal in flight: a lease is never extended after
+     * it was released. */
+    if (p->renewal != NULL)
+        redsem__renewal_detach(p);
+    if (p->kind == REDSEM__PERMIT_SEM)
+        rc = redsem__sem_release(c, p->sem, p);
+    else
+        rc = redsem__lock_release(c, p->lock, p);
+    if (rc == REDSEM_OK || rc == REDSEM_ELOST)
+        atomic_store(&p->state, REDSEM__RELEASED);
+    return rc;
+}
+
+void redsem_permit_free(redsem_permit *p)
+{
+    if (p == NULL)
+        return;
+    if (p->renewal != NULL)
+        redsem__renewal_detach(p);
+    redsem__free(p);
+}

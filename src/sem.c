@@ -1,0 +1,525 @@
+/* redsem - semaphores: the three strategies (basic, fair, locked) on top of the Lua scripts. */
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "internal.h"
+
+static const char *const strategy_names[] = {"lock", "basic", "fair", "locked"};
+
+const char *redsem_strategy_name(int strategy)
+{
+    if (strategy >= 0 && strategy <= 3)
+        return strategy_names[strategy];
+    return "?";
+}
+
+int redsem_strategy_parse(const char *name, redsem_strategy *ret_strategy)
+{
+    if (name == NULL || ret_strategy == NULL)
+        return REDSEM_EINVAL;
+    for (int s = REDSEM_STRATEGY_BASIC; s <= REDSEM_STRATEGY_LOCKED; s++) {
+        if (strcmp(name, strategy_names[s]) == 0) {
+            *ret_strategy = (redsem_strategy)s;
+            return REDSEM_OK;
+        }
+    }
+    return REDSEM_EINVAL;
+}
+
+static bool is_basic(const redsem_sem *s)
+{
+    return s->strategy == REDSEM_STRATEGY_BASIC;
+}
+
+void redsem_sem_free(redsem_sem *s)
+{
+    if (s == NULL)
+        return;
+    redsem__free(s->name);
+    redsem__free(s->k_meta);
+    redsem__free(s->k_holders);
+    redsem__free(s->k_waiters);
+    redsem__free(s->k_signal);
+    redsem__free(s->k_owners);
+    redsem__free(s->k_timeouts);
+    redsem__free(s->k_sigprefix);
+    redsem__free(s->k_guard);
+    redsem__free(s);
+}
+
+/* -------------------------------------------------------------- per-strategy attempts */
+
+static int basic_attempt(void *h, const char *id, int mode, redsem__attempt *att,
+                         redsem__req_info *info)
+{
+    redsem_sem *s = h;
+    redsem_client *c = s->client;
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, s->k_meta);
+    redsem__args_str(&a, s->k_holders);
+    redsem__args_str(&a, s->k_waiters);
+    redsem__args_str(&a, s->k_signal);
+    redsem__args_mem(&a, id, REDSEM_ID_LEN);
+    redsem__args_i64(&a, s->limit);
+    redsem__args_i64(&a, s->lease_ms);
+    redsem__args_i64(&a, mode);
+    redsem__args_i64(&a, s->wait_lease_ms);
+    redisReply *r = NULL;
+    int rc = redsem__eval(c, REDSEM__SCRIPT_BASIC_ACQUIRE, 4, &a, REDSEM__REQ_RETRY, info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__parse_attempt(c, r, att, "basic_acquire");
+    freeReplyObject(r);
+    if (rc == REDSEM_OK && att->limit > 0)
+        s->limit = att->limit;
+    return rc;
+}
+
+/* The locked strategy's guard: SET guard id NX PX guard_lease (Redis in Action 6.3.4). */
+static int take_guard(redsem_sem *s, const char *id, bool *taken)
+{
+    redsem_client *c = s->client;
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, "SET");
+    redsem__args_str(&a, s->k_guard);
+    redsem__args_mem(&a, id, REDSEM_ID_LEN);
+    redsem__args_str(&a, "NX");
+    redsem__args_str(&a, "PX");
+    redsem__args_i64(&a, s->guard_lease_ms);
+    redisReply *r = NULL;
+    int rc = redsem__request(c, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = redsem__error_reply(c, r, "SET guard");
+    else
+        *taken = r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    return rc;
+}
+
+static void drop_guard(redsem_sem *s, const char *id)
+{
+    redsem_client *c = s->client;
+    char saved[sizeof c->errmsg];
+    memcpy(saved, c->errmsg, sizeof saved);
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, s->k_guard);
+    redsem__args_mem(&a, id, REDSEM_ID_LEN);
+    redisReply *r = NULL;
+    /* Best effort: if this fails the guard expires after guard_lease_ms. */
+    if (redsem__eval(c, REDSEM__SCRIPT_GUARD_RELEASE, 1, &a, REDSEM__REQ_RETRY, NULL, &r) ==
+        REDSEM_OK)
+        freeReplyObject(r);
+    memcpy(c->errmsg, saved, sizeof saved);
+}
+
+static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
+                        redsem__req_info *info)
+{
+    redsem_sem *s = h;
+    redsem_client *c = s->client;
+    bool locked = s->strategy == REDSEM_STRATEGY_LOCKED;
+    if (locked) {
+        bool taken = false;
+        int rc = take_guard(s, id, &taken);
+        if (rc != REDSEM_OK) {
+            info->maybe_applied = false; /* the guard alone grants nothing */
+            return rc;
+        }
+        if (!taken) {
+            memset(att, 0, sizeof *att);
+            att->outcome = REDSEM__ATT_GUARD_BUSY;
+            att->next_ms = -1;
+            att->limit = s->limit;
+            info->maybe_applied = false;
+            return REDSEM_OK;
+        }
+    }
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, s->k_meta);
+    redsem__args_str(&a, s->k_owners);
+    redsem__args_str(&a, s->k_timeouts);
+    redsem__args_str(&a, s->k_sigprefix);
+    redsem__args_str(&a, s->k_guard);
+    redsem__args_mem(&a, id, REDSEM_ID_LEN);
+    redsem__args_i64(&a, s->limit);
+    redsem__args_i64(&a, s->lease_ms);
+    redsem__args_i64(&a, mode);
+    redsem__args_i64(&a, s->wait_lease_ms);
+    redsem__args_str(&a, redsem_strategy_name(s->strategy));
+    redsem__args_mem(&a, id, REDSEM_ID_LEN);
+    redisReply *r = NULL;
+    int rc = redsem__eval(c, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, REDSEM__REQ_RETRY, info, &r);
+    if (rc == REDSEM_OK) {
+        rc = redsem__parse_attempt(c, r, att, "fair_acquire");
+        freeReplyObject(r);
+        if (rc == REDSEM_OK && att->outcome != REDSEM__ATT_GUARD_BUSY && att->limit > 0)
+            s->limit = att->limit;
+    }
+    if (locked)
+        drop_guard(s, id);
+    return rc;
+}
+
+static const char *basic_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)
+{
+    (void)id;
+    (void)buf;
+    (void)buflen;
+    redsem_sem *s = h;
+    *len = strlen(s->k_signal);
+    return s->k_signal;
+}
+
+static const char *fair_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)
+{
+    redsem_sem *s = h;
+    /* buf holds prefix (<= 256) + '{' + name (<= 512) + "}:signal:" + id (40): < 1024 */
+    size_t pl = s->sigprefix_len;
+    if (pl + REDSEM_ID_LEN + 1 > buflen) {
+        *len = 0;
+        return "";
+    }
+    memcpy(buf, s->k_sigprefix, pl);
+    memcpy(buf + pl, id, REDSEM_ID_LEN);
+    buf[pl + REDSEM_ID_LEN] = '\0';
+    *len = pl + REDSEM_ID_LEN;
+    return buf;
+}
+
+/* -------------------------------------------------------------- open / setters */
+
+static int make_keys(redsem_client *c, redsem_sem *s)
+{
+    s->k_meta = redsem__key(c, s->name, ":meta");
+    s->k_holders = redsem__key(c, s->name, ":holders");
+    s->k_waiters = redsem__key(c, s->name, ":waiters");
+    s->k_signal = redsem__key(c, s->name, ":signal");
+    s->k_owners = redsem__key(c, s->name, ":owners");
+    s->k_timeouts = redsem__key(c, s->name, ":timeouts");
+    s->k_sigprefix = redsem__key(c, s->name, ":signal:");
+    s->k_guard = redsem__key(c, s->name, ":lock");
+    if (!s->k_meta || !s->k_holders || !s->k_waiters || !s->k_signal || !s->k_owners ||
+        !s->k_timeouts || !s->k_sigprefix || !s->k_guard)
+        return REDSEM_ENOMEM;
+    s->sigprefix_len = strlen(s->k_sigprefix);
+    return REDSEM_OK;
+}
+
+int redsem_sem_open(redsem_client *c, const char *name, redsem_strategy strategy, uint32_t limit,
+                    int64_t lease_ms, redsem_sem **ret_sem)
+{
+    if (c == NULL)
+        return REDSEM_EINVAL;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (ret_sem == NULL)
+        return redsem__set_err(c, REDSEM_EINVAL, "ret_sem is NULL");
+    if (!redsem__valid_name(name))
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "name must be 1..%d bytes of printable ASCII without '{' '}'",
+                               REDSEM_NAME_MAX);
+    if (strategy < REDSEM_STRATEGY_BASIC || strategy > REDSEM_STRATEGY_LOCKED)
+        return redsem__set_err(c, REDSEM_EINVAL, "unknown strategy %d", (int)strategy);
+    if (limit < 1 || limit > REDSEM_LIMIT_MAX)
+        return redsem__set_err(c, REDSEM_EINVAL, "limit %u is outside 1..%u", limit,
+                               REDSEM_LIMIT_MAX);
+    if (!redsem__valid_lease(lease_ms))
+        return redsem__set_err(c, REDSEM_EINVAL, "lease %lld ms is outside %d..%lld",
+                               (long long)lease_ms, REDSEM_LEASE_MIN_MS, REDSEM_LEASE_MAX_MS);
+    redsem_sem *s = redsem__calloc(1, sizeof *s);
+    if (s == NULL)
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    s->client = c;
+    s->strategy = strategy;
+    s->limit = limit;
+    s->lease_ms = lease_ms;
+    s->wait_lease_ms = REDSEM_DEFAULT_WAIT_LEASE_MS;
+    s->guard_lease_ms = REDSEM_DEFAULT_GUARD_LEASE_MS;
+    s->name = redsem__strdup(name);
+    if (s->name == NULL || make_keys(c, s) != REDSEM_OK) {
+        redsem_sem_free(s);
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    }
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, s->k_meta);
+    redsem__args_str(&a, redsem_strategy_name(strategy));
+    redsem__args_i64(&a, limit);
+    redisReply *r = NULL;
+    rc = redsem__eval(c, REDSEM__SCRIPT_SEM_OPEN, 1, &a, REDSEM__REQ_RETRY, NULL, &r);
+    if (rc == REDSEM_OK) {
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 1 ||
+            r->element[0]->type != REDIS_REPLY_INTEGER)
+            rc = redsem__set_err(c, REDSEM_EPROTO, "sem_open: unexpected reply");
+        freeReplyObject(r);
+    }
+    if (rc != REDSEM_OK) {
+        redsem_sem_free(s);
+        return rc;
+    }
+    *ret_sem = s;
+    return REDSEM_OK;
+}
+
+int redsem_sem_set_wait_lease_ms(redsem_sem *s, int64_t ms)
+{
+    if (s == NULL || !redsem__valid_lease(ms))
+        return REDSEM_EINVAL;
+    s->wait_lease_ms = ms;
+    return REDSEM_OK;
+}
+
+int redsem_sem_set_guard_lease_ms(redsem_sem *s, int64_t ms)
+{
+    if (s == NULL || !redsem__valid_lease(ms))
+        return REDSEM_EINVAL;
+    s->guard_lease_ms = ms;
+    return REDSEM_OK;
+}
+
+const char *redsem_sem_name(const redsem_sem *s)
+{
+    return s ? s->name : "";
+}
+
+redsem_strategy redsem_sem_strategy(const redsem_sem *s)
+{
+    return s ? s->strategy : (redsem_strategy)0;
+}
+
+uint32_t redsem_sem_limit(const redsem_sem *s)
+{
+    return s ? s->limit : 0;
+}
+
+int64_t redsem_sem_lease_ms(const redsem_sem *s)
+{
+    return s ? s->lease_ms : 0;
+}
+
+/* -------------------------------------------------------------- acquire */
+
+static int sem_acquire(redsem_sem *s, const char *holder_id, int64_t timeout_ms,
+                       redsem_permit **ret_permit)
+{
+    if (s == NULL)
+        return REDSEM_EINVAL;
+    redsem_client *c = s->client;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (ret_permit == NULL)
+        return redsem__set_err(c, REDSEM_EINVAL, "ret_permit is NULL");
+    if (!redsem__valid_wait(timeout_ms))
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "timeout %lld ms: use 0 (try), 1..%lld, or REDSEM_WAIT_FOREVER",
+                               (long long)timeout_ms, REDSEM_WAIT_MAX_MS);
+    char id[REDSEM_ID_BUFSIZE];
+    if (holder_id != NULL) {
+        if (!redsem__valid_id(holder_id))
+            return redsem__set_err(c, REDSEM_EINVAL,
+                                   "holder id must be %d lower-case hex characters",
+                                   REDSEM_ID_LEN);
+        memcpy(id, holder_id, REDSEM_ID_BUFSIZE);
+    } else {
+        redsem__new_id(id);
+    }
+    redsem__acquirer q = {
+        .client = c,
+        .handle = s,
+        .attempt = is_basic(s) ? basic_attempt : fair_attempt,
+        .wait_key = is_basic(s) ? basic_wait_key : fair_wait_key,
+        .wait_lease_ms = is_basic(s) ? 0 : s->wait_lease_ms,
+    };
+    redsem__attempt att;
+    rc = redsem__acquire_loop(&q, id, timeout_ms, &att);
+    if (rc != REDSEM_OK)
+        return rc;
+    redsem_permit *p = redsem__permit_new(REDSEM__PERMIT_SEM, c, id, &att, s->lease_ms);
+    if (p == NULL) {
+        redsem_permit tmp = {.kind = REDSEM__PERMIT_SEM, .client = c, .sem = s};
+        memcpy(tmp.id, id, sizeof id);
+        (void)redsem__sem_release(c, s, &tmp);
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the permit was released)");
+    }
+    p->sem = s;
+    p->limit_seen = s->limit;
+    *ret_permit = p;
+    return REDSEM_OK;
+}
+
+int redsem_sem_try_acquire(redsem_sem *s, redsem_permit **ret_permit)
+{
+    return sem_acquire(s, NULL, 0, ret_permit);
+}
+
+int redsem_sem_acquire(redsem_sem *s, int64_t timeout_ms, redsem_permit **ret_permit)
+{
+    return sem_acquire(s, NULL, timeout_ms, ret_permit);
+}
+
+int redsem_sem_acquire_as(redsem_sem *s, const char *holder_id, int64_t timeout_ms,
+                          redsem_permit **ret_permit)
+{
+    if (s != NULL && holder_id == NULL) {
+        int rc = redsem__check_owner(s->client);
+        return rc != REDSEM_OK ? rc
+                               : redsem__set_err(s->client, REDSEM_EINVAL, "holder_id is NULL");
+    }
+    return sem_acquire(s, holder_id, timeout_ms, ret_permit);
+}
+
+/* -------------------------------------------------------------- refresh / release */
+
+/* Keys of the semaphore in the order refresh.lua wants: meta, deadline zset, the rest. */
+static void refresh_keys(const redsem_sem *s, redsem__args *a)
+{
+    redsem__args_str(a, s->k_meta);
+    if (is_basic(s)) {
+        redsem__args_str(a, s->k_holders);
+        redsem__args_str(a, s->k_waiters);
+        redsem__args_str(a, s->k_signal);
+    } else {
+        redsem__args_str(a, s->k_timeouts);
+        redsem__args_str(a, s->k_owners);
+    }
+}
+
+/* {1} or {-1} */
+static int simple_status(redsem_client *c, const redisReply *r, const char *what, long long *st)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !redsem__reply_int(r->element[0], st))
+        return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply", what);
+    return REDSEM_OK;
+}
+
+int redsem__sem_refresh(redsem_client *c, redsem_sem *s, redsem_permit *p, int64_t *sent_ns)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    refresh_keys(s, &a);
+    int nkeys = a.n;
+    redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
+    redsem__args_i64(&a, s->lease_ms);
+    redisReply *r = NULL;
+    redsem__req_info info;
+    int rc = redsem__eval(c, REDSEM__SCRIPT_REFRESH, nkeys, &a, REDSEM__REQ_RETRY, &info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    long long st;
+    rc = simple_status(c, r, "refresh", &st);
+    freeReplyObject(r);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (st != 1)
+        return redsem__set_err(c, REDSEM_ELOST,
+                               "lease lost: holder %s of '%s' expired or was released", p->id,
+                               s->name);
+    *sent_ns = info.sent_ns;
+    return REDSEM_OK;
+}
+
+int redsem__sem_release(redsem_client *c, redsem_sem *s, redsem_permit *p)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    int script;
+    redsem__args_str(&a, s->k_meta);
+    if (is_basic(s)) {
+        script = REDSEM__SCRIPT_BASIC_RELEASE;
+        redsem__args_str(&a, s->k_holders);
+        redsem__args_str(&a, s->k_waiters);
+        redsem__args_str(&a, s->k_signal);
+    } else {
+        script = REDSEM__SCRIPT_FAIR_RELEASE;
+        redsem__args_str(&a, s->k_owners);
+        redsem__args_str(&a, s->k_timeouts);
+        redsem__args_str(&a, s->k_sigprefix);
+    }
+    redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
+    redisReply *r = NULL;
+    redsem__req_info info;
+    int rc = redsem__eval(c, script, 4, &a, REDSEM__REQ_RETRY, &info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    long long st;
+    rc = simple_status(c, r, "release", &st);
+    freeReplyObject(r);
+    if (rc != REDSEM_OK)
+        return rc;
+    /* After a lost reply the request was re-sent; "not held" then may mean that the first copy
+     * released it. Either way the permit is not held any more. */
+    if (st != 1 && !info.maybe_applied)
+        return redsem__set_err(c, REDSEM_ELOST,
+                               "lease lost: holder %s of '%s' had expired or was not held",
+                               p->id, s->name);
+    return REDSEM_OK;
+}
+
+/* -------------------------------------------------------------- set_limit / status */
+
+int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
+{
+    if (s == NULL)
+        return REDSEM_EINVAL;
+    redsem_client *c = s->client;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (limit < 1 || limit > REDSEM_LIMIT_MAX)
+        return redsem__set_err(c, REDSEM_EINVAL, "limit %u is outside 1..%u", limit,
+                               REDSEM_LIMIT_MAX);
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, s->k_meta);
+    redsem__args_str(&a, is_basic(s) ? s->k_holders : s->k_owners);
+    redsem__args_str(&a, is_basic(s) ? s->k_waiters : s->k_timeouts);
+    redsem__args_str(&a, is_basic(s) ? s->k_signal : s->k_sigprefix);
+    redsem__args_str(&a, redsem_strategy_name(s->strategy));
+    redsem__args_i64(&a, limit);
+    redisReply *r = NULL;
+    rc = redsem__eval(c, REDSEM__SCRIPT_SET_LIMIT, 4, &a, REDSEM__REQ_RETRY, NULL, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    long long old;
+    rc = simple_status(c, r, "set_limit", &old);
+    freeReplyObject(r);
+    if (rc == REDSEM_OK)
+        s->limit = limit;
+    return rc;
+}
+
+int redsem_sem_status(redsem_sem *s, size_t max_entries, redsem_status **ret_status)
+{
+    if (s == NULL)
+        return REDSEM_EINVAL;
+    redsem_client *c = s->client;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (ret_status == NULL || max_entries > REDSEM_LIMIT_MAX)
+        return redsem__set_err(c, REDSEM_EINVAL, "ret_status is NULL or max_entries > %u",
+                               REDSEM_LIMIT_MAX);
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, s->k_meta);
+    redsem__args_str(&a, is_basic(s) ? s->k_holders : s->k_owners);
+    redsem__args_str(&a, is_basic(s) ? s->k_waiters : s->k_timeouts);
+    redsem__args_str(&a, is_basic(s) ? "basic" : "fair");
+    redsem__args_i64(&a, (int64_t)max_entries);
+    redisReply *r = NULL;
+    rc = redsem__eval(c, REDSEM__SCRIPT_STATUS, 3, &a, REDSEM__REQ_RETRY, NULL, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__status_from_reply(c, r, ret_status);
+    freeReplyObject(r);
+    return rc;
+}

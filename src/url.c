@@ -1,0 +1,276 @@
+/* redsem - connection URLs:
+ *   redis://[user[:password]@]host[:port][/db]
+ *   unix://[user[:password]@]/absolute/path[?db=N]
+ * user, password and path may be percent-encoded. Strict: anything else is EINVAL. */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define SUN_PATH_MAX 107 /* sizeof(sockaddr_un.sun_path) - 1 on Linux */
+
+static int fail(char *err, size_t errlen, const char *why)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "invalid URL: %s", why);
+    return REDSEM_EINVAL;
+}
+
+static int hexval(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode [s, s+len) into a new string; fails on bad escapes or a decoded NUL. */
+static int decode(const char *s, size_t len, char **out)
+{
+    char *d = redsem__malloc(len + 1);
+    if (d == NULL)
+        return REDSEM_ENOMEM;
+    size_t j = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '%') {
+            if (len - i < 3) {
+                redsem__free(d);
+                return REDSEM_EINVAL;
+            }
+            int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
+            if (h < 0 || l < 0 || (h == 0 && l == 0)) {
+                redsem__free(d);
+                return REDSEM_EINVAL;
+            }
+            d[j++] = (char)(h * 16 + l);
+            i += 2;
+        } else {
+            d[j++] = s[i];
+        }
+    }
+    d[j] = '\0';
+    *out = d;
+    return REDSEM_OK;
+}
+
+/* Decimal in [lo, hi], whole span, no sign, no leading garbage. */
+static bool parse_num(const char *s, size_t len, long lo, long hi, long *out)
+{
+    if (len == 0 || len > 10)
+        return false;
+    long long v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < lo || v > hi)
+        return false;
+    *out = (long)v;
+    return true;
+}
+
+static bool host_char(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '-' || ch == '.' || ch == '_';
+}
+
+static bool printable(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch < 0x21 || ch > 0x7e)
+            return false;
+    }
+    return true;
+}
+
+/* userinfo "user[:password]" (may be empty before '@'). */
+static int parse_userinfo(const char *s, size_t len, redsem__endpoint *ep, char *err,
+                          size_t errlen)
+{
+    const char *colon = memchr(s, ':', len);
+    size_t ulen = colon ? (size_t)(colon - s) : len;
+    int rc;
+    if (ulen > 0) {
+        rc = decode(s, ulen, &ep->user);
+        if (rc != REDSEM_OK)
+            return rc == REDSEM_ENOMEM ? rc : fail(err, errlen, "bad %-escape in user");
+    }
+    if (colon) {
+        size_t plen = len - ulen - 1;
+        rc = decode(colon + 1, plen, &ep->password);
+        if (rc != REDSEM_OK)
+            return rc == REDSEM_ENOMEM ? rc : fail(err, errlen, "bad %-escape in password");
+        if (ep->password[0] == '\0')
+            return fail(err, errlen, "empty password after ':'");
+    } else if (ulen > 0) {
+        /* "user@" alone: Redis has no user-only AUTH; treat it as a password-less user. */
+        return fail(err, errlen, "a user needs a password (user:password@)");
+    }
+    return REDSEM_OK;
+}
+
+static int parse_redis(const char *p, redsem__endpoint *ep, char *err, size_t errlen)
+{
+    /* authority ends at the first '/' */
+    const char *slash = strchr(p, '/');
+    size_t alen = slash ? (size_t)(slash - p) : strlen(p);
+    if (memchr(p, '?', alen) || memchr(p, '#', alen))
+        return fail(err, errlen, "redis:// URLs take no query; use /db");
+    /* userinfo: up to the last '@' of the authority */
+    const char *at = NULL;
+    for (size_t i = 0; i < alen; i++)
+        if (p[i] == '@')
+            at = p + i;
+    const char *host = p;
+    if (at) {
+        int rc = parse_userinfo(p, (size_t)(at - p), ep, err, errlen);
+        if (rc != REDSEM_OK)
+            return rc;
+        host = at + 1;
+    }
+    size_t hlen = alen - (size_t)(host - p);
+    const char *hend = host + hlen;
+    const char *portp = NULL;
+    size_t name_len;
+    const char *name = host;
+    if (hlen > 0 && host[0] == '[') {
+        const char *rb = memchr(host, ']', hlen);
+        if (rb == NULL)
+            return fail(err, errlen, "unterminated [IPv6] host");
+        name = host + 1;
+        name_len = (size_t)(rb - name);
+        if (name_len == 0)
+            return fail(err, errlen, "empty [IPv6] host");
+        for (size_t i = 0; i < name_len; i++) {
+            char ch = name[i];
+            if (!(hexval(ch) >= 0 || ch == ':' || ch == '.'))
+                return fail(err, errlen, "bad character in [IPv6] host");
+        }
+        if (rb + 1 < hend) {
+            if (rb[1] != ':')
+                return fail(err, errlen, "garbage after ]");
+            portp = rb + 2;
+        }
+    } else {
+        const char *colon = memchr(host, ':', hlen);
+        name_len = colon ? (size_t)(colon - host) : hlen;
+        if (colon)
+            portp = colon + 1;
+        for (size_t i = 0; i < name_len; i++)
+            if (!host_char(host[i]))
+                return fail(err, errlen, "bad character in host");
+    }
+    if (name_len == 0)
+        return fail(err, errlen, "missing host");
+    if (name_len > 253)
+        return fail(err, errlen, "host name too long");
+    long port = 6379;
+    if (portp && !parse_num(portp, (size_t)(hend - portp), 1, 65535, &port))
+        return fail(err, errlen, "port must be 1..65535");
+    long db = 0;
+    if (slash && slash[1] != '\0' && !parse_num(slash + 1, strlen(slash + 1), 0, 2147483647, &db))
+        return fail(err, errlen, "database must be a number 0..2147483647 after '/'");
+    ep->host = redsem__memdup0(name, name_len);
+    if (ep->host == NULL)
+        return REDSEM_ENOMEM;
+    ep->kind = REDSEM__EP_TCP;
+    ep->port = (int)port;
+    ep->db = db;
+    return REDSEM_OK;
+}
+
+static int parse_unix(const char *p, redsem__endpoint *ep, char *err, size_t errlen)
+{
+    const char *path = p;
+    if (p[0] != '/') {
+        const char *at = strchr(p, '@');
+        if (at == NULL)
+            return fail(err, errlen, "unix:// needs an absolute path (unix:///path/to.sock)");
+        int rc = parse_userinfo(p, (size_t)(at - p), ep, err, errlen);
+        if (rc != REDSEM_OK)
+            return rc;
+        path = at + 1;
+        if (path[0] != '/')
+            return fail(err, errlen, "unix:// needs an absolute path after '@'");
+    }
+    const char *q = strchr(path, '?');
+    size_t plen = q ? (size_t)(q - path) : strlen(path);
+    if (memchr(path, '#', plen))
+        return fail(err, errlen, "fragments are not allowed");
+    long db = 0;
+    if (q) {
+        if (strncmp(q, "?db=", 4) != 0 || !parse_num(q + 4, strlen(q + 4), 0, 2147483647, &db))
+            return fail(err, errlen, "the only query is ?db=N, N in 0..2147483647");
+    }
+    int rc = decode(path, plen, &ep->path);
+    if (rc != REDSEM_OK)
+        return rc == REDSEM_ENOMEM ? rc : fail(err, errlen, "bad %-escape in path");
+    size_t dlen = strlen(ep->path);
+    if (dlen < 2)
+        return fail(err, errlen, "empty socket path");
+    if (dlen > SUN_PATH_MAX)
+        return fail(err, errlen, "socket path longer than 107 bytes");
+    ep->kind = REDSEM__EP_UNIX;
+    ep->db = db;
+    return REDSEM_OK;
+}
+
+int redsem__url_parse(const char *url, redsem__endpoint *out, char *err, size_t errlen)
+{
+    if (url == NULL)
+        return fail(err, errlen, "NULL");
+    size_t len = strnlen(url, REDSEM__URL_MAX + 1);
+    if (len > REDSEM__URL_MAX)
+        return fail(err, errlen, "longer than 4096 bytes");
+    if (!printable(url, len))
+        return fail(err, errlen, "spaces or control characters (percent-encode them)");
+    redsem__endpoint ep = {0};
+    int rc;
+    if (strncmp(url, "redis://", 8) == 0)
+        rc = parse_redis(url + 8, &ep, err, errlen);
+    else if (strncmp(url, "unix://", 7) == 0)
+        rc = parse_unix(url + 7, &ep, err, errlen);
+    else if (strncmp(url, "rediss://", 9) == 0)
+        rc = fail(err, errlen, "rediss:// (TLS) is not supported");
+    else
+        rc = fail(err, errlen, "scheme must be redis:// or unix://");
+    if (rc != REDSEM_OK) {
+        redsem__endpoint_clear(&ep);
+        return rc;
+    }
+    *out = ep;
+    return REDSEM_OK;
+}
+
+int redsem__endpoint_copy(redsem__endpoint *dst, const redsem__endpoint *src)
+{
+    redsem__endpoint ep = *src;
+    ep.host = ep.path = ep.user = ep.password = NULL;
+    if ((src->host && !(ep.host = redsem__strdup(src->host))) ||
+        (src->path && !(ep.path = redsem__strdup(src->path))) ||
+        (src->user && !(ep.user = redsem__strdup(src->user))) ||
+        (src->password && !(ep.password = redsem__strdup(src->password)))) {
+        redsem__endpoint_clear(&ep);
+        return REDSEM_ENOMEM;
+    }
+    *dst = ep;
+    return REDSEM_OK;
+}
+
+void redsem__endpoint_clear(redsem__endpoint *ep)
+{
+    redsem__free(ep->host);
+    redsem__free(ep->path);
+    redsem__free(ep->user);
+    if (ep->password) {
+        memset(ep->password, 0, strlen(ep->password));
+        redsem__free(ep->password);
+    }
+    memset(ep, 0, sizeof *ep);
+}
