@@ -238,6 +238,9 @@ struct redsem_permit {
 
 redsem_permit *redsem__permit_new(int kind, redsem_client *c, const char *id,
                                   const redsem__attempt *att, int64_t lease_ms);
+/* Look up a live holder and make a permit object for it (redsem_sem_adopt / lock_adopt). */
+int redsem__adopt(redsem_client *c, int kind, void *handle, const char *id, int64_t lease_ms,
+                  const char *k1, const char *k2, const char *k3, redsem_permit **ret_permit);
 /* Server-side refresh / release of one permit without touching renewal (used by the renewer
  * with its own client). */
 int redsem__permit_refresh_on(redsem_client *c, redsem_permit *p, int64_t *sent_ns);

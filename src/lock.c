@@ -164,6 +164,14 @@ int redsem_lock_acquire_as(redsem_lock *l, const char *token, int64_t timeout_ms
     return lock_acquire(l, token, timeout_ms, ret_permit);
 }
 
+int redsem_lock_adopt(redsem_lock *l, const char *token, redsem_permit **ret_permit)
+{
+    if (l == NULL)
+        return REDSEM_EINVAL;
+    return redsem__adopt(l->client, REDSEM__PERMIT_LOCK, l, token, l->lease_ms, l->k_mutex,
+                         l->k_mutex, l->k_meta, ret_permit);
+}
+
 int redsem__lock_refresh(redsem_client *c, redsem_lock *l, redsem_permit *p, int64_t *sent_ns)
 {
     redsem__args a;

@@ -1,6 +1,8 @@
 /* redsem - permits: accessors, refresh, release. */
 #include <string.h>
 
+#include <hiredis/hiredis.h>
+
 #include "internal.h"
 
 redsem_permit *redsem__permit_new(int kind, redsem_client *c, const char *id,
@@ -110,4 +112,51 @@ void redsem_permit_free(redsem_permit *p)
     if (p->renewal != NULL)
         redsem__renewal_detach(p);
     redsem__free(p);
+}
+
+int redsem__adopt(redsem_client *c, int kind, void *handle, const char *id, int64_t lease_ms,
+                  const char *k1, const char *k2, const char *k3, redsem_permit **ret_permit)
+{
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (ret_permit == NULL || !redsem__valid_id(id))
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "ret_permit is NULL or the id is not %d lower-case hex chars",
+                               REDSEM_ID_LEN);
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, k1);
+    redsem__args_str(&a, k2);
+    redsem__args_str(&a, k3);
+    redsem__args_mem(&a, id, REDSEM_ID_LEN);
+    redsem__args_str(&a, kind == REDSEM__PERMIT_LOCK ? "lock" : "sem");
+    redisReply *r = NULL;
+    redsem__req_info info;
+    rc = redsem__eval(c, REDSEM__SCRIPT_HOLDER, 3, &a, REDSEM__REQ_RETRY, &info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    long long st = 0, tok = 0, left = 0;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !redsem__reply_int(r->element[0], &st) ||
+        (st == 1 && (r->elements < 3 || !redsem__reply_int(r->element[1], &tok) ||
+                     !redsem__reply_int(r->element[2], &left))))
+        rc = redsem__set_err(c, REDSEM_EPROTO, "holder: unexpected reply");
+    freeReplyObject(r);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (st != 1 || left <= 0)
+        return redsem__set_err(c, REDSEM_ELOST, "%s holds no live permit", id);
+    redsem__attempt att = {.outcome = REDSEM__ATT_GRANTED, .token = (uint64_t)tok,
+                           .sent_ns = info.sent_ns};
+    redsem_permit *p = redsem__permit_new(kind, c, id, &att, lease_ms);
+    if (p == NULL)
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    /* validity from what the server says is left, not from our own lease setting */
+    atomic_store(&p->deadline_ns, redsem__validity_deadline(info.sent_ns, left));
+    if (kind == REDSEM__PERMIT_LOCK)
+        p->lock = handle;
+    else
+        p->sem = handle;
+    *ret_permit = p;
+    return REDSEM_OK;
 }

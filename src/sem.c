@@ -377,6 +377,14 @@ int redsem_sem_acquire_as(redsem_sem *s, const char *holder_id, int64_t timeout_
     return sem_acquire(s, holder_id, timeout_ms, ret_permit);
 }
 
+int redsem_sem_adopt(redsem_sem *s, const char *holder_id, redsem_permit **ret_permit)
+{
+    if (s == NULL)
+        return REDSEM_EINVAL;
+    return redsem__adopt(s->client, REDSEM__PERMIT_SEM, s, holder_id, s->lease_ms, s->k_meta,
+                         is_basic(s) ? s->k_holders : s->k_timeouts, s->k_meta, ret_permit);
+}
+
 /* -------------------------------------------------------------- refresh / release */
 
 /* Keys of the semaphore in the order refresh.lua wants: meta, deadline zset, the rest. */

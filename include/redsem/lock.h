@@ -73,6 +73,14 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *
                                                  int64_t timeout_ms, redsem_permit **ret_permit);
 
 /**
+ * redsem_lock_adopt - a local permit object for the lock's current owner token (see
+ * redsem_sem_adopt()). Returns REDSEM_ELOST if the lock is not held with that token.
+ * Server: one EVALSHA of holder.lua (read-only). Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_lock_adopt(redsem_lock *lock, const char *token,
+                                            redsem_permit **ret_permit);
+
+/**
  * redsem_lock_status - who holds the lock now (read-only).
  *
  * The status reports strategy 0 and limit 1; its holder (if any) is the owner token with

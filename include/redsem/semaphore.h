@@ -191,6 +191,24 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *hol
                                                 int64_t timeout_ms, redsem_permit **ret_permit);
 
 /**
+ * redsem_sem_adopt - a local permit object for a holder identifier that holds a permit now,
+ * e.g. one acquired by another process (the CLI's `redsem release NAME ID`).
+ *
+ * The identifier is the capability: whoever knows it can refresh and release that permit.
+ * The permit's token is the holder's, and its validity is computed from the lease the server
+ * has left for it (minus the drift margin), counted from when this request was sent.
+ *
+ * @holder_id   borrowed; REDSEM_ID_LEN lower-case hex chars; must not be NULL.
+ * @ret_permit  owned-out; free with redsem_permit_free(). Written only on REDSEM_OK.
+ * Returns: REDSEM_OK; REDSEM_ELOST (no live permit with that identifier); REDSEM_EINVAL;
+ *          REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM;
+ *          REDSEM_EPROTO; REDSEM_EFORKED.
+ * Server: one EVALSHA of holder.lua (read-only). Since: 0.1
+ */
+REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_id,
+                                           redsem_permit **ret_permit);
+
+/**
  * redsem_sem_set_limit - change the semaphore's limit on the server, for every client.
  *
  * Raising it wakes as many waiters as there are new permits. Lowering it revokes nothing:

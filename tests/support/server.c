@@ -205,7 +205,8 @@ int ts_wait_ready(const ts_server *s, int ms)
         redisContext *c = redisConnectUnixWithTimeout(s->sock, tv);
         if (c && !c->err) {
             redisReply *r = redisCommand(c, "PING");
-            bool ok = r && r->type == REDIS_REPLY_STATUS;
+            bool ok = r && (r->type == REDIS_REPLY_STATUS ||
+                            (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0));
             if (r)
                 freeReplyObject(r);
             redisFree(c);

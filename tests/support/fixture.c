@@ -1,0 +1,112 @@
+/* Criterion fixture: see fixture.h. */
+#include "fixture.h"
+
+#include <criterion/hooks.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static ts_server suite_server;
+static int owns_server;
+
+ReportHook(PRE_ALL)(struct criterion_test_set *tests)
+{
+    (void)tests;
+    if (getenv("REDSEM_TEST_SOCK") != NULL)
+        return; /* an outer runner gave us a server */
+    int rc = ts_server_start(&suite_server, NULL, true);
+    if (rc == 77) {
+        fprintf(stderr, "SKIP: redis-server is not installed (apt-get install redis-server)\n");
+        exit(77);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "cannot start redis-server\n");
+        exit(1);
+    }
+    owns_server = 1;
+    setenv("REDSEM_TEST_SOCK", suite_server.sock, 1);
+    setenv("REDSEM_TEST_URL", suite_server.url, 1);
+    char port[16];
+    snprintf(port, sizeof port, "%d", suite_server.port);
+    setenv("REDSEM_TEST_PORT", port, 1);
+}
+
+ReportHook(POST_ALL)(struct criterion_global_stats *stats)
+{
+    (void)stats;
+    if (owns_server)
+        ts_server_stop(&suite_server);
+}
+
+const char *tf_url(void)
+{
+    const char *u = getenv("REDSEM_TEST_URL");
+    cr_assert(u != NULL, "REDSEM_TEST_URL not set");
+    return u;
+}
+
+const char *tf_sock(void)
+{
+    return getenv("REDSEM_TEST_SOCK");
+}
+
+const ts_server *tf_server(void)
+{
+    static ts_server view;
+    memset(&view, 0, sizeof view);
+    snprintf(view.sock, sizeof view.sock, "%s", tf_sock());
+    snprintf(view.url, sizeof view.url, "%s", tf_url());
+    const char *port = getenv("REDSEM_TEST_PORT");
+    view.port = port ? atoi(port) : 0;
+    return &view;
+}
+
+const char *tf_name(const char *base)
+{
+    static char buf[8][128];
+    static int n;
+    char *b = buf[n % 8];
+    snprintf(b, sizeof buf[0], "%s-%ld-%d", base, (long)getpid(), n);
+    n++;
+    return b;
+}
+
+redsem_client *tf_client_retry(int64_t retry_ms)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, tf_url()), REDSEM_OK);
+    if (retry_ms >= 0)
+        cr_assert_eq(redsem_options_set_retry_ms(o, retry_ms), REDSEM_OK);
+    redsem_client *c = NULL;
+    char err[256] = "";
+    int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
+    redsem_options_free(o);
+    cr_assert_eq(rc, REDSEM_OK, "connect %s: %s %s", tf_url(), redsem_err_name(rc), err);
+    return c;
+}
+
+redsem_client *tf_client(void)
+{
+    return tf_client_retry(-1);
+}
+
+int64_t tf_now_ms(void)
+{
+    return redsem_monotonic_ms();
+}
+
+void tf_sleep_ms(int64_t ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+void tf_expect(redsem_client *c, int got, int want, const char *expr, const char *file, int line)
+{
+    cr_assert_eq(got, want, "%s:%d: %s returned %s, expected %s (%s)", file, line, expr,
+                 redsem_err_name(got), redsem_err_name(want), c ? redsem_client_errmsg(c) : "");
+}

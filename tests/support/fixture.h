@@ -1,0 +1,43 @@
+/* Criterion fixture: one private redis-server per test binary, started before all tests by
+ * the runner (criterion forks each test from it) and stopped after. Tests get its URL from
+ * tf_url() and use unique names from tf_name(), so parallel tests never share keys. */
+#ifndef REDSEM_TEST_FIXTURE_H
+#define REDSEM_TEST_FIXTURE_H
+
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <sys/wait.h>
+
+#include <hiredis/hiredis.h>
+
+#include <redsem/redsem.h>
+
+#include "server.h"
+
+const char *tf_url(void);   /* unix:// URL of the suite's server */
+const char *tf_sock(void);  /* its socket path */
+/* A unique semaphore/lock name for this test process: "<base>-<pid>-<n>". */
+const char *tf_name(const char *base);
+/* A client connected to the suite's server, with the given retry window (ms, -1 default). */
+redsem_client *tf_client_retry(int64_t retry_ms);
+redsem_client *tf_client(void);
+/* The suite's server as a ts_server (for ts_command). */
+const ts_server *tf_server(void);
+int64_t tf_now_ms(void);
+void tf_sleep_ms(int64_t ms);
+
+/* Assert that expr returned want; on failure print the name and the client's message. */
+void tf_expect(redsem_client *c, int got, int want, const char *expr, const char *file,
+               int line);
+#define EXPECT(c, want, expr) tf_expect((c), (expr), (want), #expr, __FILE__, __LINE__)
+#define OK(c, expr) EXPECT(c, REDSEM_OK, expr)
+
+/* One test per strategy: STRATEGY_TEST(suite, name) { ... uses `strategy` ... } */
+#define STRATEGY_TEST(suite, name, ...)                                                        \
+    static void suite##_##name##_body(redsem_strategy strategy);                              \
+    Test(suite, name##_basic, __VA_ARGS__) { suite##_##name##_body(REDSEM_STRATEGY_BASIC); }  \
+    Test(suite, name##_fair, __VA_ARGS__) { suite##_##name##_body(REDSEM_STRATEGY_FAIR); }    \
+    Test(suite, name##_locked, __VA_ARGS__) { suite##_##name##_body(REDSEM_STRATEGY_LOCKED); } \
+    static void suite##_##name##_body(redsem_strategy strategy)
+
+#endif

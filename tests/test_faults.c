@@ -1,0 +1,414 @@
+/* Faults a user meets in production: SCRIPT FLUSH, restarts, foreign keys of the wrong type,
+ * authentication and ACLs, databases, fork, killed connections, a stalled server. Tests that
+ * disturb the server start a private one. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+#define TO .timeout = 90
+
+static redsem_client *client_for(const char *url, int64_t retry_ms, int64_t cmd_timeout_ms)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, retry_ms), REDSEM_OK);
+    if (cmd_timeout_ms > 0)
+        cr_assert_eq(redsem_options_set_command_timeout_ms(o, cmd_timeout_ms), REDSEM_OK);
+    redsem_client *c = NULL;
+    char err[256] = "";
+    int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
+    redsem_options_free(o);
+    cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
+    return c;
+}
+
+/* ---------------------------------------------------------------- SCRIPT FLUSH */
+
+static atomic_int flushing;
+
+static void *flusher(void *arg)
+{
+    (void)arg;
+    while (atomic_load(&flushing)) {
+        ts_command(tf_server(), NULL, 0, "SCRIPT", "FLUSH", NULL);
+        usleep(3000);
+    }
+    return NULL;
+}
+
+STRATEGY_TEST(faults, script_flush_mid_run_is_invisible, TO)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, tf_name("flush"), strategy, 2, 5000, &s));
+    redsem_permit *warm = NULL; /* first use loads each script once; count after that */
+    OK(c, redsem_sem_acquire(s, 1000, &warm));
+    OK(c, redsem_permit_refresh(warm));
+    OK(c, redsem_permit_release(warm));
+    redsem_permit_free(warm);
+    redsem_client_stats before;
+    OK(c, redsem_client_get_stats(c, &before));
+    atomic_store(&flushing, 1);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, flusher, NULL), 0);
+    for (int i = 0; i < 300; i++) {
+        redsem_permit *p = NULL;
+        OK(c, redsem_sem_acquire(s, 1000, &p));
+        OK(c, redsem_permit_refresh(p));
+        OK(c, redsem_permit_release(p));
+        redsem_permit_free(p);
+    }
+    atomic_store(&flushing, 0);
+    pthread_join(t, NULL);
+    redsem_client_stats after;
+    OK(c, redsem_client_get_stats(c, &after));
+    uint64_t noscript = after.noscript - before.noscript;
+    uint64_t loads = after.script_loads - before.script_loads;
+    cr_assert_gt(noscript, 0, "the flusher never hit us: the test proves nothing");
+    cr_assert_eq(loads, noscript, "%llu loads for %llu NOSCRIPT replies",
+                 (unsigned long long)loads, (unsigned long long)noscript);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- restart */
+
+STRATEGY_TEST(faults, restart_gives_a_clear_error_then_recovers, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = client_for(srv.url, 200, 0);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "restart", strategy, 1, 5000, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    ts_server_kill(&srv);
+    int64_t t0 = tf_now_ms();
+    redsem_permit *q = NULL;
+    EXPECT(c, REDSEM_ECONN, redsem_sem_try_acquire(s, &q));
+    cr_assert_lt(tf_now_ms() - t0, 2000, "the retry window is 200 ms");
+    cr_assert(strlen(redsem_client_errmsg(c)) > 0);
+    EXPECT(c, REDSEM_ECONN, redsem_permit_refresh(p));
+    cr_assert_eq(ts_server_restart(&srv), 0);
+    /* without persistence the old permit is gone: the server lost it, the library says so */
+    EXPECT(c, REDSEM_ELOST, redsem_permit_refresh(p));
+    OK(c, redsem_sem_try_acquire(s, &q));
+    cr_assert_gt(redsem_permit_token(q), redsem_permit_token(p),
+                 "tokens keep increasing across a restart without persistence");
+    OK(c, redsem_permit_release(q));
+    redsem_client_stats st;
+    OK(c, redsem_client_get_stats(c, &st));
+    cr_assert_geq(st.connects, 2);
+    redsem_permit_free(p);
+    redsem_permit_free(q);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
+STRATEGY_TEST(faults, retry_window_rides_out_a_short_outage, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = client_for(srv.url, 3000, 0);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "outage", strategy, 1, 5000, &s));
+    ts_server_kill(&srv);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        usleep(300000);
+        _exit(ts_server_restart(&srv) == 0 ? 0 : 1);
+    }
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    int status;
+    waitpid(pid, &status, 0);
+    redsem_client_stats st;
+    OK(c, redsem_client_get_stats(c, &st));
+    cr_assert_gt(st.retries, 0);
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    /* the restarted server belongs to the child's copy of srv: find it by its socket */
+    ts_command(&srv, NULL, 0, "SHUTDOWN", "NOSAVE", NULL);
+    ts_server_stop(&srv);
+}
+
+/* ---------------------------------------------------------------- wrong type */
+
+static void expect_untouched(const char *key, const char *type, const char *value)
+{
+    char out[128];
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "TYPE", key, NULL), 0);
+    cr_assert_str_eq(out, type, "%s changed type", key);
+    if (value) {
+        cr_assert_eq(ts_command(tf_server(), out, sizeof out, "GET", key, NULL), 0);
+        cr_assert_str_eq(out, value, "%s changed value", key);
+    }
+}
+
+STRATEGY_TEST(faults, wrong_type_key_is_a_server_error_and_is_not_overwritten, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("wrongtype");
+    char meta[256], set[256];
+    snprintf(meta, sizeof meta, "redsem:{%s}:meta", name);
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "SET", meta, "foreign", NULL), 0);
+    redsem_sem *s = NULL;
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_open(c, name, strategy, 1, 1000, &s));
+    cr_assert(strstr(redsem_client_errmsg(c), "WRONGTYPE") != NULL, "%s",
+              redsem_client_errmsg(c));
+    expect_untouched(meta, "string", "foreign");
+    ts_command(tf_server(), NULL, 0, "DEL", meta, NULL);
+
+    /* a foreign key where the holders / owners set should be */
+    const char *n2 = tf_name("wrongtype2");
+    OK(c, redsem_sem_open(c, n2, strategy, 1, 1000, &s));
+    snprintf(set, sizeof set, "redsem:{%s}:%s", n2,
+             strategy == REDSEM_STRATEGY_BASIC ? "holders" : "owners");
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "SET", set, "mine", NULL), 0);
+    redsem_permit *p = NULL;
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_try_acquire(s, &p));
+    cr_assert(strstr(redsem_client_errmsg(c), "WRONGTYPE") != NULL, "%s",
+              redsem_client_errmsg(c));
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_acquire(s, 200, &p));
+    cr_assert_null(p);
+    expect_untouched(set, "string", "mine");
+    char meta2[256], out[64];
+    snprintf(meta2, sizeof meta2, "redsem:{%s}:meta", n2);
+    ts_command(tf_server(), out, sizeof out, "HLEN", meta2, NULL);
+    redsem_sem_free(s);
+
+    /* and for the lock */
+    const char *n3 = tf_name("wrongtype3");
+    char mutex[256];
+    snprintf(mutex, sizeof mutex, "redsem:{%s}:mutex:meta", n3);
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "RPUSH", mutex, "x", NULL), 0);
+    redsem_lock *l = NULL;
+    OK(c, redsem_lock_open(c, n3, 1000, &l));
+    EXPECT(c, REDSEM_ESERVER, redsem_lock_try_acquire(l, &p));
+    cr_assert(strstr(redsem_client_errmsg(c), "WRONGTYPE") != NULL);
+    expect_untouched(mutex, "list", NULL);
+    char lockkey[256];
+    snprintf(lockkey, sizeof lockkey, "redsem:{%s}:mutex", n3);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "EXISTS", lockkey, NULL), 0);
+    cr_assert_str_eq(out, "0", "the lock was taken although the call failed");
+    redsem_lock_free(l);
+    redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- auth and ACL */
+
+Test(faults, password_and_acl_users, TO)
+{
+    const char *args[] = {"--requirepass", "s3cret", NULL};
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, args, false), 0);
+    char url[512], err[256];
+    redsem_options *o = NULL;
+    redsem_client *c = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, 0), REDSEM_OK);
+
+    /* no password: the connection works, the first command is refused with NOAUTH */
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_client_new(o, &c), REDSEM_OK);
+    EXPECT(c, REDSEM_EPERM, redsem_client_ping(c));
+    cr_assert(strstr(redsem_client_errmsg(c), "NOAUTH") != NULL, "%s", redsem_client_errmsg(c));
+    redsem_client_free(c);
+    c = NULL;
+
+    /* wrong password */
+    snprintf(url, sizeof url, "unix://:wrong@%s", srv.sock);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_client_new_verbose(o, &c, err, sizeof err), REDSEM_EPERM);
+    cr_assert(strstr(err, "WRONGPASS") != NULL, "%s", err);
+    cr_assert_null(c);
+
+    /* right password, then an ACL user with a percent-encoded password */
+    snprintf(url, sizeof url, "unix://:s3cret@%s", srv.sock);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_client_new(o, &c), REDSEM_OK);
+    OK(c, redsem_client_ping(c));
+    redsem_client_free(c);
+
+    redisContext *rc = redisConnectUnix(srv.sock);
+    cr_assert(rc && !rc->err);
+    freeReplyObject(redisCommand(rc, "AUTH s3cret"));
+    redisReply *r = redisCommand(rc, "ACL SETUSER alice on >p@ss ~redsem:* +@all");
+    cr_assert(r && r->type == REDIS_REPLY_STATUS, "%s", r ? r->str : "");
+    freeReplyObject(r);
+    r = redisCommand(rc, "ACL SETUSER bob on >pw ~redsem:* +@all -evalsha -eval");
+    freeReplyObject(r);
+    r = redisCommand(rc, "ACL SETUSER carol on >pw ~other:* +@all");
+    freeReplyObject(r);
+    redisFree(rc);
+
+    snprintf(url, sizeof url, "unix://alice:p%%40ss@%s", srv.sock);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_client_new(o, &c), REDSEM_OK);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "acl", REDSEM_STRATEGY_FAIR, 1, 1000, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+
+    /* no EVALSHA: a permission error with Redis' NOPERM text, no retry loop */
+    const char *denied_users[] = {"bob", "carol"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(url, sizeof url, "unix://%s:pw@%s", denied_users[i], srv.sock);
+        cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+        cr_assert_eq(redsem_client_new(o, &c), REDSEM_OK);
+        int64_t t0 = tf_now_ms();
+        EXPECT(c, REDSEM_EPERM, redsem_sem_open(c, "acl", REDSEM_STRATEGY_FAIR, 1, 1000, &s));
+        cr_assert(strstr(redsem_client_errmsg(c), "NOPERM") != NULL, "%s",
+                  redsem_client_errmsg(c));
+        cr_assert_lt(tf_now_ms() - t0, 500);
+        redsem_client_stats st;
+        OK(c, redsem_client_get_stats(c, &st));
+        cr_assert_leq(st.requests, 3, "%llu requests for one refused call",
+                      (unsigned long long)st.requests);
+        redsem_client_free(c);
+    }
+    redsem_options_free(o);
+    ts_server_stop(&srv);
+}
+
+Test(faults, select_database_from_the_url, TO)
+{
+    char url[512];
+    snprintf(url, sizeof url, "%s?db=5", tf_url());
+    redsem_client *c = client_for(url, 0, 0);
+    const char *name = tf_name("db5");
+    redsem_lock *l = NULL;
+    OK(c, redsem_lock_open(c, name, 5000, &l));
+    redsem_permit *p = NULL;
+    OK(c, redsem_lock_try_acquire(l, &p));
+    redisContext *rc = redisConnectUnix(tf_sock());
+    cr_assert(rc && !rc->err);
+    redisReply *r = redisCommand(rc, "EXISTS redsem:{%s}:mutex", name);
+    cr_assert_eq(r->integer, 0, "the key landed in db 0");
+    freeReplyObject(r);
+    freeReplyObject(redisCommand(rc, "SELECT 5"));
+    r = redisCommand(rc, "EXISTS redsem:{%s}:mutex", name);
+    cr_assert_eq(r->integer, 1, "the key is not in db 5");
+    freeReplyObject(r);
+    redisFree(rc);
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_lock_free(l);
+    redsem_client_free(c);
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s?db=100000", tf_url());
+    redsem_client *d = NULL;
+    char err[256] = "";
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, bad), REDSEM_OK);
+    cr_assert_eq(redsem_client_new_verbose(o, &d, err, sizeof err), REDSEM_ESERVER);
+    cr_assert(strstr(err, "SELECT") != NULL, "%s", err);
+    redsem_options_free(o);
+}
+
+/* ---------------------------------------------------------------- fork */
+
+Test(faults, a_forked_child_cannot_touch_the_parents_permits, TO)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, tf_name("fork"), REDSEM_STRATEGY_BASIC, 1, 5000, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int bad = 0;
+        redsem_permit *q = NULL;
+        bad |= redsem_permit_release(p) != REDSEM_EFORKED;
+        bad |= redsem_permit_refresh(p) != REDSEM_EFORKED;
+        bad |= redsem_sem_try_acquire(s, &q) != REDSEM_EFORKED;
+        bad |= redsem_client_ping(c) != REDSEM_EFORKED;
+        bad |= strstr(redsem_client_errmsg(c), "fork") == NULL;
+        redsem_permit_free(p);
+        redsem_sem_free(s);
+        redsem_client_free(c); /* closes the child's copy of the socket, sends nothing */
+        _exit(bad);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert_eq(WEXITSTATUS(status), 0, "the child could use the parent's handles");
+    OK(c, redsem_permit_refresh(p));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- killed connection, stall */
+
+Test(faults, killed_connection_reconnects_on_the_next_call, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = client_for(srv.url, 0, 0);
+    OK(c, redsem_client_ping(c));
+    cr_assert_eq(ts_command(&srv, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes",
+                            NULL),
+                 0);
+    /* retry window 0: the call that finds the connection dead fails clearly... */
+    int rc = redsem_client_ping(c);
+    cr_assert(rc == REDSEM_ECONN, "%s", redsem_err_name(rc));
+    /* ...and the next call reconnects */
+    OK(c, redsem_client_ping(c));
+    redsem_client_stats st;
+    OK(c, redsem_client_get_stats(c, &st));
+    cr_assert_eq(st.connects, 2);
+    redsem_client_free(c);
+    /* with a retry window the killed connection is invisible */
+    c = client_for(srv.url, 1000, 0);
+    OK(c, redsem_client_ping(c));
+    ts_command(&srv, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes", NULL);
+    OK(c, redsem_client_ping(c));
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
+Test(faults, stalled_server_times_out_by_the_command_timeout, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = client_for(srv.url, 0, 300);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "stall", REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    ts_server_pause(&srv, true);
+    int64_t t0 = tf_now_ms();
+    EXPECT(c, REDSEM_ETIMEDOUT, redsem_permit_refresh(p));
+    int64_t took = tf_now_ms() - t0;
+    cr_assert(took >= 295 && took < 800, "timed out after %lld ms", (long long)took);
+    redsem_permit *q = NULL;
+    t0 = tf_now_ms();
+    EXPECT(c, REDSEM_EUNKNOWN, redsem_sem_try_acquire(s, &q));
+    cr_assert_lt(tf_now_ms() - t0, 800);
+    cr_assert(strstr(redsem_client_errmsg(c), "acquire again") != NULL, "%s",
+              redsem_client_errmsg(c));
+    ts_server_pause(&srv, false);
+    OK(c, redsem_permit_refresh(p));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}

@@ -1,0 +1,531 @@
+/* Semaphore behaviour against a real redis-server, for each strategy. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+#define TO .timeout = 60
+
+static redsem_sem *open_sem(redsem_client *c, const char *name, redsem_strategy s, uint32_t limit,
+                            int64_t lease)
+{
+    redsem_sem *sem = NULL;
+    OK(c, redsem_sem_open(c, name, s, limit, lease, &sem));
+    cr_assert_not_null(sem);
+    return sem;
+}
+
+static size_t holders_now(redsem_sem *sem)
+{
+    redsem_status *st = NULL;
+    cr_assert_eq(redsem_sem_status(sem, 0, &st), REDSEM_OK);
+    size_t n = redsem_status_holder_count(st);
+    redsem_status_free(st);
+    return n;
+}
+
+static size_t waiters_now(redsem_sem *sem)
+{
+    redsem_status *st = NULL;
+    cr_assert_eq(redsem_sem_status(sem, 0, &st), REDSEM_OK);
+    size_t n = redsem_status_waiter_count(st);
+    redsem_status_free(st);
+    return n;
+}
+
+STRATEGY_TEST(sem, grants_exactly_limit, TO)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *sem = open_sem(c, tf_name("limit"), strategy, 3, 10000);
+    redsem_permit *p[4] = {0};
+    for (int i = 0; i < 3; i++)
+        OK(c, redsem_sem_try_acquire(sem, &p[i]));
+    redsem_permit *sentinel = (redsem_permit *)0x1, *q = sentinel;
+    EXPECT(c, REDSEM_EBUSY, redsem_sem_try_acquire(sem, &q));
+    cr_assert_eq(q, sentinel, "out-param written on EBUSY");
+    cr_assert_eq(holders_now(sem), 3);
+    for (int i = 0; i < 3; i++) {
+        cr_assert(redsem_permit_held(p[i]));
+        cr_assert_gt(redsem_permit_validity_ms(p[i]), 9000);
+        cr_assert_leq(redsem_permit_validity_ms(p[i]), 10000 - 10000 / 100 - 2);
+        cr_assert_eq(strlen(redsem_permit_id(p[i])), REDSEM_ID_LEN);
+    }
+    OK(c, redsem_permit_release(p[1]));
+    cr_assert_not(redsem_permit_held(p[1]));
+    EXPECT(c, REDSEM_ESTATE, redsem_permit_release(p[1]));
+    EXPECT(c, REDSEM_ESTATE, redsem_permit_refresh(p[1]));
+    OK(c, redsem_sem_try_acquire(sem, &p[3]));
+    EXPECT(c, REDSEM_EBUSY, redsem_sem_try_acquire(sem, &q));
+    for (int i = 0; i < 4; i++) {
+        if (i != 1)
+            OK(c, redsem_permit_release(p[i]));
+        redsem_permit_free(p[i]);
+    }
+    cr_assert_eq(holders_now(sem), 0);
+    redsem_sem_free(sem);
+    redsem_client_free(c);
+}
+
+STRATEGY_TEST(sem, fencing_tokens_strictly_increase_across_clients, TO)
+{
+    redsem_client *a = tf_client(), *b = tf_client();
+    const char *name = tf_name("fence");
+    redsem_sem *sa = open_sem(a, name, strategy, 2, 5000);
+    redsem_sem *sb = open_sem(b, name, strategy, 2, 5000);
+    uint64_t last = 0;
+    for (int i = 0; i < 60; i++) {
+        redsem_sem *s = i % 2 ? sa : sb;
+        redsem_client *c = i % 2 ? a : b;
+        redsem_permit *p = NULL;
+        OK(c, redsem_sem_acquire(s, 2000, &p));
+        cr_assert_gt(redsem_permit_token(p), last, "token %llu after %llu",
+                     (unsigned long long)redsem_permit_token(p), (unsigned long long)last);
+        last = redsem_permit_token(p);
+        OK(c, redsem_permit_release(p));
+        redsem_permit_free(p);
+    }
+    redsem_sem_free(sa);
+    redsem_sem_free(sb);
+    redsem_client_free(a);
+    redsem_client_free(b);
+}
+
+STRATEGY_TEST(sem, dead_holder_is_reclaimed_after_its_lease, TO)
+{
+    const char *name = tf_name("dead");
+    int64_t lease = 300;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        redsem_client *c = NULL;
+        redsem_sem *s = NULL;
+        redsem_permit *p = NULL;
+        if (redsem_client_connect(tf_url(), &c) || redsem_sem_open(c, name, strategy, 1, lease, &s) ||
+            redsem_sem_try_acquire(s, &p))
+            _exit(1);
+        _exit(0); /* dies holding the permit */
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert_eq(WEXITSTATUS(status), 0);
+    int64_t dead_at = tf_now_ms();
+    redsem_client *c = tf_client();
+    redsem_sem *sem = open_sem(c, name, strategy, 1, lease);
+    redsem_permit *p = NULL;
+    EXPECT(c, REDSEM_EBUSY, redsem_sem_try_acquire(sem, &p));
+    OK(c, redsem_sem_acquire(sem, 5000, &p));
+    int64_t waited = tf_now_ms() - dead_at;
+    /* generous bounds: not before the lease can have run out, well before 5 s */
+    cr_assert_geq(waited, lease - 60, "granted after %lld ms", (long long)waited);
+    cr_assert_lt(waited, lease + 1500, "granted after %lld ms", (long long)waited);
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(sem);
+    redsem_client_free(c);
+}
+
+/* Raw view of the server: is `id` still a member of the semaphore's deadline set? */
+static bool member(redsem_strategy s, const char *name, const char *id)
+{
+    char key[256], out[64];
+    snprintf(key, sizeof key, "redsem:{%s}:%s", name,
+             s == REDSEM_STRATEGY_BASIC ? "holders" : "timeouts");
+    ts_command(tf_server(), out, sizeof out, "ZSCORE", key, id, NULL);
+    return strcmp(out, "nil") != 0;
+}
+
+STRATEGY_TEST(sem, refresh_after_expiry_is_lost_and_recreates_nothing, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("expired");
+    redsem_sem *sem = open_sem(c, name, strategy, 1, 100);
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(sem, &p));
+    OK(c, redsem_permit_refresh(p));
+    cr_assert(member(strategy, name, redsem_permit_id(p)));
+    tf_sleep_ms(250);
+    cr_assert_not(redsem_permit_held(p), "validity must have run out");
+    cr_assert_eq(redsem_permit_validity_ms(p), 0);
+    EXPECT(c, REDSEM_ELOST, redsem_permit_refresh(p));
+    cr_assert(strstr(redsem_client_errmsg(c), "lost") != NULL);
+    cr_assert_eq(holders_now(sem), 0);
+    EXPECT(c, REDSEM_ESTATE, redsem_permit_refresh(p));
+    EXPECT(c, REDSEM_ELOST, redsem_permit_release(p));
+    cr_assert_not(member(strategy, name, redsem_permit_id(p)), "entry re-created");
+    redsem_permit_free(p);
+    redsem_sem_free(sem);
+    redsem_client_free(c);
+}
+
+STRATEGY_TEST(sem, late_release_does_not_touch_the_new_holder, TO)
+{
+    redsem_client *a = tf_client(), *b = tf_client();
+    const char *name = tf_name("late");
+    redsem_sem *sa = open_sem(a, name, strategy, 1, 100);
+    redsem_sem *sb = open_sem(b, name, strategy, 1, 5000);
+    redsem_permit *pa = NULL, *pb = NULL;
+    OK(a, redsem_sem_try_acquire(sa, &pa));
+    tf_sleep_ms(200);
+    OK(b, redsem_sem_try_acquire(sb, &pb));
+    EXPECT(a, REDSEM_ELOST, redsem_permit_release(pa));
+    EXPECT(a, REDSEM_ESTATE, redsem_permit_release(pa));
+    cr_assert_eq(holders_now(sb), 1);
+    OK(b, redsem_permit_refresh(pb));
+    /* a stranger's identifier owns nothing */
+    char stranger[REDSEM_ID_BUFSIZE];
+    OK(a, redsem_id_generate(stranger));
+    redsem_permit *ps = NULL;
+    EXPECT(a, REDSEM_ELOST, redsem_sem_adopt(sa, stranger, &ps));
+    cr_assert_null(ps);
+    cr_assert_eq(holders_now(sb), 1);
+    OK(b, redsem_permit_release(pb));
+    redsem_permit_free(pa);
+    redsem_permit_free(pb);
+    redsem_sem_free(sa);
+    redsem_sem_free(sb);
+    redsem_client_free(a);
+    redsem_client_free(b);
+}
+
+STRATEGY_TEST(sem, adopt_by_identifier, TO)
+{
+    redsem_client *a = tf_client(), *b = tf_client();
+    const char *name = tf_name("adopt");
+    redsem_sem *sa = open_sem(a, name, strategy, 2, 5000);
+    redsem_sem *sb = open_sem(b, name, strategy, 2, 5000);
+    redsem_permit *pa = NULL, *pb = NULL;
+    OK(a, redsem_sem_try_acquire(sa, &pa));
+    EXPECT(b, REDSEM_EINVAL, redsem_sem_adopt(sb, "XYZ", &pb));
+    EXPECT(b, REDSEM_EINVAL, redsem_sem_adopt(sb, redsem_permit_id(pa), NULL));
+    OK(b, redsem_sem_adopt(sb, redsem_permit_id(pa), &pb));
+    cr_assert_str_eq(redsem_permit_id(pb), redsem_permit_id(pa));
+    cr_assert_eq(redsem_permit_token(pb), redsem_permit_token(pa));
+    cr_assert_gt(redsem_permit_validity_ms(pb), 4000);
+    OK(b, redsem_permit_refresh(pb));
+    OK(b, redsem_permit_release(pb));
+    EXPECT(a, REDSEM_ELOST, redsem_permit_refresh(pa));
+    redsem_permit_free(pa);
+    redsem_permit_free(pb);
+    redsem_sem_free(sa);
+    redsem_sem_free(sb);
+    redsem_client_free(a);
+    redsem_client_free(b);
+}
+
+STRATEGY_TEST(sem, acquire_is_idempotent_per_identifier, TO)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *sem = open_sem(c, tf_name("idem"), strategy, 2, 5000);
+    char id[REDSEM_ID_BUFSIZE];
+    OK(c, redsem_id_generate(id));
+    redsem_permit *p1 = NULL, *p2 = NULL, *p3 = NULL;
+    OK(c, redsem_sem_acquire_as(sem, id, 0, &p1));
+    OK(c, redsem_sem_acquire_as(sem, id, 1000, &p2));
+    cr_assert_eq(redsem_permit_token(p1), redsem_permit_token(p2));
+    cr_assert_eq(holders_now(sem), 1, "a retry took a second permit");
+    /* the other permit is still free */
+    OK(c, redsem_sem_try_acquire(sem, &p3));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_as(sem, "ABCDEF", 0, &p3));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_as(sem, NULL, 0, &p3));
+    char upper[REDSEM_ID_BUFSIZE];
+    memcpy(upper, id, sizeof upper);
+    upper[0] = 'A';
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_as(sem, upper, 0, &p3));
+    OK(c, redsem_permit_release(p1));
+    EXPECT(c, REDSEM_ELOST, redsem_permit_release(p2));
+    OK(c, redsem_permit_release(p3));
+    redsem_permit_free(p1);
+    redsem_permit_free(p2);
+    redsem_permit_free(p3);
+    redsem_sem_free(sem);
+    redsem_client_free(c);
+}
+
+STRATEGY_TEST(sem, conflicting_open_is_refused, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("conflict");
+    redsem_sem *sem = open_sem(c, name, strategy, 3, 5000), *other = NULL;
+    redsem_strategy different =
+        strategy == REDSEM_STRATEGY_BASIC ? REDSEM_STRATEGY_FAIR : REDSEM_STRATEGY_BASIC;
+    EXPECT(c, REDSEM_ECONFLICT, redsem_sem_open(c, name, different, 3, 5000, &other));
+    cr_assert(strstr(redsem_client_errmsg(c), "CONFLICT") != NULL, "%s", redsem_client_errmsg(c));
+    EXPECT(c, REDSEM_ECONFLICT, redsem_sem_open(c, name, strategy, 4, 5000, &other));
+    cr_assert_null(other);
+    /* a different lease is fine: leases are per handle */
+    OK(c, redsem_sem_open(c, name, strategy, 3, 777, &other));
+    redsem_sem_free(other);
+    redsem_sem_free(sem);
+    redsem_client_free(c);
+}
+
+STRATEGY_TEST(sem, invalid_arguments_are_einval, TO)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    static char huge[1 << 20];
+    memset(huge, 'n', sizeof huge - 1);
+    const char *bad_names[] = {"", "a b", "tab\tname", "br{ace", "br}ace", "\x01\x02", "caf\xc3\xa9",
+                               huge};
+    for (size_t i = 0; i < sizeof bad_names / sizeof *bad_names; i++)
+        EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, bad_names[i], strategy, 1, 1000, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, NULL, strategy, 1, 1000, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", strategy, 0, 1000, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", strategy, REDSEM_LIMIT_MAX + 1, 1000, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", strategy, 1, 0, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", strategy, 1, REDSEM_LEASE_MIN_MS - 1, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", strategy, 1, -1, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", strategy, 1, REDSEM_LEASE_MAX_MS + 1, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", strategy, 1, INT64_MAX, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", (redsem_strategy)0, 1, 1000, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", (redsem_strategy)4, 1, 1000, &s));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_open(c, "ok", strategy, 1, 1000, NULL));
+    cr_assert_null(s);
+    s = open_sem(c, tf_name("args"), strategy, 1, 1000);
+    redsem_permit *p = NULL;
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire(s, -2, &p));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire(s, REDSEM_WAIT_MAX_MS + 1, &p));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire(s, INT64_MIN, &p));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire(s, 10, NULL));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_try_acquire(s, NULL));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_set_limit(s, 0));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_set_limit(s, REDSEM_LIMIT_MAX + 1));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_set_wait_lease_ms(s, 0));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_set_guard_lease_ms(s, INT64_MAX));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_status(s, 0, NULL));
+    redsem_status *st = NULL;
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_status(s, (size_t)REDSEM_LIMIT_MAX + 1, &st));
+    cr_assert_null(p);
+    cr_assert_null(st);
+    /* nothing about the semaphore changed */
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+STRATEGY_TEST(sem, timed_acquire_returns_by_its_deadline, TO)
+{
+    redsem_client *a = tf_client(), *b = tf_client();
+    const char *name = tf_name("deadline");
+    redsem_sem *sa = open_sem(a, name, strategy, 1, 10000);
+    redsem_sem *sb = open_sem(b, name, strategy, 1, 10000);
+    redsem_permit *pa = NULL, *pb = NULL;
+    OK(a, redsem_sem_try_acquire(sa, &pa));
+    for (int64_t timeout = 50; timeout <= 450; timeout += 200) {
+        int64_t t0 = tf_now_ms();
+        EXPECT(b, REDSEM_EBUSY, redsem_sem_acquire(sb, timeout, &pb));
+        int64_t took = tf_now_ms() - t0;
+        cr_assert_geq(took, timeout - 2, "returned after %lld ms of %lld", (long long)took,
+                      (long long)timeout);
+        /* generous: the deadline plus one reconnect and one round trip on a noisy machine */
+        cr_assert_lt(took, timeout + 250, "returned after %lld ms of %lld", (long long)took,
+                     (long long)timeout);
+    }
+    /* the waiter left the queue */
+    cr_assert_eq(waiters_now(sa), 0);
+    OK(a, redsem_permit_release(pa));
+    redsem_permit_free(pa);
+    redsem_sem_free(sa);
+    redsem_sem_free(sb);
+    redsem_client_free(a);
+    redsem_client_free(b);
+}
+
+struct waiter_arg {
+    const char *name;
+    redsem_strategy strategy;
+    uint32_t limit;
+    int64_t timeout;
+    int rc;
+    int64_t granted_at;
+    redsem_client_stats stats;
+};
+
+static void *waiter(void *arg)
+{
+    struct waiter_arg *w = arg;
+    redsem_client *c = NULL;
+    redsem_sem *s = NULL;
+    redsem_permit *p = NULL;
+    w->rc = redsem_client_connect(tf_url(), &c);
+    if (w->rc == REDSEM_OK)
+        w->rc = redsem_sem_open(c, w->name, w->strategy, w->limit, 10000, &s);
+    if (w->rc == REDSEM_OK)
+        w->rc = redsem_sem_acquire(s, w->timeout, &p);
+    w->granted_at = tf_now_ms();
+    if (w->rc == REDSEM_OK) {
+        redsem_client_get_stats(c, &w->stats);
+        redsem_permit_release(p);
+    }
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    return NULL;
+}
+
+STRATEGY_TEST(sem, release_wakes_a_blocked_waiter_at_once, TO)
+{
+    redsem_client *a = tf_client();
+    const char *name = tf_name("wake");
+    redsem_sem *sa = open_sem(a, name, strategy, 1, 10000);
+    redsem_permit *pa = NULL;
+    OK(a, redsem_sem_try_acquire(sa, &pa));
+    struct waiter_arg w = {.name = name, .strategy = strategy, .limit = 1, .timeout = 10000};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, waiter, &w), 0);
+    /* Long enough for the fallback backoff to have grown to ~400-800 ms: a waiter that only
+     * polled would be granted hundreds of ms after the release. */
+    tf_sleep_ms(900);
+    int64_t released_at = tf_now_ms();
+    OK(a, redsem_permit_release(pa));
+    pthread_join(t, NULL);
+    cr_assert_eq(w.rc, REDSEM_OK, "waiter: %s", redsem_err_name(w.rc));
+    int64_t handoff = w.granted_at - released_at;
+    cr_assert_lt(handoff, 150, "hand-off took %lld ms", (long long)handoff);
+    cr_assert_geq(w.stats.wakeups, 1, "the waiter was not woken by a signal");
+    redsem_permit_free(pa);
+    redsem_sem_free(sa);
+    redsem_client_free(a);
+}
+
+STRATEGY_TEST(sem, raising_the_limit_wakes_waiters, TO)
+{
+    redsem_client *a = tf_client();
+    const char *name = tf_name("raise");
+    redsem_sem *sa = open_sem(a, name, strategy, 1, 10000);
+    redsem_permit *pa = NULL;
+    OK(a, redsem_sem_try_acquire(sa, &pa));
+    struct waiter_arg w = {.name = name, .strategy = strategy, .limit = 1, .timeout = 10000};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, waiter, &w), 0);
+    tf_sleep_ms(900);
+    int64_t raised_at = tf_now_ms();
+    OK(a, redsem_sem_set_limit(sa, 2));
+    cr_assert_eq(redsem_sem_limit(sa), 2);
+    pthread_join(t, NULL);
+    cr_assert_eq(w.rc, REDSEM_OK, "waiter: %s", redsem_err_name(w.rc));
+    cr_assert_lt(w.granted_at - raised_at, 150, "granted %lld ms after the raise",
+                 (long long)(w.granted_at - raised_at));
+    /* the recorded limit is 2 now: opening with 1 conflicts, with 2 works */
+    redsem_sem *other = NULL;
+    EXPECT(a, REDSEM_ECONFLICT, redsem_sem_open(a, name, strategy, 1, 1000, &other));
+    OK(a, redsem_sem_open(a, name, strategy, 2, 1000, &other));
+    /* lowering revokes nothing */
+    redsem_permit *pb = NULL;
+    OK(a, redsem_sem_try_acquire(other, &pb));
+    OK(a, redsem_sem_set_limit(sa, 1));
+    cr_assert_eq(holders_now(sa), 2);
+    OK(a, redsem_permit_refresh(pa));
+    OK(a, redsem_permit_release(pb));
+    redsem_permit *pc = NULL;
+    EXPECT(a, REDSEM_EBUSY, redsem_sem_try_acquire(other, &pc));
+    OK(a, redsem_permit_release(pa));
+    redsem_permit_free(pa);
+    redsem_permit_free(pb);
+    redsem_sem_free(other);
+    redsem_sem_free(sa);
+    redsem_client_free(a);
+}
+
+STRATEGY_TEST(sem, status_lists_holders_and_waiters, TO)
+{
+    redsem_client *a = tf_client();
+    const char *name = tf_name("status");
+    redsem_sem *sa = open_sem(a, name, strategy, 2, 10000);
+    redsem_status *st = NULL;
+    OK(a, redsem_sem_status(sa, 10, &st));
+    cr_assert(redsem_status_exists(st));
+    cr_assert_eq(redsem_status_strategy(st), (int)strategy);
+    cr_assert_eq(redsem_status_limit(st), 2);
+    cr_assert_eq(redsem_status_holder_count(st), 0);
+    redsem_status_free(st);
+    redsem_permit *p1 = NULL, *p2 = NULL;
+    OK(a, redsem_sem_try_acquire(sa, &p1));
+    OK(a, redsem_sem_try_acquire(sa, &p2));
+    struct waiter_arg w = {.name = name, .strategy = strategy, .limit = 2, .timeout = 10000};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, waiter, &w), 0);
+    for (int i = 0; i < 200 && waiters_now(sa) == 0; i++)
+        tf_sleep_ms(10);
+    OK(a, redsem_sem_status(sa, 10, &st));
+    cr_assert_eq(redsem_status_holder_count(st), 2);
+    cr_assert_eq(redsem_status_waiter_count(st), 1);
+    cr_assert_eq(redsem_status_holders_listed(st), 2);
+    cr_assert_eq(redsem_status_waiters_listed(st), 1);
+    bool seen1 = false, seen2 = false;
+    for (size_t i = 0; i < 2; i++) {
+        const char *id;
+        uint64_t tok;
+        int64_t left;
+        OK(a, redsem_status_holder(st, i, &id, &tok, &left));
+        cr_assert_gt(left, 8000);
+        cr_assert_leq(left, 10000);
+        if (strcmp(id, redsem_permit_id(p1)) == 0)
+            seen1 = tok == redsem_permit_token(p1);
+        if (strcmp(id, redsem_permit_id(p2)) == 0)
+            seen2 = tok == redsem_permit_token(p2);
+    }
+    cr_assert(seen1 && seen2, "holders listed with their tokens");
+    EXPECT(a, REDSEM_EINVAL, redsem_status_holder(st, 2, NULL, NULL, NULL));
+    int64_t wleft;
+    OK(a, redsem_status_waiter(st, 0, NULL, NULL, &wleft));
+    cr_assert_gt(wleft, 0);
+    redsem_status_free(st);
+    OK(a, redsem_sem_status(sa, 1, &st));
+    cr_assert_eq(redsem_status_holders_listed(st), 1);
+    cr_assert_eq(redsem_status_holder_count(st), 2);
+    redsem_status_free(st);
+    OK(a, redsem_permit_release(p1));
+    pthread_join(t, NULL);
+    cr_assert_eq(w.rc, REDSEM_OK);
+    OK(a, redsem_permit_release(p2));
+    redsem_permit_free(p1);
+    redsem_permit_free(p2);
+    redsem_sem_free(sa);
+    /* a semaphore nobody used does not exist */
+    redsem_lock *l = NULL;
+    OK(a, redsem_lock_open(a, tf_name("never"), 1000, &l));
+    OK(a, redsem_lock_status(l, 5, &st));
+    cr_assert_not(redsem_status_exists(st));
+    redsem_status_free(st);
+    redsem_lock_free(l);
+    redsem_client_free(a);
+}
+
+STRATEGY_TEST(sem, every_key_has_a_ttl, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("ttl");
+    redsem_sem *sem = open_sem(c, name, strategy, 1, 5000);
+    redsem_permit *p = NULL, *q = NULL;
+    OK(c, redsem_sem_try_acquire(sem, &p));
+    struct waiter_arg w = {.name = name, .strategy = strategy, .limit = 1, .timeout = 400};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, waiter, &w), 0);
+    tf_sleep_ms(100);
+    char pattern[256], out[64];
+    snprintf(pattern, sizeof pattern, "redsem:{%s}*", name);
+    redisContext *rc = redisConnectUnix(tf_sock());
+    cr_assert(rc && !rc->err);
+    redisReply *keys = redisCommand(rc, "KEYS %s", pattern);
+    cr_assert(keys && keys->type == REDIS_REPLY_ARRAY && keys->elements >= 2);
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *ttl = redisCommand(rc, "PTTL %s", keys->element[i]->str);
+        cr_assert(ttl->integer > 0, "%s has no TTL (%lld)", keys->element[i]->str, ttl->integer);
+        freeReplyObject(ttl);
+    }
+    freeReplyObject(keys);
+    redisFree(rc);
+    (void)out;
+    (void)q;
+    pthread_join(t, NULL);
+    cr_assert_eq(w.rc, REDSEM_EBUSY);
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(sem);
+    redsem_client_free(c);
+}

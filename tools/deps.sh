@@ -1,0 +1,19 @@
+#!/bin/sh
+# Install what redsem needs on Debian 12 (bookworm) or a derivative: the build tools, the
+# libraries (hiredis 0.14, libsodium), the test framework (criterion) and redis-server for the
+# tests, the bench and the fault suite. Idempotent: does nothing if all is installed.
+# Runs apt-get as root, through sudo when not root.
+set -eu
+packages="gcc libc6-dev meson ninja-build pkg-config libhiredis-dev libsodium-dev libcriterion-dev
+redis-server gnuplot-nox valgrind iptables iproute2 util-linux procps"
+missing=""
+for p in $packages; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+echo "tools/deps.sh: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+# shellcheck disable=SC2086
+$sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
