@@ -17,5 +17,6 @@
 #include "permit.h"
 #include "semaphore.h"
 #include "lock.h"
+#include "renew.h"
 
 #endif /* REDSEM_REDSEM_H */
