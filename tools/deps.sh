@@ -4,7 +4,7 @@
 # tests, the bench and the fault suite. Idempotent: does nothing if all is installed.
 # Runs apt-get as root, through sudo when not root.
 set -eu
-packages="gcc libc6-dev meson ninja-build pkg-config libhiredis-dev libsodium-dev libcriterion-dev
+packages="gcc libc6-dev meson ninja-build pkg-config libhiredis-dev libsodium-dev libcriterion-dev libjansson-dev
 redis-server gnuplot-nox valgrind iptables iproute2 util-linux procps"
 missing=""
 for p in $packages; do

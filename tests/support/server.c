@@ -117,8 +117,13 @@ static int spawn(ts_server *s)
 
 int ts_server_start(ts_server *s, const char *const *extra, bool tcp)
 {
+    return ts_server_start_pinned(s, extra, tcp, -1);
+}
+
+int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int cpu)
+{
     memset(s, 0, sizeof *s);
-    s->cpu = -1;
+    s->cpu = cpu;
     if (ts_redis_server_path() == NULL)
         return 77;
     const char *tmp = getenv("TMPDIR");

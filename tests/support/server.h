@@ -26,6 +26,8 @@ const char *ts_redis_server_path(void);
  * pointers must stay valid for restarts. tcp: also listen on a free loopback port.
  * Returns 0, 77 if redis-server is not installed, -1 on failure (message on stderr). */
 int ts_server_start(ts_server *s, const char *const *extra, bool tcp);
+/* Same, with the server pinned to one CPU (cpu < 0: not pinned). */
+int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int cpu);
 /* Start again with the same socket, port, dir and arguments (after kill/stop_keep). */
 int ts_server_restart(ts_server *s);
 /* SIGKILL (no cleanup of the dir), for restart tests. */
