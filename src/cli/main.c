@@ -1,0 +1,471 @@
+/* redsem(1): command line parsing, help, error reporting, dispatch.
+ *
+ * Usage: redsem COMMAND [OPTIONS] NAME [ID | -- CMD [ARGS...]]. Options come before NAME
+ * (getopt_long in POSIX mode, "+"), so nothing after NAME is ever taken as redsem's own. */
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+/* Keep in step with docs/redsem.1 (tests/cli/test_cli.c compares the options and the exit
+ * statuses of the two). */
+static const char help_text[] =
+    "Usage: redsem COMMAND [OPTIONS] NAME [ID | -- CMD [ARGS...]]\n"
+    "\n"
+    "Cap how many processes, on any number of machines, run at once: a counting semaphore\n"
+    "(or a lock) kept in Redis, with leases and fencing tokens.\n"
+    "\n"
+    "Commands:\n"
+    "  run [OPTIONS] NAME -- CMD [ARGS...]\n"
+    "        take a permit of the semaphore NAME, run CMD while renewing the lease, release\n"
+    "        the permit when CMD exits, and exit with CMD's status\n"
+    "  lock [OPTIONS] NAME -- CMD [ARGS...]\n"
+    "        the same with the lock (mutex) NAME\n"
+    "  acquire [OPTIONS] NAME\n"
+    "        take a permit and print its ID and fencing token; the permit stays held, but\n"
+    "        nothing renews it: call refresh before the lease ends\n"
+    "  refresh [OPTIONS] NAME ID\n"
+    "        extend the lease of the permit ID by --lease, counted from now\n"
+    "  release [OPTIONS] NAME ID\n"
+    "        give the permit ID back\n"
+    "  status [OPTIONS] NAME\n"
+    "        show the strategy, the limit, the holders (lease left, fencing token) and\n"
+    "        the waiters\n"
+    "  help  show this help\n"
+    "\n"
+    "Options (before NAME):\n"
+    "  --url URL            Redis to use: redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] or\n"
+    "                       unix:///PATH[?db=DB]; default $REDSEM_URL, else\n"
+    "                       " REDSEM_DEFAULT_URL "\n"
+    "  --strategy STRATEGY  semaphores: basic, fair or locked (default fair)\n"
+    "  --limit N            semaphores: how many permits, 1..1000000 (default 1)\n"
+    "  --lease DURATION     lease of a permit (default 30s); run and lock renew it every\n"
+    "                       third of it\n"
+    "  --wait DURATION      run, lock, acquire: how long to wait for a permit; 0 tries once;\n"
+    "                       default forever\n"
+    "  --kill-after DURATION\n"
+    "                       run, lock: if the lease is lost, SIGKILL CMD this long after\n"
+    "                       SIGTERM (default 10s)\n"
+    "  --foreground         run, lock: keep CMD in redsem's process group, so that it can\n"
+    "                       read the terminal; only CMD itself is then signalled\n"
+    "  --lock               acquire, refresh, release, status: the lock NAME, not a semaphore\n"
+    "  --json               acquire, refresh, status: print one JSON object\n"
+    "  -h, --help           show this help and exit\n"
+    "  -V, --version        show the version and exit\n"
+    "\n"
+    "DURATION is a whole number with a unit: 250ms, 30s, 5m, 1h; a bare number is seconds.\n"
+    "--wait also accepts 'forever'.\n"
+    "\n"
+    "Every command on one NAME must use the same --strategy and --limit: the server records\n"
+    "them when NAME is first used and refuses others (exit status 78). status records them\n"
+    "too if NAME does not exist yet.\n"
+    "\n"
+    "run and lock put CMD in a process group of its own and signal the whole group: SIGHUP,\n"
+    "SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to redsem are forwarded; SIGTSTP\n"
+    "stops CMD and redsem. If the lease is lost, CMD gets SIGTERM, then SIGKILL after\n"
+    "--kill-after, and redsem exits with 79.\n"
+    "\n"
+    "Environment:\n"
+    "  REDSEM_URL    the default for --url\n"
+    "  CMD is run with REDSEM_NAME (NAME), REDSEM_ID (the permit's ID) and REDSEM_FENCE\n"
+    "  (its fencing token, a decimal number that increases with every grant of NAME).\n"
+    "\n"
+    "Exit status:\n"
+    "  0      success\n"
+    "  CODE   run, lock: CMD's own exit status; 128+N if CMD was killed by signal N\n"
+    "  64     usage error\n"
+    "  69     cannot connect to Redis, or the connection was lost or timed out\n"
+    "  70     internal error\n"
+    "  71     operating system error (pipe, signals, process creation)\n"
+    "  75     no permit within --wait (run, lock: CMD was not run)\n"
+    "  76     Redis answered with an error (its text is printed)\n"
+    "  77     Redis refused the password or the ACL user's permissions\n"
+    "  78     NAME exists on the server with another strategy or limit\n"
+    "  79     the lease was lost: run, lock: while CMD ran (it was terminated);\n"
+    "         refresh, release: ID holds no permit of NAME\n"
+    "  126    CMD was found but could not be executed\n"
+    "  127    CMD was not found\n"
+    "Whenever the status is redsem's own, one line starting with 'redsem:' is printed on\n"
+    "stderr; CMD's status is passed on silently. A CMD that itself exits with one of the\n"
+    "codes above can be told apart from redsem only by that line.\n"
+    "\n"
+    "Example: redsem run --limit 4 nightly-export -- ./export.sh\n"
+    "See redsem(1).\n";
+
+/* ------------------------------------------------------------------ reporting */
+
+int cli_exit_code(int rc)
+{
+    switch (rc) {
+    case REDSEM_OK:
+        return CLI_EXIT_OK;
+    case REDSEM_EBUSY:
+        return CLI_EXIT_TEMPFAIL;
+    case REDSEM_ELOST:
+        return CLI_EXIT_LOST;
+    case REDSEM_EUNKNOWN:
+    case REDSEM_ECONN:
+    case REDSEM_ETIMEDOUT:
+        return CLI_EXIT_UNAVAILABLE;
+    case REDSEM_EINVAL:
+        return CLI_EXIT_USAGE;
+    case REDSEM_ESERVER:
+    case REDSEM_EPROTO:
+        return CLI_EXIT_PROTOCOL;
+    case REDSEM_EPERM:
+        return CLI_EXIT_NOPERM;
+    case REDSEM_ECONFLICT:
+        return CLI_EXIT_CONFIG;
+    default: /* ENOMEM, EFORKED, ESTATE, unknown */
+        return CLI_EXIT_SOFTWARE;
+    }
+}
+
+static void prefix(const cli_opts *o)
+{
+    fputs("redsem:", stderr);
+    if (o != NULL && o->cmd_name != NULL)
+        fprintf(stderr, " %s", o->cmd_name);
+    if (o != NULL && o->name != NULL)
+        fprintf(stderr, " %s", o->name);
+    fputs(": ", stderr);
+}
+
+void cli_msg(const cli_opts *o, const char *fmt, ...)
+{
+    prefix(o);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+int cli_fail(const cli_opts *o, const char *what, int rc, const char *detail)
+{
+    prefix(o);
+    if (what != NULL && *what)
+        fprintf(stderr, "%s: ", what);
+    fputs(redsem_strerror(rc), stderr);
+    if (detail != NULL && *detail)
+        fprintf(stderr, ": %s", detail);
+    if (rc == REDSEM_ECONFLICT)
+        fputs(" (every command on one NAME must use the same --strategy and --limit)", stderr);
+    fputc('\n', stderr);
+    return cli_exit_code(rc);
+}
+
+static int usage_error(const cli_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int usage_error(const cli_opts *o, const char *fmt, ...)
+{
+    fputs("redsem: ", stderr);
+    if (o != NULL && o->cmd_name != NULL)
+        fprintf(stderr, "%s: ", o->cmd_name);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs(" (see redsem --help)\n", stderr);
+    return CLI_EXIT_USAGE;
+}
+
+/* ------------------------------------------------------------------ parsing */
+
+enum {
+    OPT_URL = 1000,
+    OPT_STRATEGY,
+    OPT_LIMIT,
+    OPT_LEASE,
+    OPT_WAIT,
+    OPT_KILL_AFTER,
+    OPT_FOREGROUND,
+    OPT_LOCK,
+    OPT_JSON
+};
+
+#define CMDS_ALL                                                                               \
+    (CLI_CMD_RUN | CLI_CMD_LOCK | CLI_CMD_ACQUIRE | CLI_CMD_REFRESH | CLI_CMD_RELEASE |        \
+     CLI_CMD_STATUS)
+#define CMDS_SEM (CMDS_ALL & ~CLI_CMD_LOCK)
+
+static const struct option long_options[] = {
+    {"url", required_argument, NULL, OPT_URL},
+    {"strategy", required_argument, NULL, OPT_STRATEGY},
+    {"limit", required_argument, NULL, OPT_LIMIT},
+    {"lease", required_argument, NULL, OPT_LEASE},
+    {"wait", required_argument, NULL, OPT_WAIT},
+    {"kill-after", required_argument, NULL, OPT_KILL_AFTER},
+    {"foreground", no_argument, NULL, OPT_FOREGROUND},
+    {"lock", no_argument, NULL, OPT_LOCK},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Which commands take which option. --url, --lease, --strategy and --limit are accepted by
+ * every command they can apply to (even where they change nothing, as --lease for status),
+ * so that one set of options describing NAME can be passed to all of them. */
+static unsigned option_commands(int opt)
+{
+    switch (opt) {
+    case OPT_STRATEGY:
+    case OPT_LIMIT:
+        return CMDS_SEM;
+    case OPT_WAIT:
+        return CLI_CMD_RUN | CLI_CMD_LOCK | CLI_CMD_ACQUIRE;
+    case OPT_KILL_AFTER:
+    case OPT_FOREGROUND:
+        return CLI_CMD_RUN | CLI_CMD_LOCK;
+    case OPT_LOCK:
+        return CLI_CMD_ACQUIRE | CLI_CMD_REFRESH | CLI_CMD_RELEASE | CLI_CMD_STATUS;
+    case OPT_JSON:
+        return CLI_CMD_ACQUIRE | CLI_CMD_REFRESH | CLI_CMD_STATUS;
+    default:
+        return CMDS_ALL;
+    }
+}
+
+static const char *option_name(int opt)
+{
+    for (const struct option *lo = long_options; lo->name != NULL; lo++)
+        if (lo->val == opt)
+            return lo->name;
+    return "?";
+}
+
+static const struct {
+    const char *name;
+    cli_command cmd;
+} commands[] = {
+    {"run", CLI_CMD_RUN},         {"lock", CLI_CMD_LOCK},       {"acquire", CLI_CMD_ACQUIRE},
+    {"refresh", CLI_CMD_REFRESH}, {"release", CLI_CMD_RELEASE}, {"status", CLI_CMD_STATUS},
+};
+
+static bool valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > REDSEM_NAME_MAX)
+        return false;
+    for (const char *p = s; *p; p++)
+        if (*p < 0x21 || *p > 0x7e || *p == '{' || *p == '}')
+            return false;
+    return true;
+}
+
+static bool valid_id(const char *s)
+{
+    size_t n = strlen(s);
+    if (n != REDSEM_ID_LEN)
+        return false;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return false;
+    return true;
+}
+
+static int parse_limit(const char *s, uint32_t *ret)
+{
+    uint64_t n = 0;
+    if (*s == '\0')
+        return -1;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        n = n * 10 + (uint64_t)(*p - '0');
+        if (n > REDSEM_LIMIT_MAX)
+            return -1;
+    }
+    if (n < 1)
+        return -1;
+    *ret = (uint32_t)n;
+    return 0;
+}
+
+/* Returns 0 to go on, -1 when the help or the version was printed, or an exit status. */
+static int parse(int argc, char **argv, cli_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->strategy = CLI_DEFAULT_STRATEGY;
+    o->limit = CLI_DEFAULT_LIMIT;
+    o->lease_ms = CLI_DEFAULT_LEASE_MS;
+    o->wait_ms = REDSEM_WAIT_FOREVER;
+    o->kill_after_ms = CLI_DEFAULT_KILL_AFTER_MS;
+
+    if (argc < 2)
+        return usage_error(NULL, "no command given");
+    const char *c = argv[1];
+    if (strcmp(c, "-h") == 0 || strcmp(c, "--help") == 0 || strcmp(c, "help") == 0) {
+        fputs(help_text, stdout);
+        return -1;
+    }
+    if (strcmp(c, "-V") == 0 || strcmp(c, "--version") == 0) {
+        printf("redsem %s (library %s)\n", REDSEM_VERSION_STRING, redsem_version_string());
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(c, commands[i].name) == 0) {
+            o->cmd = commands[i].cmd;
+            o->cmd_name = commands[i].name;
+        }
+    }
+    if (o->cmd == 0)
+        return usage_error(NULL, "unknown command '%s'", c);
+    o->lock = o->cmd == CLI_CMD_LOCK;
+
+    /* argv + 1: getopt sees the command as its argv[0]. "+": stop at the first non-option
+     * (NAME); ":": report a missing argument as ':'. */
+    int sub_argc = argc - 1;
+    char **sub_argv = argv + 1;
+    opterr = 0;
+    optind = 1;
+    for (;;) {
+        int opt = getopt_long(sub_argc, sub_argv, "+:hV", long_options, NULL);
+        if (opt == -1)
+            break;
+        if (opt == '?') {
+            if (optopt != 0)
+                return usage_error(o, "unknown option '-%c'", optopt);
+            return usage_error(o, "unknown option '%s'", sub_argv[optind - 1]);
+        }
+        if (opt == ':')
+            return usage_error(o, "option '%s' needs an argument", sub_argv[optind - 1]);
+        if (opt == 'h') {
+            fputs(help_text, stdout);
+            return -1;
+        }
+        if (opt == 'V') {
+            printf("redsem %s (library %s)\n", REDSEM_VERSION_STRING, redsem_version_string());
+            return -1;
+        }
+        if ((option_commands(opt) & (unsigned)o->cmd) == 0)
+            return usage_error(o, "--%s is not an option of %s", option_name(opt), o->cmd_name);
+        switch (opt) {
+        case OPT_URL:
+            o->url = optarg;
+            o->url_source = "--url";
+            break;
+        case OPT_STRATEGY:
+            if (redsem_strategy_parse(optarg, &o->strategy) != REDSEM_OK)
+                return usage_error(o, "--strategy '%s': use basic, fair or locked", optarg);
+            o->strategy_set = true;
+            break;
+        case OPT_LIMIT:
+            if (parse_limit(optarg, &o->limit) != 0)
+                return usage_error(o, "--limit '%s': use a whole number from 1 to %u", optarg,
+                                   REDSEM_LIMIT_MAX);
+            o->limit_set = true;
+            break;
+        case OPT_LEASE:
+            if (cli_parse_duration(optarg, REDSEM_LEASE_MAX_MS, &o->lease_ms) != 0 ||
+                o->lease_ms < REDSEM_LEASE_MIN_MS)
+                return usage_error(o, "--lease '%s': use a DURATION from %dms to 30 days, "
+                                      "such as 30s",
+                                   optarg, REDSEM_LEASE_MIN_MS);
+            break;
+        case OPT_WAIT:
+            if (strcmp(optarg, "forever") == 0)
+                o->wait_ms = REDSEM_WAIT_FOREVER;
+            else if (cli_parse_duration(optarg, REDSEM_WAIT_MAX_MS, &o->wait_ms) != 0)
+                return usage_error(o, "--wait '%s': use 0, a DURATION up to 30 days such as "
+                                      "10s, or forever",
+                                   optarg);
+            break;
+        case OPT_KILL_AFTER:
+            if (cli_parse_duration(optarg, CLI_KILL_AFTER_MAX_MS, &o->kill_after_ms) != 0)
+                return usage_error(o, "--kill-after '%s': use a DURATION up to 1 day, such "
+                                      "as 10s",
+                                   optarg);
+            break;
+        case OPT_FOREGROUND:
+            o->foreground = true;
+            break;
+        case OPT_LOCK:
+            o->lock = true;
+            break;
+        case OPT_JSON:
+            o->json = true;
+            break;
+        default:
+            return usage_error(o, "internal: unhandled option %d", opt);
+        }
+    }
+    if (o->lock && (o->strategy_set || o->limit_set))
+        return usage_error(o, "--strategy and --limit apply to semaphores, not to a lock");
+
+    int rest = sub_argc - optind;
+    char **args = sub_argv + optind;
+    if (rest < 1)
+        return usage_error(o, "NAME is missing");
+    o->name = args[0];
+    if (!valid_name(o->name))
+        return usage_error(o, "NAME '%s': use 1 to %d printable ASCII characters other than "
+                              "space, '{' and '}'",
+                           o->name, REDSEM_NAME_MAX);
+    args++;
+    rest--;
+    switch (o->cmd) {
+    case CLI_CMD_RUN:
+    case CLI_CMD_LOCK:
+        if (rest > 0 && strcmp(args[0], "--") == 0) {
+            args++;
+            rest--;
+        }
+        if (rest < 1)
+            return usage_error(o, "CMD is missing: redsem %s [OPTIONS] NAME -- CMD [ARGS...]",
+                               o->cmd_name);
+        o->argv = args;
+        break;
+    case CLI_CMD_REFRESH:
+    case CLI_CMD_RELEASE:
+        if (rest < 1)
+            return usage_error(o, "ID is missing: redsem %s [OPTIONS] NAME ID", o->cmd_name);
+        if (rest > 1)
+            return usage_error(o, "unexpected argument '%s' after ID", args[1]);
+        o->id = args[0];
+        if (!valid_id(o->id))
+            return usage_error(o, "ID '%s': a permit ID is %d lower-case hex characters, as "
+                                  "printed by acquire",
+                               o->id, REDSEM_ID_LEN);
+        break;
+    default:
+        if (rest > 0)
+            return usage_error(o, "unexpected argument '%s' after NAME", args[0]);
+        break;
+    }
+
+    if (o->url == NULL) {
+        const char *env = getenv("REDSEM_URL");
+        o->url = env != NULL && *env ? env : REDSEM_DEFAULT_URL;
+        o->url_source = env != NULL && *env ? "REDSEM_URL" : "the default URL";
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    cli_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc == -1)
+        return fflush(stdout) == 0 ? CLI_EXIT_OK : CLI_EXIT_OSERR;
+    if (rc != 0)
+        return rc;
+    switch (o.cmd) {
+    case CLI_CMD_RUN:
+    case CLI_CMD_LOCK:
+        return cli_cmd_run(&o);
+    case CLI_CMD_ACQUIRE:
+        return cli_cmd_acquire(&o);
+    case CLI_CMD_REFRESH:
+        return cli_cmd_refresh(&o);
+    case CLI_CMD_RELEASE:
+        return cli_cmd_release(&o);
+    case CLI_CMD_STATUS:
+        return cli_cmd_status(&o);
+    }
+    return CLI_EXIT_SOFTWARE;
+}

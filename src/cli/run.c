@@ -1,0 +1,443 @@
+/* redsem(1): run and lock - hold a permit while a command runs.
+ *
+ * 1. Acquire (signals keep their default actions meanwhile, so Ctrl-C ends a wait at once).
+ * 2. Block the signals we handle, install their handlers, start automatic renewal: the
+ *    renewer thread is created with those signals blocked and never runs a handler, so every
+ *    signal is taken by the main thread, and a handler never interrupts the renewer's I/O.
+ * 3. posix_spawnp() CMD with the original signal mask, default dispositions for the signals
+ *    we catch, REDSEM_NAME/ID/FENCE in its environment and (unless --foreground) a process
+ *    group of its own. posix_spawn needs nothing unsafe between fork and exec, which matters
+ *    in a process that has a second thread, and reports exec failures (127, 126).
+ * 4. Unblock the signals in the main thread and supervise: poll a self-pipe written by the
+ *    signal handlers and by the lost-lease callback (which runs on the renewer thread and may
+ *    only write a byte, never call the library), forward signals, reap CMD, and on a lost
+ *    lease SIGTERM CMD, then SIGKILL it after --kill-after.
+ * 5. Block the signals again, release the permit (whatever happened) and exit with CMD's
+ *    status, 128+N if a signal N killed it, or 79 if the lease was lost.
+ *
+ * Process groups (the default, as timeout(1) does): CMD leads a group of its own and every
+ * signal goes to the whole group, so a lost lease also stops what CMD started (a shell
+ * script's workers). A terminal's Ctrl-C reaches redsem's group only; redsem forwards it.
+ * Such a CMD is not in the terminal's foreground group, so reading the terminal stops it:
+ * --foreground keeps CMD in redsem's group instead; the terminal then signals both, and a
+ * signal the terminal sent (si_code SI_KERNEL) is not forwarded a second time; only CMD
+ * itself (not its children) is signalled by redsem. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+extern char **environ;
+
+/* Signals sent to redsem that are passed on to CMD. */
+static const int forwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+
+#define MAX_SIG 65
+
+static int wake_fd[2] = {-1, -1};
+static volatile sig_atomic_t pending[MAX_SIG];
+static volatile sig_atomic_t foreground_mode;
+static atomic_int lost_reason; /* 0, or a redsem_lost_reason */
+
+static void wake(void)
+{
+    char b = 1;
+    ssize_t n = write(wake_fd[1], &b, 1); /* non-blocking: a full pipe already wakes us */
+    (void)n;
+}
+
+static void on_signal(int sig, siginfo_t *info, void *uctx)
+{
+    (void)uctx;
+    int saved = errno;
+    bool from_terminal = false;
+#ifdef SI_KERNEL
+    from_terminal = info != NULL && info->si_code == SI_KERNEL;
+#else
+    (void)info;
+#endif
+    if (sig > 0 && sig < MAX_SIG && !(foreground_mode && from_terminal))
+        pending[sig] = 1;
+    wake();
+    errno = saved;
+}
+
+/* Runs on the renewer thread: only an atomic store and a write(). */
+static void on_lost(redsem_permit *permit, redsem_lost_reason reason, void *user_data)
+{
+    (void)permit;
+    (void)user_data;
+    atomic_store(&lost_reason, (int)reason);
+    wake();
+}
+
+static int64_t now_ms(void)
+{
+    return redsem_monotonic_ms();
+}
+
+/* ------------------------------------------------------------------ signals */
+
+typedef struct sig_setup {
+    sigset_t handled;   /* signals with our handler installed */
+    sigset_t orig_mask; /* the mask redsem started with (CMD gets it back) */
+    bool blocked;
+} sig_setup;
+
+static bool ignored_at_start(int sig)
+{
+    struct sigaction sa;
+    return sigaction(sig, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN;
+}
+
+/* Choose the signals to handle and block them; handlers are installed by install(). */
+static void block_signals(const cli_opts *o, sig_setup *ss)
+{
+    sigemptyset(&ss->handled);
+    sigaddset(&ss->handled, SIGCHLD);
+    /* a signal ignored when redsem started stays ignored, for redsem and for CMD (nohup) */
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+        if (!ignored_at_start(forwarded[i]))
+            sigaddset(&ss->handled, forwarded[i]);
+    if (!o->foreground) {
+        if (!ignored_at_start(SIGTSTP))
+            sigaddset(&ss->handled, SIGTSTP);
+        sigaddset(&ss->handled, SIGCONT);
+    }
+    pthread_sigmask(SIG_BLOCK, &ss->handled, &ss->orig_mask);
+    ss->blocked = true;
+}
+
+static int install_handlers(const sig_setup *ss)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_SIGINFO; /* no SA_RESTART: poll() returns at once */
+    sa.sa_mask = ss->handled;
+    for (int sig = 1; sig < MAX_SIG; sig++)
+        if (sigismember(&ss->handled, sig) == 1 && sigaction(sig, &sa, NULL) != 0)
+            return -1;
+    return 0;
+}
+
+static int make_wake_pipe(void)
+{
+    if (pipe(wake_fd) != 0)
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        int fl = fcntl(wake_fd[i], F_GETFL);
+        if (fl < 0 || fcntl(wake_fd[i], F_SETFL, fl | O_NONBLOCK) != 0 ||
+            fcntl(wake_fd[i], F_SETFD, FD_CLOEXEC) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void drain_wake_pipe(void)
+{
+    char buf[64];
+    while (read(wake_fd[0], buf, sizeof buf) > 0)
+        ;
+}
+
+/* ------------------------------------------------------------------ spawning */
+
+static bool starts_with(const char *s, const char *pfx)
+{
+    return strncmp(s, pfx, strlen(pfx)) == 0;
+}
+
+/* environ without REDSEM_NAME/ID/FENCE, plus ours. Built before the spawn (no allocation
+ * happens between fork and exec). Free with free_env(). */
+static char **child_env(const cli_opts *o, const redsem_permit *p)
+{
+    size_t n = 0;
+    for (char **e = environ; e != NULL && *e != NULL; e++)
+        n++;
+    char **env = calloc(n + 4, sizeof *env);
+    if (env == NULL)
+        return NULL;
+    size_t k = 0;
+    for (char **e = environ; e != NULL && *e != NULL; e++)
+        if (!starts_with(*e, "REDSEM_NAME=") && !starts_with(*e, "REDSEM_ID=") &&
+            !starts_with(*e, "REDSEM_FENCE="))
+            env[k++] = *e;
+    size_t own = k;
+    char fence[32];
+    snprintf(fence, sizeof fence, "%" PRIu64, redsem_permit_token(p));
+    const char *vals[3][2] = {
+        {"REDSEM_NAME=", o->name}, {"REDSEM_ID=", redsem_permit_id(p)}, {"REDSEM_FENCE=", fence}};
+    for (int i = 0; i < 3; i++) {
+        size_t len = strlen(vals[i][0]) + strlen(vals[i][1]) + 1;
+        char *v = malloc(len);
+        if (v == NULL) {
+            for (size_t j = own; j < k; j++)
+                free(env[j]);
+            free(env);
+            return NULL;
+        }
+        snprintf(v, len, "%s%s", vals[i][0], vals[i][1]);
+        env[k++] = v;
+    }
+    env[k] = NULL;
+    return env;
+}
+
+static void free_env(char **env)
+{
+    if (env == NULL)
+        return;
+    size_t n = 0;
+    while (env[n] != NULL)
+        n++;
+    for (size_t i = n - 3; i < n; i++) /* the last three are ours */
+        free(env[i]);
+    free(env);
+}
+
+/* Returns 0 with *ret_pid, or an exit status (message printed). */
+static int spawn_cmd(const cli_opts *o, const sig_setup *ss, char **env, pid_t *ret_pid)
+{
+    posix_spawnattr_t attr;
+    int err = posix_spawnattr_init(&attr);
+    if (err != 0) {
+        cli_msg(o, "cannot run %s: %s", o->argv[0], strerror(err));
+        return CLI_EXIT_OSERR;
+    }
+    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+    if (!o->foreground) {
+        flags |= POSIX_SPAWN_SETPGROUP;
+        err = posix_spawnattr_setpgroup(&attr, 0);
+    }
+    if (err == 0)
+        err = posix_spawnattr_setsigmask(&attr, &ss->orig_mask);
+    if (err == 0)
+        err = posix_spawnattr_setsigdefault(&attr, &ss->handled);
+    if (err == 0)
+        err = posix_spawnattr_setflags(&attr, flags);
+    pid_t pid = 0;
+    if (err == 0)
+        err = posix_spawnp(&pid, o->argv[0], NULL, &attr, o->argv, env);
+    posix_spawnattr_destroy(&attr);
+    if (err == 0) {
+        *ret_pid = pid;
+        return 0;
+    }
+    cli_msg(o, "cannot run %s: %s", o->argv[0], strerror(err));
+    switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+    case ENAMETOOLONG:
+    case ELOOP:
+        return CLI_EXIT_NOTFOUND;
+    case EACCES:
+    case EPERM:
+    case ENOEXEC:
+    case EISDIR:
+    case ETXTBSY:
+        return CLI_EXIT_NOEXEC;
+    default:
+        return CLI_EXIT_OSERR;
+    }
+}
+
+/* ------------------------------------------------------------------ supervision */
+
+static const char *lost_text(int reason)
+{
+    switch (reason) {
+    case REDSEM_LOST_EXPIRED:
+        return "a renewal found it expired, released or taken over";
+    case REDSEM_LOST_DEADLINE:
+        return "no renewal succeeded before it ran out (Redis unreachable or too slow)";
+    default:
+        return "its validity ran out without a renewal";
+    }
+}
+
+static void signal_cmd(const cli_opts *o, pid_t pid, int sig)
+{
+    (void)kill(o->foreground ? pid : -pid, sig);
+}
+
+typedef struct outcome {
+    int wstatus;
+    bool lost;
+} outcome;
+
+/* Wait for CMD, forwarding signals and enforcing the lease. Signals are unblocked in this
+ * thread meanwhile. */
+static void supervise(const cli_opts *o, redsem_permit *p, pid_t pid, outcome *out)
+{
+    int64_t kill_at = 0;
+    bool kill_sent = false;
+    out->lost = false;
+    for (;;) {
+        int wstatus = 0;
+        pid_t w = waitpid(pid, &wstatus, WNOHANG);
+        if (w == pid) {
+            out->wstatus = wstatus;
+            break;
+        }
+        if (w < 0 && errno != EINTR) { /* cannot happen: pid is our child */
+            out->wstatus = 0;
+            cli_msg(o, "waitpid: %s", strerror(errno));
+            break;
+        }
+        for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++) {
+            int sig = forwarded[i];
+            if (pending[sig]) {
+                pending[sig] = 0;
+                signal_cmd(o, pid, sig);
+            }
+        }
+        if (!o->foreground && pending[SIGTSTP]) {
+            /* Ctrl-Z: stop CMD's group (SIGSTOP: it cannot refuse), then ourselves, as a
+             * job; `fg` or `bg` continues us, and we continue CMD. */
+            pending[SIGTSTP] = 0;
+            signal_cmd(o, pid, SIGSTOP);
+            (void)kill(getpid(), SIGSTOP);
+            pending[SIGCONT] = 1;
+        }
+        if (!o->foreground && pending[SIGCONT]) {
+            pending[SIGCONT] = 0;
+            signal_cmd(o, pid, SIGCONT);
+        }
+        int reason = atomic_load(&lost_reason);
+        if (!out->lost && (reason != 0 || !redsem_permit_held(p))) {
+            out->lost = true;
+            kill_at = now_ms() + o->kill_after_ms;
+            cli_msg(o, "lease lost: %s; sending SIGTERM to %s (pid %ld)%s, SIGKILL after "
+                       "%" PRId64 "ms",
+                    lost_text(reason), o->argv[0], (long)pid,
+                    o->foreground ? "" : " and its process group", o->kill_after_ms);
+            signal_cmd(o, pid, SIGTERM);
+            signal_cmd(o, pid, SIGCONT); /* a stopped CMD must see its SIGTERM */
+        }
+        int timeout = 1000;
+        if (out->lost && !kill_sent) {
+            int64_t left = kill_at - now_ms();
+            if (left <= 0) {
+                cli_msg(o, "%s (pid %ld) did not exit within %" PRId64 "ms: sending SIGKILL",
+                        o->argv[0], (long)pid, o->kill_after_ms);
+                signal_cmd(o, pid, SIGKILL);
+                kill_sent = true;
+            } else if (left < timeout) {
+                timeout = (int)left;
+            }
+        }
+        struct pollfd pfd = {.fd = wake_fd[0], .events = POLLIN};
+        (void)poll(&pfd, 1, timeout);
+        drain_wake_pipe();
+    }
+    /* Lost: CMD's group must not outlive the permit. Members left behind by the leader get
+     * the rest of the grace period, then SIGKILL. */
+    if (out->lost && !o->foreground && !kill_sent) {
+        while (kill(-pid, 0) == 0 && now_ms() < kill_at)
+            (void)poll(NULL, 0, 50);
+        if (kill(-pid, 0) == 0)
+            (void)kill(-pid, SIGKILL);
+    }
+}
+
+static int exit_status_of(int wstatus)
+{
+    if (WIFEXITED(wstatus))
+        return WEXITSTATUS(wstatus);
+    if (WIFSIGNALED(wstatus))
+        return 128 + WTERMSIG(wstatus);
+    return CLI_EXIT_SOFTWARE;
+}
+
+/* ------------------------------------------------------------------ the command */
+
+int cli_cmd_run(const cli_opts *o)
+{
+    cli_session s;
+    int code = cli_session_open(o, &s);
+    if (code != 0)
+        return code;
+    redsem_permit *p = NULL;
+    code = cli_session_acquire(o, &s, &p);
+    if (code != 0) {
+        cli_session_close(&s);
+        return code;
+    }
+
+    /* From here on the permit is released on every path. */
+    foreground_mode = o->foreground;
+    sig_setup ss;
+    block_signals(o, &ss);
+    bool lost = false;
+    char **env = NULL;
+    if (make_wake_pipe() != 0 || install_handlers(&ss) != 0) {
+        cli_msg(o, "cannot set up signal handling: %s", strerror(errno));
+        code = CLI_EXIT_OSERR;
+        goto release;
+    }
+    int rc = redsem_permit_auto_renew(p, 0, on_lost, NULL);
+    if (rc != REDSEM_OK) {
+        code = cli_fail(o, "start automatic renewal", rc, redsem_client_errmsg(s.client));
+        goto release;
+    }
+    if (atomic_load(&lost_reason) != 0 || !redsem_permit_held(p)) {
+        cli_msg(o, "lease lost before %s could start: %s", o->argv[0],
+                lost_text(atomic_load(&lost_reason)));
+        lost = true;
+        code = CLI_EXIT_LOST;
+        goto release;
+    }
+    env = child_env(o, p);
+    if (env == NULL) {
+        cli_msg(o, "out of memory");
+        code = CLI_EXIT_SOFTWARE;
+        goto release;
+    }
+    pid_t pid = 0;
+    code = spawn_cmd(o, &ss, env, &pid);
+    if (code != 0)
+        goto release;
+
+    pthread_sigmask(SIG_SETMASK, &ss.orig_mask, NULL);
+    outcome out;
+    supervise(o, p, pid, &out);
+    pthread_sigmask(SIG_BLOCK, &ss.handled, NULL);
+    lost = out.lost;
+    code = lost ? CLI_EXIT_LOST : exit_status_of(out.wstatus);
+
+release:
+    rc = redsem_permit_release(p);
+    if (!lost && rc == REDSEM_ELOST && code != CLI_EXIT_SOFTWARE && code != CLI_EXIT_OSERR) {
+        cli_msg(o, "lease lost before %s finished: the release found the permit expired or "
+                   "taken over",
+                o->argv[0]);
+        code = CLI_EXIT_LOST;
+    } else if (!lost && rc != REDSEM_OK && rc != REDSEM_ELOST) {
+        /* CMD's own status stands: it ran while the permit was held; the lease on the
+         * server now expires by itself. */
+        char what[96];
+        snprintf(what, sizeof what, "release (the permit expires within %" PRId64 "ms)",
+                 o->lease_ms);
+        (void)cli_fail(o, what, rc, redsem_client_errmsg(s.client));
+    }
+    redsem_permit_free(p);
+    free_env(env);
+    cli_session_close(&s);
+    for (int i = 0; i < 2; i++)
+        if (wake_fd[i] >= 0)
+            close(wake_fd[i]);
+    pthread_sigmask(SIG_SETMASK, &ss.orig_mask, NULL);
+    return code;
+}
