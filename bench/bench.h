@@ -1,0 +1,182 @@
+/* redsem-bench - shared declarations of the benchmark harness.
+ *
+ * The harness links only the public API of libredsem (redsem/redsem.h). Raw hiredis is used
+ * for three things the library deliberately does not offer: the "floor" loops (the same
+ * number of round trips with a trivial script), INFO commandstats, and removing the bench's
+ * own keys from the server afterwards. */
+#ifndef REDSEM_BENCH_H
+#define REDSEM_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include <redsem/redsem.h>
+
+struct redisContext;
+
+/* ---------------------------------------------------------------- strategies */
+/* The four things measured: the three semaphore strategies and the lock. */
+enum { BENCH_BASIC = 0, BENCH_FAIR = 1, BENCH_LOCKED = 2, BENCH_LOCK = 3, BENCH_NKINDS = 4 };
+const char *bench_kind_name(int kind);
+/* Round trips per uncontended acquire and per release (the floor reproduces both). */
+int bench_kind_acquire_trips(int kind);
+
+/* ---------------------------------------------------------------- options */
+#define BENCH_MAX_LIST 16
+
+enum { AFF_SPLIT = 0, AFF_SAME = 1, AFF_NONE = 2 };
+
+typedef struct bench_opts {
+    const char *url;       /* NULL: private server */
+    bool unix_socket;      /* private server: use its unix socket instead of TCP loopback */
+    int affinity;          /* AFF_* */
+    const char *json_path; /* NULL: no JSON */
+    bool workloads[5];     /* indexed by BENCH_W_* */
+    bool kinds[BENCH_NKINDS];
+    long pairs;   /* uncontended pairs per strategy (all rounds together) */
+    int rounds;   /* interleaved rounds (floor, strategy) */
+    int threads[BENCH_MAX_LIST];
+    int nthreads;
+    double thread_secs; /* seconds per threaded batch */
+    int rounds_threads; /* batches of each (floor, library) per thread count */
+    bool threads_shared; /* threads share one semaphore of limit T */
+    int clients[BENCH_MAX_LIST];
+    int nclients;
+    uint32_t limit;
+    double hold_min_ms, hold_max_ms;
+    double duration; /* seconds per contended run */
+    bool procs;
+    long holders[BENCH_MAX_LIST];
+    int nholders;
+    long scale_pairs;
+    int scale_fillers;
+    long order_margin_us;
+    bool quiet; /* no progress on stderr */
+} bench_opts;
+
+enum {
+    BENCH_W_UNCONTENDED = 0,
+    BENCH_W_THREADS = 1,
+    BENCH_W_CONTENDED = 2,
+    BENCH_W_SCALE = 3,
+    BENCH_W_FLOOR = 4
+};
+
+/* ---------------------------------------------------------------- run context */
+typedef struct bench_ctx {
+    const bench_opts *o;
+    char url[512];       /* what the library clients connect to */
+    char prefix[96];     /* key prefix of this run, "redsem-bench:<pid>-<rand>:" */
+    int64_t t0_ns;       /* start of the run, for progress lines */
+    json_t *json;        /* root object (NULL when --json was not given: results are still
+                            built, then dropped) */
+    int exit_code;       /* 0, or 2 after a safety violation */
+    unsigned seq;        /* for unique semaphore names */
+} bench_ctx;
+
+/* ---------------------------------------------------------------- time, randomness */
+int64_t bench_now_ns(void);
+void bench_sleep_ns(int64_t ns);
+/* xorshift64*; seed must not be 0. */
+uint64_t bench_rand(uint64_t *state);
+uint64_t bench_seed(void);
+
+/* ---------------------------------------------------------------- samples */
+typedef struct bench_samples {
+    int64_t *v; /* ns */
+    size_t n, cap;
+} bench_samples;
+
+void samples_init(bench_samples *s);
+void samples_free(bench_samples *s);
+void samples_add(bench_samples *s, int64_t ns);
+void samples_merge(bench_samples *dst, const bench_samples *src);
+
+/* Percentiles by the nearest-rank rule (the smallest value with at least q of the samples at
+ * or below it), in microseconds. */
+typedef struct bench_pct {
+    size_t n;
+    double mean, p50, p90, p99, p999, max; /* us */
+} bench_pct;
+
+bench_pct bench_percentiles(int64_t *v, size_t n); /* sorts v */
+json_t *bench_pct_json(const bench_pct *p);
+double bench_median(double *v, size_t n); /* sorts v */
+/* Jain's fairness index (sum x)^2 / (n sum x^2); 1 for n == 0 or all zero. */
+double bench_jain(const uint64_t *x, size_t n);
+
+/* ---------------------------------------------------------------- output */
+void bench_progress(const bench_ctx *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Fatal setup error: message on stderr, exit 1. */
+_Noreturn void bench_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---------------------------------------------------------------- library clients */
+redsem_client *bench_client(const bench_ctx *ctx); /* exits on failure */
+/* Same, returning the status and a message instead of exiting (for worker processes). */
+int bench_client_try(const bench_ctx *ctx, redsem_client **ret, char *err, size_t errlen);
+/* A fresh semaphore name "<tag>-<n>" unique within the run. */
+void bench_name(bench_ctx *ctx, const char *tag, char *out, size_t outlen);
+
+/* A handle for one kind: a semaphore (basic, fair, locked) or the lock. */
+typedef struct bench_handle {
+    int kind;
+    redsem_sem *sem;
+    redsem_lock *lock;
+} bench_handle;
+
+int bench_handle_open(redsem_client *c, int kind, const char *name, uint32_t limit,
+                      int64_t lease_ms, bench_handle *h);
+void bench_handle_close(bench_handle *h);
+int bench_acquire(bench_handle *h, int64_t timeout_ms, redsem_permit **p);
+int bench_acquire_as(bench_handle *h, const char *id, int64_t timeout_ms, redsem_permit **p);
+uint64_t bench_requests(const redsem_client *c); /* redsem_client_get_stats().requests */
+
+/* ---------------------------------------------------------------- raw hiredis */
+struct redisContext *bench_raw_connect(const bench_ctx *ctx);
+/* INFO commandstats as (name, calls) pairs. */
+#define BENCH_MAX_CMDS 256
+typedef struct bench_cmdstats {
+    int n;
+    char name[BENCH_MAX_CMDS][48];
+    uint64_t calls[BENCH_MAX_CMDS];
+    uint64_t usec[BENCH_MAX_CMDS];
+} bench_cmdstats;
+int bench_cmdstats_get(struct redisContext *c, bench_cmdstats *out);
+uint64_t bench_cmdstats_calls(const bench_cmdstats *s, const char *name);
+/* Sum of usec over every command but INFO (time the server spent executing commands). */
+uint64_t bench_cmdstats_usec(const bench_cmdstats *s);
+/* CPU time of the server's main thread (user + sys, INFO cpu), in us; -1 if unknown. */
+double bench_server_cpu_us(struct redisContext *c);
+/* CPU time of the calling thread, us. */
+double bench_thread_cpu_us(void);
+/* "redis_version" etc. from INFO server; writes "" if absent. */
+void bench_info_field(struct redisContext *c, const char *section, const char *field, char *out,
+                      size_t outlen);
+/* UNLINK every key of this run whose name starts with PREFIX{NAME} (NAME NULL: all keys of
+ * the run). Returns how many were removed. */
+long bench_cleanup(const bench_ctx *ctx, const char *name);
+
+/* ---------------------------------------------------------------- the floor */
+/* A raw hiredis connection that sends, per pair, the same requests as the library would for
+ * one kind (same count, same number of KEYS and ARGV, key names of the same length) with a
+ * trivial script ("return 1") in place of the real one. */
+typedef struct bench_floor bench_floor;
+bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name);
+void bench_floor_free(bench_floor *f);
+int bench_floor_acquire(bench_floor *f); /* 0 ok */
+int bench_floor_release(bench_floor *f);
+
+/* ---------------------------------------------------------------- workloads */
+void bench_run_uncontended(bench_ctx *ctx, bool floor_only);
+void bench_run_threads(bench_ctx *ctx);
+void bench_run_contended(bench_ctx *ctx);
+void bench_run_scale(bench_ctx *ctx);
+
+/* Table helpers: a fixed-width row printer that also works as the header. */
+void bench_rule(int width);
+
+#endif /* REDSEM_BENCH_H */

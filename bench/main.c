@@ -1,0 +1,700 @@
+/* redsem-bench - benchmark harness of redsem: every strategy against a raw hiredis floor.
+ *
+ * With no --url it starts its own throwaway redis-server (as the tests do); see usage() and
+ * docs/benchmarks.md. Output: one table per workload on stdout, progress on stderr, and with
+ * --json FILE every figure and the run's parameters. Exit status: 0; 1 on a setup error; 2 if
+ * the contended workload saw more concurrent holders than the limit. */
+#include <errno.h>
+#include <getopt.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "bench.h"
+#include "bench_commit.h"
+#include "server.h"
+
+static const char *const workload_names[5] = {"uncontended", "threads", "contended", "scale",
+                                              "floor"};
+
+static void usage(FILE *out)
+{
+    fputs(
+        "usage: redsem-bench [options]\n"
+        "\n"
+        "Measures redsem's strategies (basic, fair, locked) and its lock against a raw hiredis\n"
+        "floor that makes the same round trips with a trivial script. With no --url it starts a\n"
+        "private redis-server. The default suite runs every workload in about a minute.\n"
+        "\n"
+        "  --url URL            measure this server (redis://host:port, unix:///path ...)\n"
+        "  --unix               private server: connect by its unix socket (default: TCP\n"
+        "                       loopback 127.0.0.1)\n"
+        "  --pin                bench and private server on the same CPU (the first one\n"
+        "                       allowed); client-side cost then shows (= --affinity same)\n"
+        "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
+        "                       same, or none\n"
+        "  -w, --workload LIST  any of uncontended,threads,contended,scale,floor, or all\n"
+        "                       (default all; floor alone runs only the floor loops)\n"
+        "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
+        "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
+        "  --rounds N           uncontended: interleaved rounds (default 5)\n"
+        "  --threads LIST       threads: thread counts (default 8,32)\n"
+        "  --thread-secs S      threads: seconds per batch (default 0.4)\n"
+        "  --thread-rounds N    threads: (floor, library) batch pairs (default 1)\n"
+        "  --threads-shared     threads: all on one semaphore of limit T (default: one each)\n"
+        "  --clients LIST       contended: client counts (default 8,32)\n"
+        "  --limit N            contended: the semaphore's limit (default 4)\n"
+        "  --hold MS|MIN-MAX    contended: hold time, fixed or uniform random (default 1-5)\n"
+        "  --duration S         contended: seconds per run (default 2)\n"
+        "  --procs              contended: clients are processes (fork), not threads\n"
+        "  --order-margin-us N  contended: arrival-order margin (default 1000)\n"
+        "  --holders LIST       scale: holder counts (default 10,1000,10000,100000)\n"
+        "  --scale-pairs N      scale: pairs measured per level (default 1000)\n"
+        "  --fillers N          scale: filler threads (default 8)\n"
+        "  --json FILE          write every figure and the run's parameters to FILE\n"
+        "  -q, --quiet          no progress lines on stderr\n"
+        "  -h, --help           this text\n"
+        "  --version            versions of redsem-bench and the library\n",
+        out);
+}
+
+/* ---------------------------------------------------------------- option parsing */
+
+static long parse_long(const char *s, const char *what, long lo, long hi)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        bench_die("%s: '%s' is not a number in %ld..%ld", what, s, lo, hi);
+    return v;
+}
+
+static double parse_double(const char *s, const char *what, double lo, double hi)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi))
+        bench_die("%s: '%s' is not a number in %g..%g", what, s, lo, hi);
+    return v;
+}
+
+static int parse_long_list(const char *s, const char *what, long lo, long hi, long *out)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == BENCH_MAX_LIST)
+            bench_die("%s: at most %d values", what, BENCH_MAX_LIST);
+        out[n++] = parse_long(t, what, lo, hi);
+    }
+    if (n == 0)
+        bench_die("%s: empty list", what);
+    return n;
+}
+
+static int parse_int_list(const char *s, const char *what, long lo, long hi, int *out)
+{
+    long tmp[BENCH_MAX_LIST];
+    int n = parse_long_list(s, what, lo, hi, tmp);
+    for (int i = 0; i < n; i++)
+        out[i] = (int)tmp[i];
+    return n;
+}
+
+static void parse_names(const char *s, const char *what, const char *const *names, int count,
+                        bool *out)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    memset(out, 0, (size_t)count * sizeof *out);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (strcmp(t, "all") == 0) {
+            for (int i = 0; i < count; i++)
+                out[i] = true;
+            continue;
+        }
+        int i = 0;
+        while (i < count && strcmp(t, names[i]) != 0)
+            i++;
+        if (i == count)
+            bench_die("%s: unknown name '%s'", what, t);
+        out[i] = true;
+    }
+}
+
+enum {
+    OPT_URL = 256,
+    OPT_UNIX,
+    OPT_PIN,
+    OPT_AFFINITY,
+    OPT_PAIRS,
+    OPT_ROUNDS,
+    OPT_THREADS,
+    OPT_THREAD_SECS,
+    OPT_THREAD_ROUNDS,
+    OPT_THREADS_SHARED,
+    OPT_CLIENTS,
+    OPT_LIMIT,
+    OPT_HOLD,
+    OPT_DURATION,
+    OPT_PROCS,
+    OPT_MARGIN,
+    OPT_HOLDERS,
+    OPT_SCALE_PAIRS,
+    OPT_FILLERS,
+    OPT_JSON,
+    OPT_VERSION
+};
+
+static void parse_args(int argc, char **argv, bench_opts *o)
+{
+    static const struct option longopts[] = {
+        {"url", required_argument, NULL, OPT_URL},
+        {"unix", no_argument, NULL, OPT_UNIX},
+        {"pin", no_argument, NULL, OPT_PIN},
+        {"affinity", required_argument, NULL, OPT_AFFINITY},
+        {"workload", required_argument, NULL, 'w'},
+        {"strategies", required_argument, NULL, 's'},
+        {"pairs", required_argument, NULL, OPT_PAIRS},
+        {"rounds", required_argument, NULL, OPT_ROUNDS},
+        {"threads", required_argument, NULL, OPT_THREADS},
+        {"thread-secs", required_argument, NULL, OPT_THREAD_SECS},
+        {"thread-rounds", required_argument, NULL, OPT_THREAD_ROUNDS},
+        {"threads-shared", no_argument, NULL, OPT_THREADS_SHARED},
+        {"clients", required_argument, NULL, OPT_CLIENTS},
+        {"limit", required_argument, NULL, OPT_LIMIT},
+        {"hold", required_argument, NULL, OPT_HOLD},
+        {"duration", required_argument, NULL, OPT_DURATION},
+        {"procs", no_argument, NULL, OPT_PROCS},
+        {"order-margin-us", required_argument, NULL, OPT_MARGIN},
+        {"holders", required_argument, NULL, OPT_HOLDERS},
+        {"scale-pairs", required_argument, NULL, OPT_SCALE_PAIRS},
+        {"fillers", required_argument, NULL, OPT_FILLERS},
+        {"json", required_argument, NULL, OPT_JSON},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {NULL, 0, NULL, 0},
+    };
+    *o = (bench_opts){
+        .affinity = AFF_SPLIT,
+        .pairs = 20000,
+        .rounds = 5,
+        .threads = {8, 32},
+        .nthreads = 2,
+        .thread_secs = 0.4,
+        .rounds_threads = 1,
+        .clients = {8, 32},
+        .nclients = 2,
+        .limit = 4,
+        .hold_min_ms = 1,
+        .hold_max_ms = 5,
+        .duration = 2,
+        .holders = {10, 1000, 10000, 100000},
+        .nholders = 4,
+        .scale_pairs = 1000,
+        .scale_fillers = 8,
+        .order_margin_us = 1000,
+    };
+    for (int i = 0; i < 5; i++)
+        o->workloads[i] = i != BENCH_W_FLOOR;
+    for (int i = 0; i < BENCH_NKINDS; i++)
+        o->kinds[i] = true;
+    static const char *const kinds[BENCH_NKINDS] = {"basic", "fair", "locked", "lock"};
+    int c;
+    while ((c = getopt_long(argc, argv, "w:s:qh", longopts, NULL)) != -1) {
+        switch (c) {
+        case OPT_URL:
+            o->url = optarg;
+            break;
+        case OPT_UNIX:
+            o->unix_socket = true;
+            break;
+        case OPT_PIN:
+            o->affinity = AFF_SAME;
+            break;
+        case OPT_AFFINITY:
+            if (strcmp(optarg, "split") == 0)
+                o->affinity = AFF_SPLIT;
+            else if (strcmp(optarg, "same") == 0)
+                o->affinity = AFF_SAME;
+            else if (strcmp(optarg, "none") == 0)
+                o->affinity = AFF_NONE;
+            else
+                bench_die("--affinity: split, same or none");
+            break;
+        case 'w': {
+            bool w[5];
+            parse_names(optarg, "--workload", workload_names, 5, w);
+            /* "floor" alone: just the floor loops; with others it changes nothing (the
+             * floors run inside every workload anyway) */
+            bool only_floor = w[BENCH_W_FLOOR] && !w[0] && !w[1] && !w[2] && !w[3];
+            if (!only_floor)
+                w[BENCH_W_FLOOR] = false;
+            memcpy(o->workloads, w, sizeof w);
+            break;
+        }
+        case 's':
+            parse_names(optarg, "--strategies", kinds, BENCH_NKINDS, o->kinds);
+            break;
+        case OPT_PAIRS:
+            o->pairs = parse_long(optarg, "--pairs", 1, 100000000);
+            break;
+        case OPT_ROUNDS:
+            o->rounds = (int)parse_long(optarg, "--rounds", 1, 64);
+            break;
+        case OPT_THREADS:
+            o->nthreads = parse_int_list(optarg, "--threads", 1, 1024, o->threads);
+            break;
+        case OPT_THREAD_SECS:
+            o->thread_secs = parse_double(optarg, "--thread-secs", 0.01, 3600);
+            break;
+        case OPT_THREAD_ROUNDS:
+            o->rounds_threads = (int)parse_long(optarg, "--thread-rounds", 1, 64);
+            break;
+        case OPT_THREADS_SHARED:
+            o->threads_shared = true;
+            break;
+        case OPT_CLIENTS:
+            o->nclients = parse_int_list(optarg, "--clients", 1, 1024, o->clients);
+            break;
+        case OPT_LIMIT:
+            o->limit = (uint32_t)parse_long(optarg, "--limit", 1, 100000);
+            break;
+        case OPT_HOLD: {
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", optarg);
+            char *dash = strchr(buf, '-');
+            if (dash) {
+                *dash = '\0';
+                o->hold_min_ms = parse_double(buf, "--hold", 0, 600000);
+                o->hold_max_ms = parse_double(dash + 1, "--hold", 0, 600000);
+                if (o->hold_max_ms < o->hold_min_ms)
+                    bench_die("--hold: MIN-MAX with MIN <= MAX");
+            } else {
+                o->hold_min_ms = o->hold_max_ms = parse_double(buf, "--hold", 0, 600000);
+            }
+            break;
+        }
+        case OPT_DURATION:
+            o->duration = parse_double(optarg, "--duration", 0.1, 86400);
+            break;
+        case OPT_PROCS:
+            o->procs = true;
+            break;
+        case OPT_MARGIN:
+            o->order_margin_us = parse_long(optarg, "--order-margin-us", 0, 10000000);
+            break;
+        case OPT_HOLDERS:
+            o->nholders = parse_long_list(optarg, "--holders", 1, 990000, o->holders);
+            for (int i = 1; i < o->nholders; i++)
+                if (o->holders[i] < o->holders[i - 1])
+                    bench_die("--holders: give the levels in increasing order");
+            break;
+        case OPT_SCALE_PAIRS:
+            o->scale_pairs = parse_long(optarg, "--scale-pairs", 5, 10000000);
+            break;
+        case OPT_FILLERS:
+            o->scale_fillers = (int)parse_long(optarg, "--fillers", 1, 256);
+            break;
+        case OPT_JSON:
+            o->json_path = optarg;
+            break;
+        case 'q':
+            o->quiet = true;
+            break;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        case OPT_VERSION:
+            printf("redsem-bench %s (commit %s), library %s\n", REDSEM_VERSION_STRING,
+                   REDSEM_BENCH_COMMIT, redsem_version_string());
+            exit(0);
+        default:
+            usage(stderr);
+            exit(1);
+        }
+    }
+    if (optind < argc)
+        bench_die("unexpected argument '%s' (see --help)", argv[optind]);
+}
+
+/* ---------------------------------------------------------------- server, CPUs */
+
+static ts_server server;
+static pid_t main_pid;
+
+static void stop_server(void)
+{
+    if (getpid() == main_pid && server.pid > 0)
+        ts_server_stop(&server);
+}
+
+static void on_signal(int sig)
+{
+    /* async-signal-safe subset: stop the private server, remove its files, leave */
+    if (server.pid > 0) {
+        kill(server.pid, SIGCONT);
+        kill(server.pid, SIGTERM);
+        unlink(server.sock);
+        unlink(server.log);
+        rmdir(server.dir);
+    }
+    _exit(128 + sig);
+}
+
+/* The first two CPUs this process may run on (-1 if absent). */
+static void allowed_cpus(int *first, int *second, int *count)
+{
+    cpu_set_t set;
+    *first = *second = -1;
+    *count = 0;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return;
+    for (int i = 0; i < CPU_SETSIZE; i++) {
+        if (!CPU_ISSET(i, &set))
+            continue;
+        if (*first < 0)
+            *first = i;
+        else if (*second < 0)
+            *second = i;
+        (*count)++;
+    }
+}
+
+static void pin_self(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        fprintf(stderr, "redsem-bench: sched_setaffinity(%d): %s\n", cpu, strerror(errno));
+}
+
+static void cpu_model(char *out, size_t len)
+{
+    snprintf(out, len, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f == NULL)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *colon = strchr(line, ':');
+            if (colon) {
+                colon += 2;
+                colon[strcspn(colon, "\n")] = '\0';
+                snprintf(out, len, "%s", colon);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* URL with the credentials blanked, for the report (user:*** or ***, then @host). */
+static void redact(const char *url, char *out, size_t len)
+{
+    snprintf(out, len, "%s", url);
+    const char *scheme = strstr(url, "://");
+    const char *at = scheme ? strrchr(url, '@') : NULL;
+    if (at == NULL)
+        return;
+    const char *auth = scheme + 3;
+    const char *colon = memchr(auth, ':', (size_t)(at - auth));
+    int keep = (int)((colon ? colon + 1 : auth) - url);
+    snprintf(out, len, "%.*s***%s", keep, url, at);
+}
+
+/* ---------------------------------------------------------------- the targets of issue 3 */
+
+static json_t *find_row(json_t *arr, const char *strategy, const char *key, json_int_t val)
+{
+    size_t i;
+    json_t *row;
+    json_array_foreach(arr, i, row)
+    {
+        if (strcmp(json_string_value(json_object_get(row, "strategy")), strategy) == 0 &&
+            (key == NULL || json_integer_value(json_object_get(row, key)) == val))
+            return row;
+    }
+    return NULL;
+}
+
+static double num(json_t *row, const char *key)
+{
+    return json_number_value(json_object_get(row, key));
+}
+
+static void target(const char *what, double measured, const char *fmt_target, bool met,
+                   const char *note)
+{
+    char m[32];
+    snprintf(m, sizeof m, "%.3f", measured);
+    printf("  %-52s %10s  %-10s %s%s\n", what, m, fmt_target, met ? "met" : "MISSED",
+           note ? note : "");
+}
+
+static void print_targets(const bench_ctx *ctx)
+{
+    const bench_opts *o = ctx->o;
+    json_t *root = ctx->json;
+    printf("\n== the targets of issue 3, from this run (ratios are within this run)\n");
+    json_t *u = json_object_get(root, "uncontended");
+    if (u) {
+        const char *note = o->affinity == AFF_SAME ? "" : "  (targets are for --pin)";
+        for (int k = 0; k < 3; k++) {
+            json_t *r = find_row(u, bench_kind_name(k), NULL, 0);
+            if (r == NULL)
+                continue;
+            char what[96];
+            snprintf(what, sizeof what, "uncontended %s pairs/s / floor (%s)", bench_kind_name(k),
+                     o->affinity == AFF_SAME ? "pinned" : "not pinned");
+            double v = num(r, "ratio_pairs_per_s");
+            target(what, v, ">= 0.9", v >= 0.9, note);
+        }
+    }
+    json_t *t = json_object_get(root, "threads");
+    if (t) {
+        size_t i;
+        json_t *r;
+        json_array_foreach(t, i, r)
+        {
+            int T = (int)json_integer_value(json_object_get(r, "threads"));
+            if (T != 8 && T != 32)
+                continue;
+            char what[96];
+            snprintf(what, sizeof what, "%d threads %s pairs/s / floor", T,
+                     json_string_value(json_object_get(r, "strategy")));
+            double v = num(r, "ratio_pairs_per_s");
+            target(what, v, ">= 0.95", v >= 0.95, NULL);
+        }
+    }
+    json_t *s = json_object_get(root, "scale");
+    if (s) {
+        for (int k = 0; k < 3; k++) {
+            json_t *lo = find_row(s, bench_kind_name(k), "holders", 10);
+            json_t *hi = find_row(s, bench_kind_name(k), "holders", 100000);
+            if (lo == NULL || hi == NULL)
+                continue;
+            char what[96];
+            snprintf(what, sizeof what, "scale %s cost(100,000) / cost(10)", bench_kind_name(k));
+            double v = num(hi, "pair_us") / num(lo, "pair_us");
+            target(what, v, "<= 2", v <= 2, NULL);
+        }
+    }
+    json_t *c = json_object_get(json_object_get(root, "contended"), "runs");
+    if (c && o->limit == 4 && o->hold_min_ms == 1 && o->hold_max_ms == 5) {
+        for (int k = 0; k < 3; k++) {
+            json_t *r = find_row(c, bench_kind_name(k), "clients", 32);
+            if (r == NULL)
+                continue;
+            const char *n = bench_kind_name(k);
+            char what[96];
+            double v = num(r, "max_holders");
+            snprintf(what, sizeof what, "contended %s (32 clients) max holders", n);
+            target(what, v, "== 4", v == 4, NULL);
+            double trips = num(r, "round_trips_per_grant");
+            snprintf(what, sizeof what, "contended %s round trips per grant", n);
+            target(what, trips, k == BENCH_LOCKED ? "<= 8" : "<= 4",
+                   trips <= (k == BENCH_LOCKED ? 8 : 4), NULL);
+            double hp = json_number_value(
+                json_object_get(json_object_get(r, "handoff"), "p50_us"));
+            snprintf(what, sizeof what, "contended %s hand-off p50 (ms)", n);
+            target(what, hp / 1e3, "<= 1", hp <= 1000, NULL);
+            if (k == BENCH_FAIR) {
+                double oo = num(r, "out_of_order_margin");
+                char ow[96];
+                snprintf(ow, sizeof ow, "contended fair grants out of order (margin %ld us)",
+                         o->order_margin_us);
+                target(ow, oo, "== 0", oo == 0, NULL);
+                double os = num(r, "out_of_order_strict");
+                target("contended fair grants out of order (strict)", os, "== 0", os == 0,
+                       "  (see docs/benchmarks.md)");
+                double j = num(r, "jain_index");
+                target("contended fair Jain's index", j, ">= 0.99", j >= 0.99, NULL);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    bench_opts o;
+    parse_args(argc, argv, &o);
+    main_pid = getpid();
+    bench_ctx ctx = {.o = &o, .t0_ns = bench_now_ns(), .json = json_object()};
+    setvbuf(stdout, NULL, _IOLBF, 0);
+
+    int cpu0, cpu1, ncpus;
+    allowed_cpus(&cpu0, &cpu1, &ncpus);
+    int bench_cpu = -1, server_cpu = -1;
+    if (o.affinity == AFF_SAME) {
+        bench_cpu = server_cpu = cpu0;
+    } else if (o.affinity == AFF_SPLIT && cpu1 >= 0) {
+        bench_cpu = cpu0;
+        server_cpu = cpu1;
+    }
+    if (o.url != NULL)
+        server_cpu = -1; /* not ours to pin */
+
+    char transport[32];
+    if (o.url == NULL) {
+        signal(SIGINT, on_signal);
+        signal(SIGTERM, on_signal);
+        signal(SIGHUP, on_signal);
+        static const char *const extra[] = {"--maxmemory-policy", "noeviction", NULL};
+        int rc = ts_server_start_pinned(&server, extra, !o.unix_socket, server_cpu);
+        if (rc == 77)
+            bench_die("redis-server not found (install it, set REDSEM_REDIS_SERVER, or use "
+                      "--url)");
+        if (rc != 0)
+            bench_die("could not start a private redis-server");
+        atexit(stop_server);
+        if (o.unix_socket)
+            snprintf(ctx.url, sizeof ctx.url, "%s", server.url);
+        else
+            snprintf(ctx.url, sizeof ctx.url, "redis://127.0.0.1:%d", server.port);
+        snprintf(transport, sizeof transport, "%s", o.unix_socket ? "unix socket" : "TCP loopback");
+    } else {
+        snprintf(ctx.url, sizeof ctx.url, "%s", o.url);
+        snprintf(transport, sizeof transport, "%s",
+                 strncmp(o.url, "unix:", 5) == 0 ? "unix socket" : "TCP");
+    }
+    if (bench_cpu >= 0)
+        pin_self(bench_cpu);
+
+    char rnd[REDSEM_ID_BUFSIZE];
+    if (redsem_id_generate(rnd) != REDSEM_OK)
+        bench_die("redsem_id_generate failed");
+    snprintf(ctx.prefix, sizeof ctx.prefix, "redsem-bench:%d-%.8s:", (int)getpid(), rnd);
+
+    /* ------------------------------------------------------------ parameters */
+    redisContext *raw = bench_raw_connect(&ctx);
+    char redis_version[64], redis_mode[32], redis_os[128];
+    bench_info_field(raw, "server", "redis_version", redis_version, sizeof redis_version);
+    bench_info_field(raw, "server", "redis_mode", redis_mode, sizeof redis_mode);
+    bench_info_field(raw, "server", "os", redis_os, sizeof redis_os);
+    redisFree(raw);
+    char model[256], urlr[512], when[64];
+    cpu_model(model, sizeof model);
+    redact(ctx.url, urlr, sizeof urlr);
+    time_t now = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    struct utsname un;
+    if (uname(&un) != 0)
+        memset(&un, 0, sizeof un);
+    double load[3] = {0, 0, 0};
+    if (getloadavg(load, 3) < 0)
+        load[0] = load[1] = load[2] = -1;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    static const char *const aff_names[] = {"split", "same", "none"};
+
+    char cmdline[1024] = "";
+    for (int i = 0; i < argc; i++) {
+        size_t l = strlen(cmdline);
+        snprintf(cmdline + l, sizeof cmdline - l, "%s%s", i ? " " : "", argv[i]);
+    }
+    json_t *jw = json_array(), *jk = json_array();
+    for (int i = 0; i < 5; i++)
+        if (o.workloads[i])
+            json_array_append_new(jw, json_string(workload_names[i]));
+    for (int i = 0; i < BENCH_NKINDS; i++)
+        if (o.kinds[i])
+            json_array_append_new(jk, json_string(bench_kind_name(i)));
+    json_t *jt = json_array(), *jc = json_array(), *jh = json_array();
+    for (int i = 0; i < o.nthreads; i++)
+        json_array_append_new(jt, json_integer(o.threads[i]));
+    for (int i = 0; i < o.nclients; i++)
+        json_array_append_new(jc, json_integer(o.clients[i]));
+    for (int i = 0; i < o.nholders; i++)
+        json_array_append_new(jh, json_integer(o.holders[i]));
+    json_t *params = json_pack(
+        "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:b, s:s}", "command", cmdline, "started_at",
+        when, "redsem_version", redsem_version_string(), "redsem_commit", REDSEM_BENCH_COMMIT,
+        "redis_version", redis_version, "redis_mode", redis_mode, "server",
+        o.url ? "external (--url)" : "private (started by the bench)", "url", urlr, "procs",
+        o.procs, "transport", transport);
+    json_object_set_new(params, "workloads", jw);
+    json_object_set_new(params, "strategies", jk);
+    json_object_set_new(params, "pairs", json_integer(o.pairs));
+    json_object_set_new(params, "rounds", json_integer(o.rounds));
+    json_object_set_new(params, "threads", jt);
+    json_object_set_new(params, "thread_secs", json_real(o.thread_secs));
+    json_object_set_new(params, "thread_rounds", json_integer(o.rounds_threads));
+    json_object_set_new(params, "threads_shared", json_boolean(o.threads_shared));
+    json_object_set_new(params, "clients", jc);
+    json_object_set_new(params, "limit", json_integer(o.limit));
+    json_object_set_new(params, "hold_min_ms", json_real(o.hold_min_ms));
+    json_object_set_new(params, "hold_max_ms", json_real(o.hold_max_ms));
+    json_object_set_new(params, "duration_s", json_real(o.duration));
+    json_object_set_new(params, "order_margin_us", json_integer(o.order_margin_us));
+    json_object_set_new(params, "holders", jh);
+    json_object_set_new(params, "scale_pairs", json_integer(o.scale_pairs));
+    json_object_set_new(params, "fillers", json_integer(o.scale_fillers));
+    json_t *machine = json_pack(
+        "{s:i, s:i, s:s, s:s, s:s, s:s, s:[f,f,f]}", "cores_online", (int)online, "cpus_allowed",
+        ncpus, "cpu_model", model, "kernel", un.release, "machine", un.machine, "redis_os",
+        redis_os, "loadavg_at_start", load[0], load[1], load[2]);
+    json_t *aff = json_pack("{s:s}", "mode", aff_names[o.affinity]);
+    json_object_set_new(aff, "bench_cpu", bench_cpu >= 0 ? json_integer(bench_cpu) : json_null());
+    json_object_set_new(aff, "server_cpu",
+                        server_cpu >= 0 ? json_integer(server_cpu) : json_null());
+    json_object_set_new(params, "affinity", aff);
+    json_object_set_new(ctx.json, "bench", json_string("redsem-bench"));
+    json_object_set_new(ctx.json, "schema", json_integer(1));
+    json_object_set_new(ctx.json, "params", params);
+    json_object_set_new(ctx.json, "machine", machine);
+
+    char bcpu[16] = "any", scpu[16] = "any";
+    if (bench_cpu >= 0)
+        snprintf(bcpu, sizeof bcpu, "%d", bench_cpu);
+    if (server_cpu >= 0)
+        snprintf(scpu, sizeof scpu, "%d", server_cpu);
+    printf("redsem-bench %s (commit %s) against Redis %s, %s server over %s (%s)\n",
+           redsem_version_string(), REDSEM_BENCH_COMMIT, redis_version,
+           o.url ? "external" : "private", transport, urlr);
+    printf("%ld cores online (%s); affinity %s: bench on CPU %s, server on CPU %s%s; load "
+           "average %.2f\n",
+           online, model, aff_names[o.affinity], bcpu, o.url ? "(external)" : scpu,
+           o.affinity == AFF_SAME ? " (--pin: client-side cost shows)" : "", load[0]);
+    printf("Only ratios within one run are comparable: the machine is shared and noisy.\n");
+
+    /* ------------------------------------------------------------ workloads */
+    if (o.workloads[BENCH_W_FLOOR])
+        bench_run_uncontended(&ctx, true);
+    if (o.workloads[BENCH_W_UNCONTENDED])
+        bench_run_uncontended(&ctx, false);
+    if (o.workloads[BENCH_W_THREADS])
+        bench_run_threads(&ctx);
+    if (o.workloads[BENCH_W_CONTENDED])
+        bench_run_contended(&ctx);
+    if (o.workloads[BENCH_W_SCALE])
+        bench_run_scale(&ctx);
+    bench_cleanup(&ctx, NULL);
+
+    double elapsed = (double)(bench_now_ns() - ctx.t0_ns) / 1e9;
+    json_object_set_new(params, "elapsed_s", json_real(elapsed));
+    print_targets(&ctx);
+    printf("\ndone in %.1f s%s\n", elapsed,
+           ctx.exit_code == 2 ? "; FAILED: more holders than the limit (see above)" : "");
+    if (o.json_path != NULL) {
+        if (json_dump_file(ctx.json, o.json_path, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0)
+            bench_die("cannot write %s", o.json_path);
+        bench_progress(&ctx, "wrote %s", o.json_path);
+    }
+    json_decref(ctx.json);
+    return ctx.exit_code;
+}

@@ -1,0 +1,491 @@
+/* redsem-bench - workload 1 (uncontended: one client, and T threads) and workload 4 (floor).
+ *
+ * One client: for each kind, acquire+release pairs, timed one by one, interleaved in rounds
+ * with the floor of the same kind (floor batch, library batch, alternating which goes first),
+ * so both see the same noise; the ratio is the median of the per-round ratios.
+ *
+ * T threads: each thread has its own client and its own floor connection and never waits for
+ * a permit (by default each thread has its own semaphore or lock; --threads-shared puts them
+ * all on one semaphore of limit T). Batches of --thread-secs seconds, floor and library
+ * alternating, pairs/s summed over the threads. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "bench.h"
+
+#define WARMUP_PAIRS 200
+#define LEASE_MS 10000
+#define TIMEOUT_MS 5000
+
+static void check(int rc, redsem_client *c, const char *what)
+{
+    if (rc != REDSEM_OK)
+        bench_die("%s: %s (%s)", what, redsem_err_name(rc), redsem_client_errmsg(c));
+}
+
+/* One library pair, timed: acquire and release durations in ns. */
+static void lib_pair(bench_handle *h, redsem_client *c, int64_t *acq, int64_t *rel)
+{
+    redsem_permit *p = NULL;
+    int64_t t0 = bench_now_ns();
+    int rc = bench_acquire(h, TIMEOUT_MS, &p);
+    int64_t t1 = bench_now_ns();
+    check(rc, c, "acquire");
+    rc = redsem_permit_release(p);
+    int64_t t2 = bench_now_ns();
+    check(rc, c, "release");
+    redsem_permit_free(p);
+    *acq = t1 - t0;
+    *rel = t2 - t1;
+}
+
+static void floor_pair(bench_floor *f, int64_t *acq, int64_t *rel)
+{
+    int64_t t0 = bench_now_ns();
+    if (bench_floor_acquire(f) != 0)
+        bench_die("floor acquire failed");
+    int64_t t1 = bench_now_ns();
+    if (bench_floor_release(f) != 0)
+        bench_die("floor release failed");
+    int64_t t2 = bench_now_ns();
+    *acq = t1 - t0;
+    *rel = t2 - t1;
+}
+
+typedef struct uresult {
+    int kind;
+    long pairs;
+    double lib_secs, floor_secs;
+    double ratios[64];
+    int nratios;
+    bench_pct lib_acq, lib_rel, floor_acq, floor_rel, lib_pair, floor_pair;
+    /* where the time goes, summed over the batches (us): [0] floor, [1] library */
+    double client_cpu[2], server_cpu[2], server_cmd[2];
+    bench_cmdstats per_cmd; /* library batches: calls and usec per command, summed */
+} uresult;
+
+/* acc += after - before, per command name (INFO excluded). */
+static void cmdstats_accumulate(bench_cmdstats *acc, const bench_cmdstats *before,
+                                const bench_cmdstats *after)
+{
+    for (int i = 0; i < after->n; i++) {
+        if (strcmp(after->name[i], "info") == 0)
+            continue;
+        uint64_t calls = after->calls[i] - bench_cmdstats_calls(before, after->name[i]);
+        uint64_t usec = after->usec[i];
+        for (int k = 0; k < before->n; k++)
+            if (strcmp(before->name[k], after->name[i]) == 0)
+                usec -= before->usec[k];
+        if (calls == 0)
+            continue;
+        int j = 0;
+        while (j < acc->n && strcmp(acc->name[j], after->name[i]) != 0)
+            j++;
+        if (j == acc->n) {
+            if (acc->n == BENCH_MAX_CMDS)
+                continue;
+            memcpy(acc->name[j], after->name[i], sizeof acc->name[j]);
+            acc->calls[j] = acc->usec[j] = 0;
+            acc->n++;
+        }
+        acc->calls[j] += calls;
+        acc->usec[j] += usec;
+    }
+}
+
+static void print_trips(int kind, char *buf, size_t len)
+{
+    snprintf(buf, len, "%d+1", bench_kind_acquire_trips(kind));
+}
+
+static double ratio(double a, double b)
+{
+    return b > 0 ? a / b : 0;
+}
+
+void bench_run_uncontended(bench_ctx *ctx, bool floor_only)
+{
+    const bench_opts *o = ctx->o;
+    int rounds = o->rounds;
+    long batch = o->pairs / rounds;
+    if (batch < 1)
+        batch = 1;
+    long pairs = batch * rounds;
+    uresult res[BENCH_NKINDS];
+    int nres = 0;
+    json_t *arr = json_array();
+
+    for (int kind = 0; kind < BENCH_NKINDS; kind++) {
+        if (!o->kinds[kind])
+            continue;
+        char name[64];
+        bench_name(ctx, kind == BENCH_LOCK ? "u-lock" : "u-sem", name, sizeof name);
+        redsem_client *c = NULL;
+        bench_handle h = {0};
+        if (!floor_only) {
+            c = bench_client(ctx);
+            check(bench_handle_open(c, kind, name, 1, LEASE_MS, &h), c, "open");
+        }
+        bench_floor *f = bench_floor_new(ctx, kind, name);
+        redisContext *raw = bench_raw_connect(ctx);
+        bench_progress(ctx, "%s %s: %ld pairs in %d rounds", floor_only ? "floor" : "uncontended",
+                       bench_kind_name(kind), pairs, rounds);
+
+        int64_t *la = malloc((size_t)pairs * sizeof *la), *lr = malloc((size_t)pairs * sizeof *lr);
+        int64_t *fa = malloc((size_t)pairs * sizeof *fa), *fr = malloc((size_t)pairs * sizeof *fr);
+        int64_t *lp = malloc((size_t)pairs * sizeof *lp), *fp = malloc((size_t)pairs * sizeof *fp);
+        if (!la || !lr || !fa || !fr || !lp || !fp)
+            bench_die("out of memory");
+        int64_t dummy_a, dummy_r;
+        for (int i = 0; i < WARMUP_PAIRS; i++) {
+            if (!floor_only)
+                lib_pair(&h, c, &dummy_a, &dummy_r);
+            floor_pair(f, &dummy_a, &dummy_r);
+        }
+        uresult *u = &res[nres++];
+        memset(u, 0, sizeof *u);
+        u->kind = kind;
+        u->pairs = pairs;
+        for (int r = 0; r < rounds; r++) {
+            double secs[2] = {0, 0}; /* floor, library */
+            for (int step = 0; step < 2; step++) {
+                bool lib = (step == 0) == (r % 2 == 1);
+                if (lib && floor_only)
+                    continue;
+                bench_cmdstats cs0, cs1;
+                double scpu0 = bench_server_cpu_us(raw);
+                if (bench_cmdstats_get(raw, &cs0) != 0)
+                    bench_die("INFO commandstats failed");
+                double ccpu0 = bench_thread_cpu_us();
+                int64_t t0 = bench_now_ns();
+                for (long i = r * batch; i < (r + 1) * batch; i++) {
+                    if (lib) {
+                        lib_pair(&h, c, &la[i], &lr[i]);
+                        lp[i] = la[i] + lr[i];
+                    } else {
+                        floor_pair(f, &fa[i], &fr[i]);
+                        fp[i] = fa[i] + fr[i];
+                    }
+                }
+                secs[lib] = (double)(bench_now_ns() - t0) / 1e9;
+                u->client_cpu[lib] += bench_thread_cpu_us() - ccpu0;
+                if (bench_cmdstats_get(raw, &cs1) != 0)
+                    bench_die("INFO commandstats failed");
+                u->server_cmd[lib] +=
+                    (double)(bench_cmdstats_usec(&cs1) - bench_cmdstats_usec(&cs0));
+                u->server_cpu[lib] += bench_server_cpu_us(raw) - scpu0;
+                if (lib)
+                    cmdstats_accumulate(&u->per_cmd, &cs0, &cs1);
+            }
+            u->floor_secs += secs[0];
+            u->lib_secs += secs[1];
+            if (!floor_only && r < 64)
+                u->ratios[u->nratios++] = ratio(secs[0], secs[1]);
+        }
+        if (!floor_only) {
+            u->lib_acq = bench_percentiles(la, (size_t)pairs);
+            u->lib_rel = bench_percentiles(lr, (size_t)pairs);
+            u->lib_pair = bench_percentiles(lp, (size_t)pairs);
+        }
+        u->floor_acq = bench_percentiles(fa, (size_t)pairs);
+        u->floor_rel = bench_percentiles(fr, (size_t)pairs);
+        u->floor_pair = bench_percentiles(fp, (size_t)pairs);
+        free(la);
+        free(lr);
+        free(fa);
+        free(fr);
+        free(lp);
+        free(fp);
+        bench_floor_free(f);
+        redisFree(raw);
+        bench_handle_close(&h);
+        redsem_client_free(c);
+        bench_cleanup(ctx, name);
+    }
+
+    /* ------------------------------------------------------------ tables */
+    printf("\n== %s: one client, %ld acquire+release pairs per strategy in %d interleaved "
+           "rounds (latencies in us)\n",
+           floor_only ? "floor" : "uncontended", pairs, rounds);
+    printf("%-10s %5s %9s %7s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "strategy", "trips",
+           "pairs/s", "x floor", "acq p50", "p99", "p99.9", "max", "rel p50", "p99", "p99.9",
+           "max");
+    bench_rule(112);
+    for (int i = 0; i < nres; i++) {
+        uresult *u = &res[i];
+        char trips[16];
+        print_trips(u->kind, trips, sizeof trips);
+        double med = 0;
+        if (!floor_only) {
+            double tmp[64];
+            memcpy(tmp, u->ratios, sizeof tmp);
+            med = bench_median(tmp, (size_t)u->nratios);
+            printf("%-10s %5s %9.0f %7.3f | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f %8.1f\n",
+                   bench_kind_name(u->kind), trips, (double)u->pairs / u->lib_secs, med,
+                   u->lib_acq.p50, u->lib_acq.p99, u->lib_acq.p999, u->lib_acq.max,
+                   u->lib_rel.p50, u->lib_rel.p99, u->lib_rel.p999, u->lib_rel.max);
+        }
+        char fname[32];
+        snprintf(fname, sizeof fname, "%s%s", floor_only ? "" : "  floor ",
+                 floor_only ? bench_kind_name(u->kind) : "");
+        printf("%-10s %5s %9.0f %7.3f | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f %8.1f\n",
+               fname, trips, (double)u->pairs / u->floor_secs, 1.0, u->floor_acq.p50,
+               u->floor_acq.p99, u->floor_acq.p999, u->floor_acq.max, u->floor_rel.p50,
+               u->floor_rel.p99, u->floor_rel.p999, u->floor_rel.max);
+
+        json_t *row = json_pack(
+            "{s:s, s:I, s:i, s:f, s:o, s:o, s:o}", "strategy", bench_kind_name(u->kind),
+            "pairs", (json_int_t)u->pairs, "acquire_round_trips", bench_kind_acquire_trips(u->kind),
+            "floor_pairs_per_s", (double)u->pairs / u->floor_secs, "floor_acquire",
+            bench_pct_json(&u->floor_acq), "floor_release", bench_pct_json(&u->floor_rel),
+            "floor_pair", bench_pct_json(&u->floor_pair));
+        if (!floor_only) {
+            json_t *rr = json_array();
+            for (int k = 0; k < u->nratios; k++)
+                json_array_append_new(rr, json_real(u->ratios[k]));
+            json_object_set_new(row, "pairs_per_s", json_real((double)u->pairs / u->lib_secs));
+            json_object_set_new(row, "ratio_pairs_per_s", json_real(med));
+            json_object_set_new(row, "round_ratios", rr);
+            json_object_set_new(row, "acquire", bench_pct_json(&u->lib_acq));
+            json_object_set_new(row, "release", bench_pct_json(&u->lib_rel));
+            json_object_set_new(row, "pair", bench_pct_json(&u->lib_pair));
+            json_object_set_new(
+                row, "ratio_latency",
+                json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "acquire_p50",
+                          ratio(u->lib_acq.p50, u->floor_acq.p50), "acquire_p99",
+                          ratio(u->lib_acq.p99, u->floor_acq.p99), "acquire_p999",
+                          ratio(u->lib_acq.p999, u->floor_acq.p999), "release_p50",
+                          ratio(u->lib_rel.p50, u->floor_rel.p50), "release_p99",
+                          ratio(u->lib_rel.p99, u->floor_rel.p99), "release_p999",
+                          ratio(u->lib_rel.p999, u->floor_rel.p999)));
+        }
+        json_t *cost = json_object();
+        for (int side = floor_only ? 0 : 1; side >= 0; side--) {
+            double np = (double)u->pairs;
+            json_object_set_new(
+                cost, side ? "library" : "floor",
+                json_pack("{s:f, s:f, s:f, s:f}", "wall_us_per_pair",
+                          (side ? u->lib_secs : u->floor_secs) * 1e6 / np,
+                          "client_cpu_us_per_pair", u->client_cpu[side] / np,
+                          "server_cpu_us_per_pair", u->server_cpu[side] / np,
+                          "server_command_us_per_pair", u->server_cmd[side] / np));
+        }
+        if (!floor_only) {
+            json_t *pc = json_object();
+            for (int k = 0; k < u->per_cmd.n; k++)
+                json_object_set_new(pc, u->per_cmd.name[k],
+                                    json_pack("{s:f, s:f}", "calls_per_pair",
+                                              (double)u->per_cmd.calls[k] / (double)u->pairs,
+                                              "usec_per_pair",
+                                              (double)u->per_cmd.usec[k] / (double)u->pairs));
+            json_object_set_new(cost, "library_server_commands", pc);
+        }
+        json_object_set_new(row, "cost_breakdown", cost);
+        json_array_append_new(arr, row);
+    }
+    printf("\nwhere the time goes, us per pair: wall clock; CPU of the bench thread (user+sys); "
+           "CPU of the server's main thread (INFO cpu); of which executing commands (INFO "
+           "commandstats usec)\n");
+    printf("%-10s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "strategy", "wall", "client",
+           "server", "commands", "floor", "client", "server", "commands");
+    bench_rule(92);
+    for (int i = 0; i < nres; i++) {
+        uresult *u = &res[i];
+        double np = (double)u->pairs;
+        if (floor_only)
+            printf("%-10s | %8s %8s %8s %8s | %8.1f %8.1f %8.1f %8.1f\n",
+                   bench_kind_name(u->kind), "-", "-", "-", "-", u->floor_secs * 1e6 / np,
+                   u->client_cpu[0] / np, u->server_cpu[0] / np, u->server_cmd[0] / np);
+        else
+            printf("%-10s | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f %8.1f\n",
+                   bench_kind_name(u->kind), u->lib_secs * 1e6 / np, u->client_cpu[1] / np,
+                   u->server_cpu[1] / np, u->server_cmd[1] / np, u->floor_secs * 1e6 / np,
+                   u->client_cpu[0] / np, u->server_cpu[0] / np, u->server_cmd[0] / np);
+    }
+    if (!floor_only) {
+        printf("\nratios to the floor of the same kind (pairs/s: library/floor, median of "
+               "rounds; latency: library/floor)\n");
+        printf("%-10s %8s | %8s %8s %8s | %8s %8s %8s\n", "strategy", "pairs/s", "acq p50",
+               "p99", "p99.9", "rel p50", "p99", "p99.9");
+        bench_rule(72);
+        for (int i = 0; i < nres; i++) {
+            uresult *u = &res[i];
+            double tmp[64];
+            memcpy(tmp, u->ratios, sizeof tmp);
+            printf("%-10s %8.3f | %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f\n",
+                   bench_kind_name(u->kind), bench_median(tmp, (size_t)u->nratios),
+                   ratio(u->lib_acq.p50, u->floor_acq.p50), ratio(u->lib_acq.p99, u->floor_acq.p99),
+                   ratio(u->lib_acq.p999, u->floor_acq.p999),
+                   ratio(u->lib_rel.p50, u->floor_rel.p50), ratio(u->lib_rel.p99, u->floor_rel.p99),
+                   ratio(u->lib_rel.p999, u->floor_rel.p999));
+        }
+    }
+    fflush(stdout);
+    json_object_set_new(ctx->json, floor_only ? "floor" : "uncontended", arr);
+}
+
+/* ================================================================ T threads */
+
+enum { TM_FLOOR = 0, TM_LIB = 1, TM_EXIT = 2 };
+
+typedef struct tgroup {
+    bench_ctx *ctx;
+    int kind;
+    int nthreads;
+    bool shared;
+    char shared_name[64];
+    pthread_barrier_t start, end;
+    _Atomic int stop;
+    int mode;
+} tgroup;
+
+typedef struct tworker {
+    tgroup *g;
+    pthread_t th;
+    int idx;
+    char name[64];
+    uint64_t count;
+} tworker;
+
+static void *tworker_main(void *arg)
+{
+    tworker *w = arg;
+    tgroup *g = w->g;
+    redsem_client *c = bench_client(g->ctx);
+    bench_handle h;
+    const char *name = g->shared ? g->shared_name : w->name;
+    uint32_t limit = g->shared ? (uint32_t)g->nthreads : 1;
+    check(bench_handle_open(c, g->kind, name, limit, LEASE_MS, &h), c, "open");
+    bench_floor *f = bench_floor_new(g->ctx, g->kind, name);
+    int64_t a, r;
+    for (int i = 0; i < WARMUP_PAIRS / 4; i++) {
+        lib_pair(&h, c, &a, &r);
+        floor_pair(f, &a, &r);
+    }
+    for (;;) {
+        pthread_barrier_wait(&g->start);
+        if (g->mode == TM_EXIT)
+            break;
+        uint64_t n = 0;
+        while (!atomic_load_explicit(&g->stop, memory_order_relaxed)) {
+            if (g->mode == TM_LIB)
+                lib_pair(&h, c, &a, &r);
+            else
+                floor_pair(f, &a, &r);
+            n++;
+        }
+        w->count = n;
+        pthread_barrier_wait(&g->end);
+    }
+    bench_floor_free(f);
+    bench_handle_close(&h);
+    redsem_client_free(c);
+    return NULL;
+}
+
+/* One batch; returns pairs/s over all threads. */
+static double tbatch(tgroup *g, tworker *w, int mode, double secs)
+{
+    g->mode = mode;
+    atomic_store(&g->stop, 0);
+    pthread_barrier_wait(&g->start);
+    int64_t t0 = bench_now_ns();
+    bench_sleep_ns((int64_t)(secs * 1e9));
+    atomic_store(&g->stop, 1);
+    pthread_barrier_wait(&g->end);
+    int64_t t1 = bench_now_ns();
+    uint64_t total = 0;
+    for (int i = 0; i < g->nthreads; i++)
+        total += w[i].count;
+    return (double)total / ((double)(t1 - t0) / 1e9);
+}
+
+void bench_run_threads(bench_ctx *ctx)
+{
+    const bench_opts *o = ctx->o;
+    json_t *arr = json_array();
+    printf("\n== uncontended, T threads (each its own client%s; never waits); %d x %.2f s "
+           "batches each, floor and library alternating\n",
+           o->threads_shared ? ", all on one semaphore of limit T" : " and its own semaphore",
+           o->rounds_threads, o->thread_secs);
+    printf("%-10s %5s %7s | %10s %10s %8s | %s\n", "strategy", "trips", "threads", "pairs/s",
+           "floor/s", "x floor", "per-round ratios");
+    bench_rule(90);
+    fflush(stdout);
+    for (int ti = 0; ti < o->nthreads; ti++) {
+        int T = o->threads[ti];
+        for (int kind = 0; kind < BENCH_NKINDS; kind++) {
+            if (!o->kinds[kind])
+                continue;
+            if (kind == BENCH_LOCK && o->threads_shared)
+                continue; /* one lock shared by T threads is contention, not this workload */
+            tgroup g = {.ctx = ctx, .kind = kind, .nthreads = T, .shared = o->threads_shared};
+            bench_name(ctx, "t-shared", g.shared_name, sizeof g.shared_name);
+            pthread_barrier_init(&g.start, NULL, (unsigned)T + 1);
+            pthread_barrier_init(&g.end, NULL, (unsigned)T + 1);
+            tworker *w = calloc((size_t)T, sizeof *w);
+            if (w == NULL)
+                bench_die("out of memory");
+            for (int i = 0; i < T; i++) {
+                w[i].g = &g;
+                w[i].idx = i;
+                bench_name(ctx, "t", w[i].name, sizeof w[i].name);
+                if (pthread_create(&w[i].th, NULL, tworker_main, &w[i]) != 0)
+                    bench_die("pthread_create failed");
+            }
+            bench_progress(ctx, "threads %s: %d threads, %d rounds", bench_kind_name(kind), T,
+                           o->rounds_threads);
+            double lib_sum = 0, floor_sum = 0, ratios[64];
+            int nr = 0;
+            for (int r = 0; r < o->rounds_threads && r < 64; r++) {
+                double fl, lb;
+                if (r % 2 == 0) {
+                    fl = tbatch(&g, w, TM_FLOOR, o->thread_secs);
+                    lb = tbatch(&g, w, TM_LIB, o->thread_secs);
+                } else {
+                    lb = tbatch(&g, w, TM_LIB, o->thread_secs);
+                    fl = tbatch(&g, w, TM_FLOOR, o->thread_secs);
+                }
+                lib_sum += lb;
+                floor_sum += fl;
+                ratios[nr++] = ratio(lb, fl);
+            }
+            g.mode = TM_EXIT;
+            pthread_barrier_wait(&g.start);
+            for (int i = 0; i < T; i++)
+                pthread_join(w[i].th, NULL);
+            pthread_barrier_destroy(&g.start);
+            pthread_barrier_destroy(&g.end);
+
+            char trips[16], rr[256] = "";
+            print_trips(kind, trips, sizeof trips);
+            json_t *jr = json_array();
+            for (int i = 0; i < nr; i++) {
+                size_t l = strlen(rr);
+                snprintf(rr + l, sizeof rr - l, "%s%.3f", i ? " " : "", ratios[i]);
+                json_array_append_new(jr, json_real(ratios[i]));
+            }
+            double tmp[64];
+            memcpy(tmp, ratios, sizeof tmp);
+            double med = bench_median(tmp, (size_t)nr);
+            printf("%-10s %5s %7d | %10.0f %10.0f %8.3f | %s\n", bench_kind_name(kind), trips, T,
+                   lib_sum / nr, floor_sum / nr, med, rr);
+            fflush(stdout);
+            json_array_append_new(
+                arr, json_pack("{s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:o}", "strategy",
+                               bench_kind_name(kind), "threads", T, "acquire_round_trips",
+                               bench_kind_acquire_trips(kind), "shared_semaphore",
+                               o->threads_shared, "pairs_per_s", lib_sum / nr,
+                               "floor_pairs_per_s", floor_sum / nr, "ratio_pairs_per_s", med,
+                               "round_ratios", jr));
+            free(w);
+            bench_cleanup(ctx, NULL);
+        }
+    }
+    json_object_set_new(ctx->json, "threads", arr);
+}
