@@ -81,9 +81,12 @@ int cli_cmd_acquire(const cli_opts *o)
             code = emit(o, obj, obj != NULL);
         } else if (printf("%s %" PRIu64 "\n", redsem_permit_id(p), redsem_permit_token(p)) < 0 ||
                    fflush(stdout) != 0) {
-            cli_msg(o, "cannot write the output; releasing the permit");
-            (void)redsem_permit_release(p);
+            cli_msg(o, "cannot write the output");
             code = CLI_EXIT_OSERR;
+        }
+        if (code != 0) {
+            /* nobody learned the ID: give the permit back rather than leave it to expire */
+            (void)redsem_permit_release(p);
         }
         redsem_permit_free(p);
     }

@@ -2,11 +2,14 @@
  *
  * Usage: redsem COMMAND [OPTIONS] NAME [ID | -- CMD [ARGS...]]. Options come before NAME
  * (getopt_long in POSIX mode, "+"), so nothing after NAME is ever taken as redsem's own. */
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -446,8 +449,25 @@ static int parse(int argc, char **argv, cli_opts *o)
     return 0;
 }
 
+/* A closed stdin, stdout or stderr would be reused by the next open(): the Redis socket could
+ * become fd 1 and receive our output. Fill the gaps with /dev/null opened read-only, so that
+ * writes to a closed stdout still fail visibly. */
+static void guard_std_fds(void)
+{
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+            int nfd = open("/dev/null", O_RDONLY);
+            if (nfd >= 0 && nfd != fd) {
+                (void)dup2(nfd, fd);
+                close(nfd);
+            }
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
+    guard_std_fds();
     cli_opts o;
     int rc = parse(argc, argv, &o);
     if (rc == -1)

@@ -92,7 +92,7 @@ static char **merged_env(const char *const *env)
     return out;
 }
 
-void cli_start(cli_proc *p, const char *const *env, const char *const *args)
+static void start(cli_proc *p, const char *const *env, const char *const *args, bool stdout_open)
 {
     memset(p, 0, sizeof *p);
     p->code = -1;
@@ -110,7 +110,10 @@ void cli_start(cli_proc *p, const char *const *env, const char *const *args)
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, p->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (stdout_open)
+        posix_spawn_file_actions_addopen(&fa, 1, p->out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    else
+        posix_spawn_file_actions_addclose(&fa, 1);
     posix_spawn_file_actions_addopen(&fa, 2, p->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     char **envp = merged_env(env);
     p->started_ms = redsem_monotonic_ms();
@@ -119,6 +122,16 @@ void cli_start(cli_proc *p, const char *const *env, const char *const *args)
     free(envp);
     free(argv);
     cr_assert_eq(err, 0, "posix_spawn %s: %s", cli_bin(), strerror(err));
+}
+
+void cli_start(cli_proc *p, const char *const *env, const char *const *args)
+{
+    start(p, env, args, true);
+}
+
+void cli_start_closed_stdout(cli_proc *p, const char *const *env, const char *const *args)
+{
+    start(p, env, args, false);
 }
 
 int cli_wait(cli_proc *p, int timeout_ms)

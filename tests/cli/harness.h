@@ -30,6 +30,8 @@ void cli_cleanup(void);
 /* Start redsem with the given arguments (NULL-terminated). env: NULL-terminated extra
  * environment entries "K=V" (override), or "K" (unset); may be NULL. */
 void cli_start(cli_proc *p, const char *const *env, const char *const *args);
+/* The same with stdout closed instead of captured. */
+void cli_start_closed_stdout(cli_proc *p, const char *const *env, const char *const *args);
 /* Wait up to timeout_ms; on timeout SIGKILL it and fail the test. Returns the exit status. */
 int cli_wait(cli_proc *p, int timeout_ms);
 /* cli_start + cli_wait(30 s). */

@@ -979,6 +979,26 @@ Test(cli, acquire_json)
     cli_proc_free(&p);
 }
 
+/* With stdout closed nobody can learn the ID: acquire fails (71) and gives the permit back,
+ * and nothing is written into the Redis connection (which would otherwise take fd 1). */
+Test(cli, acquire_with_stdout_closed)
+{
+    const char *name = copy_name("closed");
+    for (int json = 0; json < 2; json++) {
+        cli_proc p;
+        if (json)
+            cli_start_closed_stdout(&p, NULL, CLI_ARGS("acquire", "--json", name));
+        else
+            cli_start_closed_stdout(&p, NULL, CLI_ARGS("acquire", name));
+        int code = cli_wait(&p, 30000);
+        cr_assert_eq(code, 71, "exited %d: %s", code, p.err);
+        expect_one_error_line(&p);
+        cr_assert(strstr(p.err, "cannot write the output") != NULL, "%s", p.err);
+        cli_proc_free(&p);
+        cr_assert_eq(holders_of(name, NULL), 0, "the permit was left held");
+    }
+}
+
 /* Nothing renews a permit taken by acquire: once its lease ends it is gone. */
 Test(cli, acquire_lease_runs_out)
 {
