@@ -548,6 +548,35 @@ Test(cli, run_no_permit_within_wait)
     cli_proc_free(&p);
 }
 
+/* While redsem waits for a permit, signals have their default effect: Ctrl-C ends the wait,
+ * and CMD is not run. */
+Test(cli, signal_while_waiting)
+{
+    const char *name = copy_name("waiting");
+    char id[41];
+    acquire(name, "1", "30s", id, NULL);
+    const char *mark = cli_path("ran");
+    cli_proc p;
+    cli_start(&p, NULL, CLI_ARGS("run", name, "--", "touch", mark));
+    int64_t until = tf_now_ms() + 20000;
+    json_int_t waiters = 0;
+    while (waiters == 0 && tf_now_ms() < until) {
+        json_t *j = status_of(name, NULL);
+        waiters = jint(j, "waiter_count");
+        json_decref(j);
+        if (waiters == 0)
+            tf_sleep_ms(20);
+    }
+    cr_assert_eq(waiters, 1, "redsem never queued");
+    kill(p.pid, SIGINT);
+    int code = cli_wait(&p, 20000);
+    cr_assert_eq(code, 128 + SIGINT, "exited %d: %s", code, p.err);
+    cr_assert(!cli_exists(mark));
+    cli_proc_free(&p);
+    cr_assert_eq(CLI(&p, NULL, "release", name, id), 0, "%s", p.err);
+    cli_proc_free(&p);
+}
+
 /* acquire leaves the lease running (no renewal): a waiting run gets the permit once it
  * expires. */
 Test(cli, run_waits_for_an_expiring_lease)
