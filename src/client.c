@@ -246,6 +246,8 @@ static int handshake_cmd(redsem_client *c, const redsem__args *a, const char *wh
 static int connect_client(redsem_client *c, bool *retryable, char *err, size_t errlen)
 {
     int64_t deadline = redsem__deadline_after_ms(c->connect_timeout_ms);
+    if (c->deadline_cap_ns && c->deadline_cap_ns < deadline)
+        deadline = c->deadline_cap_ns;
     drop_connection(c);
     int rc = redsem__conn_open(&c->conn, &c->ep, deadline, retryable, err, errlen);
     if (rc != REDSEM_OK)
@@ -306,6 +308,8 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
         }
         int64_t sent = redsem__now_ns();
         int64_t dl = deadline_ns ? deadline_ns : sent + c->command_timeout_ms * REDSEM__NS_PER_MS;
+        if (c->deadline_cap_ns && c->deadline_cap_ns < dl)
+            dl = c->deadline_cap_ns;
         bool written = false;
         redisReply *r = NULL;
         rc = raw_roundtrip(c, cmd, (size_t)len, dl, &r, &written, err, sizeof err);
@@ -326,8 +330,11 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
             break;
         }
         int64_t now = redsem__now_ns();
-        if (retry_until == 0)
+        if (retry_until == 0) {
             retry_until = now + c->retry_ms * REDSEM__NS_PER_MS;
+            if (c->deadline_cap_ns && c->deadline_cap_ns < retry_until)
+                retry_until = c->deadline_cap_ns;
+        }
         if (now >= retry_until) {
             rc = REDSEM_ECONN;
             break;

@@ -36,6 +36,9 @@ void redsem__sleep_ns(int64_t ns);
 int64_t redsem__rand_between(int64_t lo, int64_t hi);
 /* Validity deadline: sent + lease - (lease/100 + 2 ms). */
 int64_t redsem__validity_deadline(int64_t sent_ns, int64_t lease_ms);
+/* A refresh applies only while the lease has more than this left on the server: the drift
+ * margin plus the renewer's early lost warning (min(lease/50, 25 ms), at least 1 ms). */
+int64_t redsem__refresh_margin_ms(int64_t lease_ms);
 
 /* ---------------------------------------------------------------- validation (util.c) */
 bool redsem__valid_name(const char *name);
@@ -169,6 +172,7 @@ struct redsem_client {
     redsem_client_stats stats;
     char errmsg[512];
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled */
+    int64_t deadline_cap_ns;  /* if non-zero, no request (nor its retries) outlives this */
 };
 
 /* Open a client (used for the caller's client and for the renewer's own connection). */

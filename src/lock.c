@@ -179,6 +179,7 @@ int redsem__lock_refresh(redsem_client *c, redsem_lock *l, redsem_permit *p, int
     lock_keys(l, &a, 2);
     redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
     redsem__args_i64(&a, l->lease_ms);
+    redsem__args_i64(&a, redsem__refresh_margin_ms(p->lease_ms));
     redisReply *r = NULL;
     redsem__req_info info;
     int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_EXTEND, 2, &a, REDSEM__REQ_RETRY, &info, &r);

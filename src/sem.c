@@ -417,6 +417,7 @@ int redsem__sem_refresh(redsem_client *c, redsem_sem *s, redsem_permit *p, int64
     int nkeys = a.n;
     redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
     redsem__args_i64(&a, s->lease_ms);
+    redsem__args_i64(&a, redsem__refresh_margin_ms(p->lease_ms));
     redisReply *r = NULL;
     redsem__req_info info;
     int rc = redsem__eval(c, REDSEM__SCRIPT_REFRESH, nkeys, &a, REDSEM__REQ_RETRY, &info, &r);

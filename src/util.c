@@ -54,6 +54,16 @@ int64_t redsem__validity_deadline(int64_t sent_ns, int64_t lease_ms)
     return sent_ns + (lease_ms - drift_ms) * REDSEM__NS_PER_MS;
 }
 
+int64_t redsem__refresh_margin_ms(int64_t lease_ms)
+{
+    int64_t early = lease_ms / 50;
+    if (early > 25)
+        early = 25;
+    if (early < 1)
+        early = 1;
+    return lease_ms / 100 + 2 + early;
+}
+
 static bool graph_char(unsigned char ch)
 {
     return ch >= 0x21 && ch <= 0x7e && ch != '{' && ch != '}';

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -90,10 +91,17 @@ static int spawn(ts_server *s)
             CPU_SET(s->cpu, &set);
             (void)sched_setaffinity(0, sizeof set, &set);
         }
+        /* A test that fails half-way never stops its server: let the server die with the
+         * thread that started it, and keep it off the test runner's stdout/stderr pipes. */
+        pid_t parent = getppid();
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
         int devnull = open("/dev/null", O_RDWR);
         if (devnull >= 0) {
             dup2(devnull, 0);
             dup2(devnull, 1);
+            dup2(devnull, 2);
         }
         execv(bin, (char *const *)argv);
         _exit(127);

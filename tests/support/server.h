@@ -22,7 +22,7 @@ typedef struct ts_server {
 /* Path of the redis-server binary (REDSEM_REDIS_SERVER or "redis-server" on PATH), or NULL. */
 const char *ts_redis_server_path(void);
 
-/* Start a server. extra: NULL-terminated extra arguments ("--maxmemory", "1mb", ...), copied
+/* Start a server; it is killed if the thread that started it exits. extra: NULL-terminated extra arguments ("--maxmemory", "1mb", ...), copied
  * pointers must stay valid for restarts. tcp: also listen on a free loopback port.
  * Returns 0, 77 if redis-server is not installed, -1 on failure (message on stderr). */
 int ts_server_start(ts_server *s, const char *const *extra, bool tcp);

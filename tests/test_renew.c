@@ -1,0 +1,338 @@
+/* Automatic renewal, lost-lease notification, reentrant locks, fencing in practice, fork. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+#define TO .timeout = 90
+
+static redsem_client *client_for(const char *url, int64_t retry_ms, int64_t cmd_timeout_ms)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, retry_ms), REDSEM_OK);
+    if (cmd_timeout_ms > 0)
+        cr_assert_eq(redsem_options_set_command_timeout_ms(o, cmd_timeout_ms), REDSEM_OK);
+    redsem_client *c = NULL;
+    cr_assert_eq(redsem_client_new(o, &c), REDSEM_OK);
+    redsem_options_free(o);
+    return c;
+}
+
+struct lost_record {
+    atomic_int calls;
+    atomic_int reason;
+    _Atomic int64_t at_ms;
+    _Atomic int64_t validity_at_call;
+};
+
+static void on_lost(redsem_permit *p, redsem_lost_reason why, void *arg)
+{
+    struct lost_record *r = arg;
+    atomic_store(&r->at_ms, redsem_monotonic_ms());
+    atomic_store(&r->reason, (int)why);
+    atomic_store(&r->validity_at_call, redsem_permit_validity_ms(p));
+    atomic_fetch_add(&r->calls, 1);
+}
+
+static bool member(redsem_strategy s, const char *name, const char *id, const ts_server *srv)
+{
+    char key[256], out[64];
+    snprintf(key, sizeof key, "redsem:{%s}:%s", name,
+             s == REDSEM_STRATEGY_BASIC ? "holders" : "timeouts");
+    ts_command(srv, out, sizeof out, "ZSCORE", key, id, NULL);
+    return strcmp(out, "nil") != 0;
+}
+
+STRATEGY_TEST(renew, holder_keeps_its_permit_for_five_leases, TO)
+{
+    redsem_client *a = tf_client(), *b = tf_client();
+    const char *name = tf_name("keep");
+    int64_t lease = 200;
+    redsem_sem *sa = NULL, *sb = NULL;
+    OK(a, redsem_sem_open(a, name, strategy, 1, lease, &sa));
+    OK(b, redsem_sem_open(b, name, strategy, 1, lease, &sb));
+    redsem_permit *p = NULL, *q = NULL;
+    OK(a, redsem_sem_try_acquire(sa, &p));
+    struct lost_record rec = {0};
+    OK(a, redsem_permit_auto_renew(p, 0, on_lost, &rec));
+    EXPECT(a, REDSEM_ESTATE, redsem_permit_auto_renew(p, 0, on_lost, &rec));
+    int64_t until = tf_now_ms() + 5 * lease;
+    int tries = 0;
+    while (tf_now_ms() < until) {
+        EXPECT(b, REDSEM_EBUSY, redsem_sem_try_acquire(sb, &q));
+        cr_assert(redsem_permit_held(p), "the holder lost its permit after %d tries", tries);
+        tries++;
+        tf_sleep_ms(20);
+    }
+    cr_assert_eq(atomic_load(&rec.calls), 0);
+    redsem_renew_stats st;
+    OK(a, redsem_client_renew_stats(a, &st));
+    cr_assert_geq(st.renewals, 10, "only %llu renewals in 5 leases", (unsigned long long)st.renewals);
+    /* the caller's own connection was not used for renewals */
+    redsem_client_stats cs;
+    OK(a, redsem_client_get_stats(a, &cs));
+    cr_assert_lt(cs.requests, 8, "%llu requests on the caller's connection",
+                 (unsigned long long)cs.requests);
+    OK(a, redsem_permit_release(p));
+    uint64_t renewals = st.renewals;
+    tf_sleep_ms(3 * lease);
+    OK(a, redsem_client_renew_stats(a, &st));
+    cr_assert_eq(st.renewals, renewals, "renewed after release");
+    cr_assert_not(member(strategy, name, redsem_permit_id(p), tf_server()),
+                  "renewal re-created a released entry");
+    OK(b, redsem_sem_try_acquire(sb, &q));
+    OK(b, redsem_permit_release(q));
+    redsem_permit_free(p);
+    redsem_permit_free(q);
+    redsem_sem_free(sa);
+    redsem_sem_free(sb);
+    redsem_client_free(a);
+    redsem_client_free(b);
+}
+
+STRATEGY_TEST(renew, cut_off_renewer_fires_lost_before_validity_ends, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = client_for(srv.url, 1000, 2000);
+    redsem_sem *s = NULL;
+    int64_t lease = 600;
+    OK(c, redsem_sem_open(c, "cutoff", strategy, 1, lease, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    struct lost_record rec = {0};
+    OK(c, redsem_permit_auto_renew(p, 0, on_lost, &rec));
+    tf_sleep_ms(lease); /* a couple of renewals go through */
+    ts_server_pause(&srv, true);
+    int64_t paused_at = tf_now_ms();
+    int64_t deadline = redsem_permit_deadline_ms(p);
+    while (atomic_load(&rec.calls) == 0 && tf_now_ms() < paused_at + 5000)
+        tf_sleep_ms(5);
+    cr_assert_eq(atomic_load(&rec.calls), 1, "lost never fired");
+    cr_assert_eq(atomic_load(&rec.reason), REDSEM_LOST_DEADLINE);
+    cr_assert_lt(atomic_load(&rec.at_ms), deadline, "fired at %lld, validity ended at %lld",
+                 (long long)atomic_load(&rec.at_ms), (long long)deadline);
+    cr_assert_not(redsem_permit_held(p));
+    cr_assert_eq(redsem_permit_validity_ms(p), 0);
+    ts_server_pause(&srv, false);
+    /* The renewal that was in flight when the server stopped is executed when it resumes,
+     * after the holder was told: it must not bring the lease back. Nothing re-creates it. */
+    tf_sleep_ms(lease / 2);
+    redsem_client *o = client_for(srv.url, 1000, 0);
+    redsem_sem *so = NULL;
+    OK(o, redsem_sem_open(o, "cutoff", strategy, 1, lease, &so));
+    redsem_permit *z = NULL;
+    EXPECT(o, REDSEM_ELOST, redsem_sem_adopt(so, redsem_permit_id(p), &z));
+    OK(o, redsem_sem_try_acquire(so, &z));
+    OK(o, redsem_permit_release(z));
+    redsem_permit_free(z);
+    redsem_sem_free(so);
+    redsem_client_free(o);
+    EXPECT(c, REDSEM_ESTATE, redsem_permit_refresh(p));
+    EXPECT(c, REDSEM_ELOST, redsem_permit_release(p));
+    redsem_renew_stats st;
+    OK(c, redsem_client_renew_stats(c, &st));
+    cr_assert_eq(st.lost_deadline, 1);
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
+STRATEGY_TEST(renew, renewal_finds_a_lease_gone_and_says_expired, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("gone");
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, name, strategy, 1, 300, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    struct lost_record rec = {0};
+    OK(c, redsem_permit_auto_renew(p, 0, on_lost, &rec));
+    /* someone removes the entry behind the holder's back (an operator, a failover) */
+    char key[256];
+    snprintf(key, sizeof key, "redsem:{%s}:meta", name);
+    char field[64];
+    snprintf(field, sizeof field, "t:%s", redsem_permit_id(p));
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "HDEL", key, field, NULL), 0);
+    for (int i = 0; i < 300 && atomic_load(&rec.calls) == 0; i++)
+        tf_sleep_ms(5);
+    cr_assert_eq(atomic_load(&rec.calls), 1);
+    cr_assert_eq(atomic_load(&rec.reason), REDSEM_LOST_EXPIRED);
+    cr_assert_not(redsem_permit_held(p));
+    redsem_permit_free(p); /* free without release: detaches from the renewer */
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+Test(renew, lock_renewal_and_stop, TO)
+{
+    redsem_client *a = tf_client(), *b = tf_client();
+    const char *name = tf_name("lrenew");
+    redsem_lock *la = NULL, *lb = NULL;
+    OK(a, redsem_lock_open(a, name, 150, &la));
+    OK(b, redsem_lock_open(b, name, 150, &lb));
+    redsem_permit *p = NULL, *q = NULL;
+    OK(a, redsem_lock_try_acquire(la, &p));
+    EXPECT(a, REDSEM_EINVAL, redsem_permit_auto_renew(p, 150, NULL, NULL));
+    EXPECT(a, REDSEM_EINVAL, redsem_permit_auto_renew(p, -1, NULL, NULL));
+    EXPECT(a, REDSEM_EINVAL, redsem_permit_auto_renew(NULL, 0, NULL, NULL));
+    OK(a, redsem_permit_auto_renew(p, 40, NULL, NULL));
+    tf_sleep_ms(600);
+    EXPECT(b, REDSEM_EBUSY, redsem_lock_try_acquire(lb, &q));
+    cr_assert(redsem_permit_held(p));
+    OK(a, redsem_permit_stop_renewal(p));
+    OK(a, redsem_permit_stop_renewal(p));
+    tf_sleep_ms(300);
+    cr_assert_not(redsem_permit_held(p));
+    OK(b, redsem_lock_try_acquire(lb, &q));
+    EXPECT(a, REDSEM_ELOST, redsem_permit_refresh(p));
+    EXPECT(a, REDSEM_ESTATE, redsem_permit_auto_renew(p, 0, NULL, NULL));
+    OK(b, redsem_permit_release(q));
+    redsem_permit_free(p);
+    redsem_permit_free(q);
+    redsem_lock_free(la);
+    redsem_lock_free(lb);
+    redsem_client_free(a);
+    redsem_client_free(b);
+}
+
+Test(renew, many_permits_share_one_renewer, TO)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, tf_name("many"), REDSEM_STRATEGY_FAIR, 50, 300, &s));
+    redsem_permit *p[50];
+    for (int i = 0; i < 50; i++) {
+        OK(c, redsem_sem_try_acquire(s, &p[i]));
+        OK(c, redsem_permit_auto_renew(p[i], 0, NULL, NULL));
+    }
+    tf_sleep_ms(1000);
+    for (int i = 0; i < 50; i++)
+        cr_assert(redsem_permit_held(p[i]), "permit %d lost", i);
+    redsem_renew_stats st;
+    OK(c, redsem_client_renew_stats(c, &st));
+    cr_assert_geq(st.renewals, 50 * 2);
+    cr_assert_eq(st.failures, 0);
+    for (int i = 0; i < 50; i += 2)
+        OK(c, redsem_permit_release(p[i]));
+    for (int i = 0; i < 50; i++)
+        redsem_permit_free(p[i]); /* odd ones: freed while renewed */
+    redsem_sem_free(s);
+    redsem_client_free(c); /* stops the renewer */
+}
+
+/* ---------------------------------------------------------------- reentrant lock */
+
+Test(reentrant, same_owner_reenters_and_the_count_lives_on_the_server, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *a = client_for(srv.url, 1000, 0), *b = client_for(srv.url, 1000, 0);
+    redsem_lock *l = NULL, *other = NULL, *same_client_other_handle = NULL;
+    OK(a, redsem_lock_open(a, "re", 5000, &l));
+    OK(a, redsem_lock_set_reentrant(l, true));
+    OK(b, redsem_lock_open(b, "re", 5000, &other));
+    OK(b, redsem_lock_set_reentrant(other, true));
+    OK(a, redsem_lock_open(a, "re", 5000, &same_client_other_handle));
+    OK(a, redsem_lock_set_reentrant(same_client_other_handle, true));
+    redsem_permit *p1 = NULL, *p2 = NULL, *p3 = NULL, *q = NULL;
+    OK(a, redsem_lock_try_acquire(l, &p1));
+    OK(a, redsem_lock_acquire(l, 100, &p2));
+    OK(a, redsem_lock_try_acquire(l, &p3));
+    cr_assert_eq(redsem_permit_token(p1), redsem_permit_token(p3), "re-entry is not a new grant");
+    EXPECT(b, REDSEM_EBUSY, redsem_lock_try_acquire(other, &q));
+    EXPECT(a, REDSEM_EBUSY, redsem_lock_try_acquire(same_client_other_handle, &q));
+    char tok[REDSEM_ID_BUFSIZE];
+    OK(a, redsem_id_generate(tok));
+    EXPECT(a, REDSEM_EINVAL, redsem_lock_acquire_as(l, tok, 0, &q));
+    redsem_status *st = NULL;
+    OK(a, redsem_lock_status(l, 1, &st));
+    cr_assert_eq(redsem_status_hold_count(st), 3);
+    redsem_status_free(st);
+    /* the connection drops; the count is on the server, so release still works */
+    ts_command(&srv, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes", NULL);
+    OK(a, redsem_permit_release(p3));
+    OK(a, redsem_permit_refresh(p1));
+    OK(a, redsem_permit_release(p2));
+    EXPECT(b, REDSEM_EBUSY, redsem_lock_try_acquire(other, &q));
+    OK(a, redsem_lock_status(l, 1, &st));
+    cr_assert_eq(redsem_status_hold_count(st), 1);
+    redsem_status_free(st);
+    OK(a, redsem_permit_release(p1));
+    OK(b, redsem_lock_try_acquire(other, &q));
+    EXPECT(a, REDSEM_ESTATE, redsem_permit_refresh(p1));
+    OK(b, redsem_permit_release(q));
+    redsem_permit_free(p1);
+    redsem_permit_free(p2);
+    redsem_permit_free(p3);
+    redsem_permit_free(q);
+    redsem_lock_free(l);
+    redsem_lock_free(other);
+    redsem_lock_free(same_client_other_handle);
+    redsem_client_free(a);
+    redsem_client_free(b);
+    ts_server_stop(&srv);
+}
+
+/* ---------------------------------------------------------------- fencing example */
+
+Test(fencing, the_example_rejects_the_stale_write, TO)
+{
+    const char *bin = getenv("REDSEM_FENCING_EXAMPLE");
+    cr_assert_not_null(bin, "REDSEM_FENCING_EXAMPLE not set by meson");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s '%s' 2>&1", bin, tf_url());
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    char out[4096] = "", line[512];
+    while (fgets(line, sizeof line, f))
+        strncat(out, line, sizeof out - strlen(out) - 1);
+    int st = pclose(f);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "example failed:\n%s", out);
+    cr_assert(strstr(out, "A: the store REJECTED the write") != NULL, "%s", out);
+    cr_assert(strstr(out, "B: the store ACCEPTED the write") != NULL, "%s", out);
+    cr_assert(strstr(out, "held() now says false") != NULL, "%s", out);
+    cr_assert(strstr(out, "refresh says REDSEM_ELOST") != NULL, "%s", out);
+}
+
+/* ---------------------------------------------------------------- fork */
+
+Test(renew, forked_child_neither_renews_nor_releases_the_parents_permit, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("forkrenew");
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, 300, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_permit_auto_renew(p, 0, NULL, NULL));
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int bad = 0;
+        bad |= redsem_permit_release(p) != REDSEM_EFORKED;
+        bad |= redsem_permit_stop_renewal(p) != REDSEM_EFORKED;
+        bad |= redsem_permit_auto_renew(p, 0, NULL, NULL) != REDSEM_EFORKED;
+        redsem_permit_free(p);
+        redsem_sem_free(s);
+        redsem_client_free(c); /* must not join or signal the parent's renewer */
+        _exit(bad);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert_eq(WEXITSTATUS(status), 0);
+    tf_sleep_ms(1000); /* > 3 leases: only renewal keeps it */
+    cr_assert(redsem_permit_held(p), "the parent's renewal stopped");
+    cr_assert(member(REDSEM_STRATEGY_FAIR, name, redsem_permit_id(p), tf_server()));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
