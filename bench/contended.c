@@ -80,6 +80,8 @@ typedef struct cshared {
     int64_t last_change;
     double occ_ns, waiting_ns; /* integral of occupancy, and time, while waiting > 0 */
     uint64_t grants;
+    double hold_ns_sum; /* observed holds: grant processed to release started */
+    uint64_t holds;
     uint64_t ring_head, ring_count, ring_cap;
     uint64_t nacq, nhand, dropped;
     uint64_t ngrant; /* grant records: wait start and token */
@@ -245,6 +247,8 @@ static void worker(bench_ctx *ctx, cshared *s, int i)
         pthread_mutex_lock(&s->mu);
         int64_t tr = bench_now_ns();
         integrate(s, tr);
+        s->hold_ns_sum += (double)(tr - tg);
+        s->holds++;
         s->occupancy--;
         if (!held)
             s->expired_holds++;
@@ -514,6 +518,8 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
         "grants_total", (json_int_t)s->grants, "grants_per_s", r.grants_per_s,
         "ideal_grants_per_s", r.ideal);
     json_object_set_new(row, "ratio_to_ideal", json_real(r.ideal > 0 ? r.grants_per_s / r.ideal : 0));
+    json_object_set_new(row, "mean_hold_ms_observed",
+                        json_real(s->holds ? s->hold_ns_sum / (double)s->holds / 1e6 : 0));
     json_object_set_new(row, "acquire", bench_pct_json(&r.acq));
     json_object_set_new(row, "handoff", bench_pct_json(&r.hand));
     json_object_set_new(row, "round_trips_per_grant", json_real(r.trips_per_grant));

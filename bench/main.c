@@ -491,6 +491,10 @@ static void print_targets(const bench_ctx *ctx)
             snprintf(what, sizeof what, "scale %s cost(100,000) / cost(10)", bench_kind_name(k));
             double v = num(hi, "pair_us") / num(lo, "pair_us");
             target(what, v, "<= 2", v <= 2, NULL);
+            snprintf(what, sizeof what, "  the same, each divided by its floor");
+            v = (num(hi, "pair_us") / num(hi, "floor_pair_us")) /
+                (num(lo, "pair_us") / num(lo, "floor_pair_us"));
+            target(what, v, "<= 2", v <= 2, NULL);
         }
     }
     json_t *c = json_object_get(json_object_get(root, "contended"), "runs");

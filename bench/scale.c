@@ -100,11 +100,14 @@ void bench_run_scale(bench_ctx *ctx)
         batch = 1;
 
     printf("\n== scale: acquire+release of one more holder with H holders in the semaphore "
-           "(limit %ld); us per pair, median of %d batches of %ld\n",
+           "(limit %ld); us per pair, median of %d batches of %ld; x first: cost / cost at the "
+           "first level; x first/floor: the same, each divided by the floor measured with it\n",
            limit, BATCHES, batch);
-    printf("%-8s %8s | %8s %8s %8s | %8s %8s | %8s %9s\n", "strategy", "H", "us/pair",
-           "p50", "p99", "floor us", "x floor", "x first", "fill/s");
-    bench_rule(92);
+    printf("%-8s %8s | %8s %8s %8s | %8s %8s | %8s %8s %9s\n", "strategy", "H", "us/pair",
+           "p50", "p99", "floor us", "x floor", "x first", "x first/", "fill/s");
+    printf("%-8s %8s | %8s %8s %8s | %8s %8s | %8s %8s %9s\n", "", "", "", "", "", "", "", "",
+           "floor", "");
+    bench_rule(101);
     fflush(stdout);
     for (int kind = 0; kind < BENCH_LOCK; kind++) {
         if (!o->kinds[kind])
@@ -118,7 +121,7 @@ void bench_run_scale(bench_ctx *ctx)
             bench_die("scale: open: %s (%s)", redsem_err_name(rc), redsem_client_errmsg(c));
         bench_floor *f = bench_floor_new(ctx, kind, name);
         long have = 0;
-        double first_cost = 0;
+        double first_cost = 0, first_xfloor = 0;
         for (int li = 0; li < o->nholders; li++) {
             long H = o->holders[li];
             double fill_rate = 0;
@@ -166,11 +169,14 @@ void bench_run_scale(bench_ctx *ctx)
             double fcost = bench_median(floor_batch, BATCHES);
             bench_pct pp = bench_percentiles(pairs.v, pairs.n);
             samples_free(&pairs);
-            if (li == 0)
+            if (li == 0) {
                 first_cost = cost;
-            printf("%-8s %8ld | %8.1f %8.1f %8.1f | %8.1f %8.2f | %8.2f %9.0f\n",
+                first_xfloor = cost / fcost;
+            }
+            double norm = cost / fcost / first_xfloor;
+            printf("%-8s %8ld | %8.1f %8.1f %8.1f | %8.1f %8.2f | %8.2f %8.2f %9.0f\n",
                    bench_kind_name(kind), H, cost, pp.p50, pp.p99, fcost, cost / fcost,
-                   cost / first_cost, fill_rate);
+                   cost / first_cost, norm, fill_rate);
             fflush(stdout);
             json_t *row = json_pack(
                 "{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:o}", "strategy",
@@ -179,6 +185,7 @@ void bench_run_scale(bench_ctx *ctx)
                 "floor_pair_us", fcost, "ratio_to_floor", cost / fcost, "ratio_to_first_level",
                 cost / first_cost, "fill_per_s", fill_rate, "pair", bench_pct_json(&pp));
             json_object_set_new(row, "pairs", json_integer((json_int_t)(batch * BATCHES)));
+            json_object_set_new(row, "ratio_to_first_level_floor_normalized", json_real(norm));
             json_array_append_new(arr, row);
         }
         bench_floor_free(f);

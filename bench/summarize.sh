@@ -1,0 +1,58 @@
+#!/bin/sh
+# Median, minimum and maximum over several `redsem-bench --json` files of the figures the
+# targets of issue 3 are about (needs jq). Each figure is a ratio or a count taken within
+# one run; only those are comparable across runs on a noisy machine.
+#
+#   bench/summarize.sh run1.json run2.json ...
+set -eu
+if [ $# -lt 1 ]; then
+    echo "usage: $0 FILE.json..." >&2
+    exit 2
+fi
+command -v jq >/dev/null 2>&1 || { echo "$0: jq not found (apt-get install jq)" >&2; exit 1; }
+jq -r -s '
+def median: sort | if length == 0 then null
+    elif length % 2 == 1 then .[length / 2 | floor]
+    else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+def fmt: if . == null then "-" elif (. | fabs) >= 100 then (. * 10 | round / 10 | tostring)
+    else (. * 10000 | round / 10000 | tostring) end;
+def row($name; $vals): ($vals | map(select(. != null))) as $v |
+    if ($v | length) == 0 then empty else
+    "\($name)\t\($v | median | fmt)\t\($v | min | fmt) .. \($v | max | fmt)\t\($v | length)" end;
+. as $runs |
+"figure\tmedian\tmin .. max\truns",
+( ["basic", "fair", "locked", "lock"][] as $s |
+  ( [$runs[].uncontended // [] | .[] | select(.strategy == $s) | .ratio_pairs_per_s] ) as $v |
+  row("uncontended \($s) pairs/s / floor"; $v) ),
+( [$runs[].threads // [] | .[] | .threads] | unique | .[] ) as $t |
+  ( ["basic", "fair", "locked", "lock"][] as $s |
+    row("threads=\($t) \($s) pairs/s / floor";
+        [$runs[].threads // [] | .[] | select(.strategy == $s and .threads == $t) | .ratio_pairs_per_s]) ),
+( ["basic", "fair", "locked"][] as $s |
+  ( row("scale \($s) cost(100000)/cost(10)";
+        [$runs[] | (.scale // []) as $sc |
+         ($sc | map(select(.strategy == $s and .holders == 10)) | .[0]) as $lo |
+         ($sc | map(select(.strategy == $s and .holders == 100000)) | .[0]) as $hi |
+         if $lo and $hi then $hi.pair_us / $lo.pair_us else null end]),
+    row("scale \($s) same, each / its floor";
+        [$runs[] | (.scale // []) as $sc |
+         ($sc | map(select(.strategy == $s and .holders == 10)) | .[0]) as $lo |
+         ($sc | map(select(.strategy == $s and .holders == 100000)) | .[0]) as $hi |
+         if $lo and $hi then ($hi.pair_us / $hi.floor_pair_us) / ($lo.pair_us / $lo.floor_pair_us)
+         else null end]) ) ),
+( [$runs[].contended.runs // [] | .[] | .clients] | unique | .[] ) as $c |
+  ( ["basic", "fair", "locked", "lock"][] as $s |
+    ([$runs[].contended.runs // [] | .[] | select(.strategy == $s and .clients == $c)]) as $r |
+    row("contended C=\($c) \($s) max holders"; [$r[].max_holders]),
+    row("contended C=\($c) \($s) grants/s / ideal"; [$r[].ratio_to_ideal]),
+    row("contended C=\($c) \($s) round trips per grant"; [$r[].round_trips_per_grant]),
+    row("contended C=\($c) \($s) server commands per grant"; [$r[].server_commands_per_grant]),
+    row("contended C=\($c) \($s) hand-off p50 ms"; [$r[].handoff.p50_us / 1000]),
+    row("contended C=\($c) \($s) hand-off p99 ms"; [$r[].handoff.p99_us / 1000]),
+    row("contended C=\($c) \($s) acquire p99 ms"; [$r[].acquire.p99_us / 1000]),
+    row("contended C=\($c) \($s) max wait ms"; [$r[].max_wait_ms]),
+    row("contended C=\($c) \($s) under-grant"; [$r[].under_grant]),
+    row("contended C=\($c) \($s) out of order, strict"; [$r[].out_of_order_strict]),
+    row("contended C=\($c) \($s) out of order, margin"; [$r[].out_of_order_margin]),
+    row("contended C=\($c) \($s) Jain index"; [$r[].jain_index]) )
+' "$@" | column -t -s "$(printf '\t')"
