@@ -5,7 +5,7 @@
 --       2 again, 3 last), 5 wait lease ms
 -- Returns {1, token, limit} granted, or {0, ms until the earliest lease deadline (-1 none),
 -- limit}.
-local now, now_us = clock()
+local now, now_us, now_us_str = clock()
 local meta, holders, waiters, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, lease, mode = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 local tkey = 't:' .. id
@@ -13,6 +13,7 @@ local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey)
 if m[1] and m[1] ~= 'basic' then return conflict(meta, m, 'basic') end
 local limit = tonumber(m[2]) or tonumber(ARGV[2])
 local deadline = now + lease
+local deadline_str = string.format('%d', deadline)
 local exp = new_exp(m[4], deadline)
 local e = exp or tonumber(m[4])
 local all = {meta, holders, waiters, signal}
@@ -21,11 +22,11 @@ local all = {meta, holders, waiters, signal}
 if m[5] then
   local d = redis.call('ZSCORE', holders, id)
   if d and tonumber(d) > now then
-    redis.call('ZADD', holders, deadline, id)
+    redis.call('ZADD', holders, deadline_str, id)
     if mode >= 2 then redis.call('ZREM', waiters, id) end
     if exp then
       expire_at(all, exp)
-      redis.call('HSET', meta, 'exp', num(exp))
+      redis.call('HSET', meta, 'exp', exp)
     end
     return {1, tonumber(m[5]), limit}
   end
@@ -44,16 +45,16 @@ if card >= limit then
 end
 
 if card < limit then
-  local tok = next_token(m[3], now_us)
-  redis.call('ZADD', holders, deadline, id)
-  if card == 0 and not exp then redis.call('PEXPIREAT', holders, e) end
+  local tok, tok_str = next_token(m[3], now_us, now_us_str)
+  redis.call('ZADD', holders, deadline_str, id)
+  if card == 0 and not exp then redis.call('PEXPIREAT', holders, m[4]) end
   if not m[1] then
-    redis.call('HSET', meta, 'strategy', 'basic', 'limit', limit, 'fence', num(tok),
-      tkey, num(tok), 'exp', num(exp))
+    redis.call('HSET', meta, 'strategy', 'basic', 'limit', limit, 'fence', tok_str,
+      tkey, tok_str, 'exp', exp)
   elseif exp then
-    redis.call('HSET', meta, 'fence', num(tok), tkey, num(tok), 'exp', num(exp))
+    redis.call('HSET', meta, 'fence', tok_str, tkey, tok_str, 'exp', exp)
   else
-    redis.call('HSET', meta, 'fence', num(tok), tkey, num(tok))
+    redis.call('HSET', meta, 'fence', tok_str, tkey, tok_str)
   end
   if exp then expire_at(all, exp) end
   if mode >= 2 then redis.call('ZREM', waiters, id) end

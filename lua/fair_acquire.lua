@@ -10,7 +10,7 @@
 -- by score (at most 256 per call) and only when they are in the way.
 -- Returns {1, token, limit} granted; {0, ms until the earliest deadline (-1 none), limit}
 -- not granted; {-2} the locked strategy's guard is not held by the caller.
-local now, now_us = clock()
+local now, now_us, now_us_str = clock()
 local meta, owners, timeouts, sigp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, lease, mode, strategy = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
 if strategy == 'locked' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return {-2} end
@@ -20,6 +20,7 @@ if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
 local limit = tonumber(m[2]) or tonumber(ARGV[2])
 local wait_lease = tonumber(ARGV[5])
 local deadline = now + lease
+local deadline_str = string.format('%d', deadline)
 local exp = new_exp(m[4], now + math.max(lease, wait_lease))
 local e = exp or tonumber(m[4])
 local all = {meta, owners, timeouts}
@@ -30,7 +31,7 @@ local function save_meta(fields)
     table.insert(fields, 'limit'); table.insert(fields, limit)
   end
   if exp then
-    table.insert(fields, 'exp'); table.insert(fields, num(exp))
+    table.insert(fields, 'exp'); table.insert(fields, exp)
   end
   redis.call('HSET', meta, unpack(fields))
   if exp then expire_at(all, exp) end
@@ -40,7 +41,7 @@ end
 if m[5] then
   local d = redis.call('ZSCORE', timeouts, id)
   if d and tonumber(d) > now then
-    redis.call('ZADD', timeouts, deadline, id)
+    redis.call('ZADD', timeouts, deadline_str, id)
     if exp then save_meta({}) end
     return {1, tonumber(m[5]), limit}
   end
@@ -69,17 +70,17 @@ if rank >= limit and cleanup() > 0 then
   if fresh then rank = redis.call('ZCARD', owners) else rank = redis.call('ZRANK', owners, id) end
 end
 
-local tok = next_token(m[3], now_us)
+local tok, tok_str = next_token(m[3], now_us, now_us_str)
 if rank < limit then
   -- A new request's ticket doubles as its token; a waiter's token is drawn now, at its
   -- grant, so tokens increase in grant order even when waiters claim out of order.
-  if fresh then redis.call('ZADD', owners, 'NX', tok, id) end
-  redis.call('ZADD', timeouts, deadline, id)
+  if fresh then redis.call('ZADD', owners, 'NX', tok_str, id) end
+  redis.call('ZADD', timeouts, deadline_str, id)
   if rank == 0 and not exp then
-    redis.call('PEXPIREAT', owners, e)
-    redis.call('PEXPIREAT', timeouts, e)
+    redis.call('PEXPIREAT', owners, m[4])
+    redis.call('PEXPIREAT', timeouts, m[4])
   end
-  save_meta({'fence', num(tok), tkey, num(tok)})
+  save_meta({'fence', tok_str, tkey, tok_str})
   return {1, tok, limit}
 end
 
@@ -93,9 +94,9 @@ if mode == 3 then
 end
 -- Queue (or stay queued) under the wait lease; a new waiter's ticket is taken now.
 if fresh then
-  redis.call('ZADD', owners, 'NX', tok, id)
+  redis.call('ZADD', owners, 'NX', tok_str, id)
   redis.call('ZADD', timeouts, now + wait_lease, id)
-  save_meta({'fence', num(tok)})
+  save_meta({'fence', tok_str})
 else
   redis.call('ZADD', timeouts, now + wait_lease, id)
   if exp then save_meta({}) end

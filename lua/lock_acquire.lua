@@ -5,13 +5,13 @@
 -- ARGV: 1 token, 2 lease ms, 3 mode (0 try, 1 wait, 2 again, 3 last), 4 wait lease ms,
 --       5 reentrant ('1' or '0')
 -- Returns {1, fencing token, hold count} granted, {0, ms the current lease has left, 1}.
-local now, now_us = clock()
+local now, now_us, now_us_str = clock()
 local mutex, lmeta, waiters, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, lease, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local m = redis.call('HMGET', lmeta, 'fence', 'cur', 'n')
 if redis.call('SET', mutex, token, 'NX', 'PX', lease) then
-  local f = next_token(m[1], now_us)
-  redis.call('HSET', lmeta, 'fence', num(f), 'cur', num(f), 'n', 1)
+  local f, f_str = next_token(m[1], now_us, now_us_str)
+  redis.call('HSET', lmeta, 'fence', f_str, 'cur', f_str, 'n', '1')
   redis.call('PEXPIRE', lmeta, lease + IDLE)
   if mode >= 2 then redis.call('ZREM', waiters, token) end
   return {1, f, 1}

@@ -5,6 +5,9 @@
 --   * every key is passed in KEYS; the only name formed here is a fair waiter's wake-up list,
 --     KEYS[4] .. id, where KEYS[4] (a declared key prefix) carries the semaphore's hash tag,
 --     so the list is always in the semaphore's cluster slot;
+--   * numbers passed to redis.call are formatted by Redis with %.17g, exactly but slowly:
+--     on hot paths pass strings (string.format('%d', n) takes the integer path, or the
+--     digits of TIME itself);
 --   * reads that can fail (WRONGTYPE) come before the first write of each path, so an error
 --     leaves nothing half-done;
 --   * the keys of a semaphore share an absolute expiry `exp` (server ms, recorded in the meta
@@ -12,31 +15,37 @@
 --     disappears by itself.
 local IDLE = 60000
 
+-- Each helper below starts with a line "-- @fn NAME"; tools/embed-lua.c copies a helper
+-- into a script only if the script (or a helper it uses) calls it, so that no script pays
+-- for creating closures it never calls.
+
+-- @fn clock
+-- Server time: ms (number), us (number), and us as a string taken from TIME's own digits.
 local function clock()
   local t = redis.call('TIME')
   local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  return math.floor(us / 1000), us
+  return math.floor(us / 1000), us, t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 end
 
+-- @fn next_token
 -- Fencing tokens and tickets: max(last + 1, server clock in microseconds). Strictly
 -- increasing per semaphore, and still increasing after the counter's key expired or the
 -- server restarted without persistence (unless the server clock stepped back). Exact in a
--- Lua double until the year 2255.
-local function next_token(last, now_us)
+-- Lua double until the year 2255. Returned as a number and as a decimal string (usually
+-- the clock's own digits: formatting numbers costs more than the Redis call around them).
+local function next_token(last, now_us, now_us_str)
   local n = (tonumber(last) or 0) + 1
-  if n < now_us then n = now_us end
-  return n
+  if n < now_us then return now_us, now_us_str end
+  return n, string.format('%d', n)
 end
 
-local function num(n)
-  return string.format('%.0f', n)
-end
-
+-- @fn conflict
 local function conflict(meta_key, m, want)
   return redis.error_reply('CONFLICT ' .. meta_key .. ' records strategy ' .. tostring(m[1]) ..
     ' with limit ' .. tostring(m[2]) .. '; this handle wants ' .. want)
 end
 
+-- @fn new_exp
 -- New expiry for a semaphore's keys if `need` (an absolute deadline) is not covered yet.
 local function new_exp(exp, need)
   exp = tonumber(exp) or 0
@@ -44,10 +53,12 @@ local function new_exp(exp, need)
   return nil
 end
 
+-- @fn expire_at
 local function expire_at(keys, exp)
   for _, k in ipairs(keys) do redis.call('PEXPIREAT', k, exp) end
 end
 
+-- @fn forget
 -- Remove ids from a sorted set and their tokens from the meta hash.
 local function forget(meta, zsets, ids)
   for _, z in ipairs(zsets) do redis.call('ZREM', z, unpack(ids)) end
@@ -56,6 +67,7 @@ local function forget(meta, zsets, ids)
   redis.call('HDEL', meta, unpack(f))
 end
 
+-- @fn wake_waiters
 -- Fair: push a wake-up to each queued waiter (not holder) at ranks from..to, except `self`.
 local function wake_waiters(meta, owners, sigp, from, to, self)
   if to < from then return end
@@ -67,6 +79,7 @@ local function wake_waiters(meta, owners, sigp, from, to, self)
   end
 end
 
+-- @fn wake_one
 -- Basic and lock: wake one registered waiter, keeping at most one pending wake-up per
 -- registered waiter.
 local function wake_one(waiters, signal)

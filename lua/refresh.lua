@@ -19,5 +19,5 @@ local exp = new_exp(m[2], deadline)
 -- script's first write, so the ZADD below still runs when the server is out of memory.
 if exp then expire_at(KEYS, exp) else redis.call('PEXPIREAT', meta, tonumber(m[2])) end
 redis.call('ZADD', dz, 'XX', deadline, id)
-if exp then redis.call('HSET', meta, 'exp', num(exp)) end
+if exp then redis.call('HSET', meta, 'exp', exp) end
 return {1}

@@ -11,6 +11,6 @@ if m[1] then
   return {tonumber(m[2])}
 end
 local exp = now + IDLE
-redis.call('HSET', meta, 'strategy', ARGV[1], 'limit', ARGV[2], 'exp', num(exp))
+redis.call('HSET', meta, 'strategy', ARGV[1], 'limit', ARGV[2], 'exp', exp)
 redis.call('PEXPIREAT', meta, exp)
 return {tonumber(ARGV[2])}

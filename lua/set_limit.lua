@@ -11,7 +11,7 @@ if m[1] then
   redis.call('HSET', meta, 'limit', limit)
 else
   local exp = now + IDLE
-  redis.call('HSET', meta, 'strategy', strategy, 'limit', limit, 'exp', num(exp))
+  redis.call('HSET', meta, 'strategy', strategy, 'limit', limit, 'exp', exp)
   redis.call('PEXPIREAT', meta, exp)
 end
 if limit > old then

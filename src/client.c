@@ -249,7 +249,8 @@ static int connect_client(redsem_client *c, bool *retryable, char *err, size_t e
     if (c->deadline_cap_ns && c->deadline_cap_ns < deadline)
         deadline = c->deadline_cap_ns;
     drop_connection(c);
-    int rc = redsem__conn_open(&c->conn, &c->ep, deadline, retryable, err, errlen);
+    int rc = redsem__conn_open(&c->conn, &c->ep, deadline, c->command_timeout_ms, retryable,
+                               err, errlen);
     if (rc != REDSEM_OK)
         return rc;
     redsem__args a;
@@ -307,8 +308,9 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
             }
         }
         int64_t sent = redsem__now_ns();
-        int64_t dl = deadline_ns ? deadline_ns : sent + c->command_timeout_ms * REDSEM__NS_PER_MS;
-        if (c->deadline_cap_ns && c->deadline_cap_ns < dl)
+        /* 0: an ordinary request, bounded by the socket's timeout (the command timeout) */
+        int64_t dl = deadline_ns;
+        if (c->deadline_cap_ns && (dl == 0 || c->deadline_cap_ns < dl))
             dl = c->deadline_cap_ns;
         bool written = false;
         redisReply *r = NULL;

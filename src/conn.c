@@ -113,8 +113,22 @@ static int connect_unix(const char *path, int64_t deadline_ns, int *fd_out, int 
     return REDSEM__IO_OK;
 }
 
+/* After a non-blocking connect: make the socket blocking, bounded by the command timeout. */
+static int make_blocking(int fd, int64_t io_timeout_ms)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+        return -1;
+    struct timeval tv = {.tv_sec = (time_t)(io_timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(io_timeout_ms % 1000) * 1000};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
+        return -1;
+    return 0;
+}
+
 int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,
-                      bool *retryable, char *err, size_t errlen)
+                      int64_t io_timeout_ms, bool *retryable, char *err, size_t errlen)
 {
     int fd = -1, err_no = 0, st;
     *retryable = true;
@@ -181,6 +195,12 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadl
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     }
+    if (make_blocking(fd, io_timeout_ms) < 0) {
+        snprintf(err, errlen, "socket setup: %s", strerror(errno));
+        close(fd);
+        return REDSEM_ECONN;
+    }
+    c->io_timeout_ns = io_timeout_ms * REDSEM__NS_PER_MS;
     c->reader = redisReaderCreate();
     if (c->reader == NULL) {
         close(fd);
@@ -196,26 +216,20 @@ int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t dea
 {
     size_t off = 0;
     while (off < len) {
-        ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        /* Blocking send bounded by SO_SNDTIMEO; MSG_NOSIGNAL: never raise SIGPIPE. */
+        ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
         if (n > 0) {
             off += (size_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int w = wait_fd(c->fd, POLLOUT, deadline_ns);
-            if (w == 0)
-                return REDSEM__IO_TIMEOUT;
-            if (w < 0) {
-                *err_no = errno;
-                return REDSEM__IO_CLOSED;
-            }
-            continue;
-        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return REDSEM__IO_TIMEOUT;
         *err_no = n < 0 ? errno : EPIPE;
         return REDSEM__IO_CLOSED;
     }
+    (void)deadline_ns;
     return REDSEM__IO_OK;
 }
 
@@ -234,14 +248,22 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
             *ret = reply;
             return REDSEM__IO_OK;
         }
-        int w = wait_fd(c->fd, POLLIN, deadline_ns);
-        if (w == 0)
-            return REDSEM__IO_TIMEOUT;
-        if (w < 0) {
-            *err_no = errno;
-            return REDSEM__IO_CLOSED;
+        ssize_t n;
+        if (deadline_ns == 0) {
+            /* blocking, bounded by SO_RCVTIMEO (the command timeout) */
+            n = recv(c->fd, buf, sizeof buf, 0);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return REDSEM__IO_TIMEOUT;
+        } else {
+            int w = wait_fd(c->fd, POLLIN, deadline_ns);
+            if (w == 0)
+                return REDSEM__IO_TIMEOUT;
+            if (w < 0) {
+                *err_no = errno;
+                return REDSEM__IO_CLOSED;
+            }
+            n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
         }
-        ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
         if (n > 0) {
             if (redisReaderFeed(rd, buf, (size_t)n) != REDIS_OK) {
                 snprintf(err, errlen, "protocol error: %s", rd->errstr);

@@ -72,8 +72,9 @@ void redsem__endpoint_clear(redsem__endpoint *ep);
  * the socket I/O is ours so that writes never raise SIGPIPE (MSG_NOSIGNAL) and every wait
  * has a precise deadline (poll), which hiredis 0.14's blocking context cannot give. */
 typedef struct redsem__conn {
-    int fd; /* -1 when closed */
+    int fd; /* -1 when closed; a blocking socket with SO_RCVTIMEO/SO_SNDTIMEO */
     void *reader; /* redisReader* */
+    int64_t io_timeout_ns; /* the SO_RCVTIMEO/SO_SNDTIMEO set on fd: the command timeout */
 } redsem__conn;
 
 enum {
@@ -88,10 +89,13 @@ void redsem__conn_init(redsem__conn *c);
 /* Returns REDSEM_OK, REDSEM_ECONN, REDSEM_ETIMEDOUT or REDSEM_ENOMEM; *retryable says whether
  * trying again may help (refused: yes; name not found: no). */
 int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,
-                      bool *retryable, char *err, size_t errlen);
+                      int64_t io_timeout_ms, bool *retryable, char *err, size_t errlen);
 void redsem__conn_close(redsem__conn *c);
 int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
                        int *err_no);
+/* deadline_ns == 0: an ordinary request, bounded by the socket's own receive timeout (one
+ * blocking recv, no poll: the common path costs two system calls per request, as hiredis'
+ * blocking context does); otherwise poll until deadline_ns. */
 int redsem__conn_read(redsem__conn *c, struct redisReply **ret, int64_t deadline_ns,
                       int *err_no, char *err, size_t errlen);
 

@@ -218,6 +218,9 @@ int redsem__lock_release(redsem_client *c, redsem_lock *l, redsem_permit *p)
         return rc;
     if (st != 1 && !info.maybe_applied)
         return redsem__set_err(c, REDSEM_ELOST, "lock '%s' was not held by %s", l->name, p->id);
+    if (atomic_load(&p->deadline_ns) <= info.sent_ns)
+        return redsem__set_err(c, REDSEM_ELOST, "lock '%s' released after its validity ended",
+                               l->name);
     return REDSEM_OK;
 }
 

@@ -470,6 +470,11 @@ int redsem__sem_release(redsem_client *c, redsem_sem *s, redsem_permit *p)
         return redsem__set_err(c, REDSEM_ELOST,
                                "lease lost: holder %s of '%s' had expired or was not held",
                                p->id, s->name);
+    /* The server had the entry; had its lease run out by the holder's validity clock? */
+    if (atomic_load(&p->deadline_ns) <= info.sent_ns)
+        return redsem__set_err(c, REDSEM_ELOST,
+                               "lease lost: holder %s of '%s' released after its validity ended",
+                               p->id, s->name);
     return REDSEM_OK;
 }
 

@@ -114,6 +114,7 @@ STRATEGY_TEST(faults, restart_gives_a_clear_error_then_recovers, TO)
 struct restarter {
     ts_server *srv;
     atomic_int done;
+    atomic_int restarted;
     int rc;
 };
 
@@ -123,6 +124,7 @@ static void *restart_later(void *arg)
     struct restarter *r = arg;
     usleep(300000);
     r->rc = ts_server_restart(r->srv);
+    atomic_store(&r->restarted, 1);
     while (!atomic_load(&r->done))
         usleep(10000);
     return NULL;
@@ -148,10 +150,12 @@ STRATEGY_TEST(faults, retry_window_rides_out_a_short_outage, TO)
     redsem_permit_free(p);
     redsem_sem_free(s);
     redsem_client_free(c);
+    while (!atomic_load(&r.restarted))
+        usleep(1000);
+    cr_assert_eq(r.rc, 0);
     ts_server_stop(&srv);
     atomic_store(&r.done, 1);
     pthread_join(t, NULL);
-    cr_assert_eq(r.rc, 0);
 }
 
 /* ---------------------------------------------------------------- wrong type */

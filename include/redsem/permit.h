@@ -101,8 +101,11 @@ REDSEM_API int redsem_permit_refresh(redsem_permit *permit);
  * waiting for a renewal in flight, so a lease is never extended after it was released.
  *
  * @permit  borrowed; must not be NULL. Still needs redsem_permit_free() afterwards.
- * Returns: REDSEM_OK; REDSEM_ELOST (it had expired or was taken over: nothing of anyone
- *          else's was touched); REDSEM_ESTATE (already released); REDSEM_EINVAL;
+ * Returns: REDSEM_OK; REDSEM_ELOST (the lease had run out, judged by this holder's validity
+ *          deadline, which ends before the server's, or the server had no entry for it any
+ *          more: expired and cleaned up, or taken over. Its own entry, if still there, is
+ *          removed; nothing of anyone else's is touched); REDSEM_ESTATE (already released);
+ *          REDSEM_EINVAL;
  *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
  *          REDSEM_EFORKED. After a connection-level failure the permit stays releasable; if
  *          it is never released, the lease expires on the server by itself.
