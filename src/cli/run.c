@@ -1,9 +1,10 @@
 /* redsem(1): run and lock - hold a permit while a command runs.
  *
  * 1. Acquire (signals keep their default actions meanwhile, so Ctrl-C ends a wait at once).
- * 2. Block the signals we handle, install their handlers, start automatic renewal: the
- *    renewer thread is created with those signals blocked and never runs a handler, so every
- *    signal is taken by the main thread, and a handler never interrupts the renewer's I/O.
+ * 2. Block the signals we handle, install their handlers, start automatic renewal. The
+ *    renewer thread takes no signals (renew.c blocks them all in it; ours are blocked here
+ *    too, so this holds whatever the library does), so every signal is taken by the main
+ *    thread, and a handler never interrupts the renewer's I/O.
  * 3. posix_spawnp() CMD with the original signal mask, default dispositions for the signals
  *    we catch, REDSEM_NAME/ID/FENCE in its environment and (unless --foreground) a process
  *    group of its own. posix_spawn needs nothing unsafe between fork and exec, which matters
