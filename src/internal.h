@@ -36,8 +36,11 @@ void redsem__sleep_ns(int64_t ns);
 int64_t redsem__rand_between(int64_t lo, int64_t hi);
 /* Validity deadline: sent + lease - (lease/100 + 2 ms). */
 int64_t redsem__validity_deadline(int64_t sent_ns, int64_t lease_ms);
-/* A refresh applies only while the lease has more than this left on the server: the drift
- * margin plus the renewer's early lost warning (min(lease/50, 25 ms), at least 1 ms). */
+/* The renewer declares a permit lost this long before its validity deadline:
+ * min(lease/50, 25 ms), at least 1 ms. */
+int64_t redsem__lost_early_ms(int64_t lease_ms);
+/* A refresh applies only while the lease has at least this left on the server: the drift
+ * margin, the early warning, and a slack of min(early + 5 ms, lease/10) (see util.c). */
 int64_t redsem__refresh_margin_ms(int64_t lease_ms);
 
 /* ---------------------------------------------------------------- validation (util.c) */

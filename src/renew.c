@@ -13,7 +13,7 @@
  * learns before its validity ends: min(lease / 50, 25 ms), at least 1 ms. */
 static int64_t lost_early_ns(int64_t lease_ms)
 {
-    return (redsem__refresh_margin_ms(lease_ms) - (lease_ms / 100 + 2)) * REDSEM__NS_PER_MS;
+    return redsem__lost_early_ms(lease_ms) * REDSEM__NS_PER_MS;
 }
 
 typedef struct renew_entry {

@@ -54,14 +54,23 @@ int64_t redsem__validity_deadline(int64_t sent_ns, int64_t lease_ms)
     return sent_ns + (lease_ms - drift_ms) * REDSEM__NS_PER_MS;
 }
 
-int64_t redsem__refresh_margin_ms(int64_t lease_ms)
+int64_t redsem__lost_early_ms(int64_t lease_ms)
 {
     int64_t early = lease_ms / 50;
     if (early > 25)
         early = 25;
-    if (early < 1)
-        early = 1;
-    return lease_ms / 100 + 2 + early;
+    return early < 1 ? 1 : early;
+}
+
+int64_t redsem__refresh_margin_ms(int64_t lease_ms)
+{
+    /* The renewer tells the holder "lost" drift + early before the lease can end. A refresh
+     * still in a socket buffer at that moment (a stalled server) may run later; refusing it
+     * unless this much is left means it can revive the lease only if the grant it extends
+     * took longer than `slack` to travel one way. */
+    int64_t early = redsem__lost_early_ms(lease_ms);
+    int64_t slack = early + 5 < lease_ms / 10 ? early + 5 : lease_ms / 10;
+    return lease_ms / 100 + 2 + early + slack;
 }
 
 static bool graph_char(unsigned char ch)

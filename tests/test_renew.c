@@ -120,10 +120,13 @@ STRATEGY_TEST(renew, cut_off_renewer_fires_lost_before_validity_ends, TO)
                  (long long)atomic_load(&rec.at_ms), (long long)deadline);
     cr_assert_not(redsem_permit_held(p));
     cr_assert_eq(redsem_permit_validity_ms(p), 0);
+    /* The renewal in flight when the server stopped runs when it resumes. Resume only once
+     * the old lease is surely over on the server (deadline + drift + a margin), so that this
+     * renewal meets an expired entry: it must not re-create it. */
+    while (tf_now_ms() < deadline + lease / 100 + 2 + 50)
+        tf_sleep_ms(5);
     ts_server_pause(&srv, false);
-    /* The renewal that was in flight when the server stopped is executed when it resumes,
-     * after the holder was told: it must not bring the lease back. Nothing re-creates it. */
-    tf_sleep_ms(lease / 2);
+    tf_sleep_ms(50);
     redsem_client *o = client_for(srv.url, 1000, 0);
     redsem_sem *so = NULL;
     OK(o, redsem_sem_open(o, "cutoff", strategy, 1, lease, &so));
@@ -332,6 +335,24 @@ Test(renew, forked_child_neither_renews_nor_releases_the_parents_permit, TO)
     cr_assert(redsem_permit_held(p), "the parent's renewal stopped");
     cr_assert(member(REDSEM_STRATEGY_FAIR, name, redsem_permit_id(p), tf_server()));
     OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+STRATEGY_TEST(renew, a_refresh_too_close_to_the_end_is_refused, TO)
+{
+    /* lease 600 ms: margin = 6 + 2 + 12 + 17 = 37 ms. A refresh arriving with 15 ms left is
+     * refused (it would arrive after the renewer told the holder its permit was lost). */
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, tf_name("late"), strategy, 1, 600, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_permit_refresh(p)); /* plenty left: fine */
+    while (redsem_permit_validity_ms(p) > 8 + 15 - 8) /* validity = lease - 8 */
+        tf_sleep_ms(1);
+    EXPECT(c, REDSEM_ELOST, redsem_permit_refresh(p));
     redsem_permit_free(p);
     redsem_sem_free(s);
     redsem_client_free(c);
