@@ -1,6 +1,6 @@
 -- status: read-only view of a semaphore.
--- KEYS: basic: 1 meta, 2 holders, 3 waiters; fair/locked: 1 meta, 2 owners, 3 timeouts.
--- ARGV: 1 'basic' or 'fair', 2 max entries listed.
+-- KEYS: 1 meta, 2 holders, 3 waiters (basic), 4 owners, 5 timeouts (fair/locked).
+-- ARGV: 1 'basic', 'fair', or 'auto' (use the strategy recorded in meta), 2 max entries.
 -- Returns {strategy|'', limit, holder count, waiter count, {id, token, ms left, ...},
 --          {id, ticket, ms left, ...}, 0 (hold count), exists 0/1}
 local now = clock()
@@ -8,7 +8,13 @@ local meta, max = KEYS[1], tonumber(ARGV[2])
 local m = redis.call('HMGET', meta, 'strategy', 'limit')
 local hl, wl = {}, {}
 local nh, nw = 0, 0
-if ARGV[1] == 'basic' then
+local kind = ARGV[1]
+if kind == 'auto' then
+  if m[1] == 'basic' then kind = 'basic' elseif m[1] then kind = 'fair' else kind = 'none' end
+end
+if kind == 'none' then
+  -- nothing recorded: report an empty, non-existent semaphore
+elseif kind == 'basic' then
   local holders, waiters = KEYS[2], KEYS[3]
   nh = redis.call('ZCOUNT', holders, '(' .. now, '+inf')
   nw = redis.call('ZCOUNT', waiters, '(' .. now, '+inf')
@@ -25,7 +31,7 @@ if ARGV[1] == 'basic' then
     end
   end
 else
-  local owners, timeouts = KEYS[2], KEYS[3]
+  local owners, timeouts = KEYS[4], KEYS[5]
   -- holders are the members with a token; every other live member is a queued waiter
   local all = redis.call('HGETALL', meta)
   local tokens = {}

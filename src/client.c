@@ -354,6 +354,8 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
 
 /* ================================================================ scripts */
 
+#define REDSEM__NOSCRIPT_RETRIES 5
+
 static int load_script(redsem_client *c, int script)
 {
     const redsem__script_def *d = &redsem__script_defs[script];
@@ -403,7 +405,10 @@ int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka
         rc = redsem__request(c, &a, flags, 0, &r, info);
         if (rc != REDSEM_OK)
             return rc;
-        if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0 && attempt == 0) {
+        /* Each NOSCRIPT gets one load and one retry; a server whose cache is flushed again
+         * between the two (SCRIPT FLUSH in a loop) gets a few more, then the error. */
+        if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0 &&
+            attempt < REDSEM__NOSCRIPT_RETRIES) {
             freeReplyObject(r);
             c->stats.noscript++;
             c->sha_known[script] = false;

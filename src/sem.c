@@ -32,11 +32,8 @@ static bool is_basic(const redsem_sem *s)
     return s->strategy == REDSEM_STRATEGY_BASIC;
 }
 
-void redsem_sem_free(redsem_sem *s)
+static void redsem_sem_free_keys(redsem_sem *s)
 {
-    if (s == NULL)
-        return;
-    redsem__free(s->name);
     redsem__free(s->k_meta);
     redsem__free(s->k_holders);
     redsem__free(s->k_waiters);
@@ -45,6 +42,14 @@ void redsem_sem_free(redsem_sem *s)
     redsem__free(s->k_timeouts);
     redsem__free(s->k_sigprefix);
     redsem__free(s->k_guard);
+}
+
+void redsem_sem_free(redsem_sem *s)
+{
+    if (s == NULL)
+        return;
+    redsem__free(s->name);
+    redsem_sem_free_keys(s);
     redsem__free(s);
 }
 
@@ -511,6 +516,27 @@ int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
     return rc;
 }
 
+static int status_keys(redsem_client *c, const redsem_sem *s, const char *kind,
+                       size_t max_entries, redsem_status **ret_status)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, s->k_meta);
+    redsem__args_str(&a, s->k_holders);
+    redsem__args_str(&a, s->k_waiters);
+    redsem__args_str(&a, s->k_owners);
+    redsem__args_str(&a, s->k_timeouts);
+    redsem__args_str(&a, kind);
+    redsem__args_i64(&a, (int64_t)max_entries);
+    redisReply *r = NULL;
+    int rc = redsem__eval(c, REDSEM__SCRIPT_STATUS, 5, &a, REDSEM__REQ_RETRY, NULL, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__status_from_reply(c, r, ret_status);
+    freeReplyObject(r);
+    return rc;
+}
+
 int redsem_sem_status(redsem_sem *s, size_t max_entries, redsem_status **ret_status)
 {
     if (s == NULL)
@@ -522,18 +548,31 @@ int redsem_sem_status(redsem_sem *s, size_t max_entries, redsem_status **ret_sta
     if (ret_status == NULL || max_entries > REDSEM_LIMIT_MAX)
         return redsem__set_err(c, REDSEM_EINVAL, "ret_status is NULL or max_entries > %u",
                                REDSEM_LIMIT_MAX);
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, s->k_meta);
-    redsem__args_str(&a, is_basic(s) ? s->k_holders : s->k_owners);
-    redsem__args_str(&a, is_basic(s) ? s->k_waiters : s->k_timeouts);
-    redsem__args_str(&a, is_basic(s) ? "basic" : "fair");
-    redsem__args_i64(&a, (int64_t)max_entries);
-    redisReply *r = NULL;
-    rc = redsem__eval(c, REDSEM__SCRIPT_STATUS, 3, &a, REDSEM__REQ_RETRY, NULL, &r);
+    return status_keys(c, s, is_basic(s) ? "basic" : "fair", max_entries, ret_status);
+}
+
+int redsem_sem_inspect(redsem_client *c, const char *name, size_t max_entries,
+                       redsem_status **ret_status)
+{
+    if (c == NULL)
+        return REDSEM_EINVAL;
+    int rc = redsem__check_owner(c);
     if (rc != REDSEM_OK)
         return rc;
-    rc = redsem__status_from_reply(c, r, ret_status);
-    freeReplyObject(r);
+    if (!redsem__valid_name(name))
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "name must be 1..%d bytes of printable ASCII without '{' '}'",
+                               REDSEM_NAME_MAX);
+    if (ret_status == NULL || max_entries > REDSEM_LIMIT_MAX)
+        return redsem__set_err(c, REDSEM_EINVAL, "ret_status is NULL or max_entries > %u",
+                               REDSEM_LIMIT_MAX);
+    redsem_sem tmp = {.client = c, .name = (char *)name};
+    rc = make_keys(c, &tmp);
+    if (rc == REDSEM_OK)
+        rc = status_keys(c, &tmp, "auto", max_entries, ret_status);
+    else
+        rc = redsem__set_err(c, rc, "out of memory");
+    tmp.name = NULL;
+    redsem_sem_free_keys(&tmp);
     return rc;
 }

@@ -529,3 +529,35 @@ STRATEGY_TEST(sem, every_key_has_a_ttl, TO)
     redsem_sem_free(sem);
     redsem_client_free(c);
 }
+
+STRATEGY_TEST(sem, inspect_by_name_records_nothing, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("inspect");
+    redsem_status *st = NULL;
+    OK(c, redsem_sem_inspect(c, name, 10, &st));
+    cr_assert_not(redsem_status_exists(st));
+    cr_assert_eq(redsem_status_holder_count(st), 0);
+    redsem_status_free(st);
+    /* inspecting did not record a configuration: any strategy and limit may open it */
+    redsem_sem *s = open_sem(c, name, strategy, 2, 5000);
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_sem_inspect(c, name, 10, &st));
+    cr_assert(redsem_status_exists(st));
+    cr_assert_eq(redsem_status_strategy(st), (int)strategy);
+    cr_assert_eq(redsem_status_limit(st), 2);
+    cr_assert_eq(redsem_status_holder_count(st), 1);
+    const char *id;
+    uint64_t tok;
+    OK(c, redsem_status_holder(st, 0, &id, &tok, NULL));
+    cr_assert_str_eq(id, redsem_permit_id(p));
+    cr_assert_eq(tok, redsem_permit_token(p));
+    redsem_status_free(st);
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_inspect(c, "bad name", 1, &st));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_inspect(c, name, 1, NULL));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}

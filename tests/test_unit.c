@@ -238,6 +238,7 @@ Test(null, accessors_and_destructors_tolerate_null)
     cr_assert_eq(redsem_sem_adopt(NULL, NULL, &p), REDSEM_EINVAL);
     cr_assert_eq(redsem_sem_set_limit(NULL, 3), REDSEM_EINVAL);
     cr_assert_eq(redsem_sem_status(NULL, 0, NULL), REDSEM_EINVAL);
+    cr_assert_eq(redsem_sem_inspect(NULL, "x", 0, NULL), REDSEM_EINVAL);
     cr_assert_eq(redsem_sem_set_wait_lease_ms(NULL, 100), REDSEM_EINVAL);
     cr_assert_eq(redsem_sem_set_guard_lease_ms(NULL, 100), REDSEM_EINVAL);
     cr_assert_eq(redsem_lock_try_acquire(NULL, &p), REDSEM_EINVAL);

@@ -20,9 +20,9 @@ extern "C" {
  * it is idempotent and thread-safe). redsem_strerror(), redsem_err_name(), redsem_is_fault(),
  * redsem_id_generate() and the version calls may be called from any thread at any time.
  *
- * The one background thread redsem ever starts is the renewer of a client on which automatic
- * renewal was enabled (see redsem_client_enable_renewal() in renew.h); it has its own
- * connection and never touches the caller's.
+ * The one background thread redsem ever starts is the renewer of a client, started by the
+ * first redsem_permit_auto_renew() (renew.h); it has its own connection and never touches
+ * the caller's.
  *
  * FORK. Handles belong to the process that created them. In a child after fork() every call
  * on an inherited handle returns REDSEM_EFORKED without touching the network, so a child can

@@ -241,6 +241,23 @@ typedef struct redsem_status redsem_status;
 REDSEM_API int redsem_sem_status(redsem_sem *sem, size_t max_entries,
                                  redsem_status **ret_status);
 
+/**
+ * redsem_sem_inspect - redsem_sem_status() by name, without a handle: reads the strategy and
+ * limit recorded on the server and records nothing (a semaphore nobody uses stays absent).
+ *
+ * @client       borrowed; must not be NULL.
+ * @name         borrowed; rules as redsem_sem_open().
+ * @max_entries  as redsem_sem_status().
+ * @ret_status   owned-out; free with redsem_status_free(). redsem_status_exists() is false
+ *               (and the counts 0) when the server has no record of NAME.
+ * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT;
+ *          REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
+ * Server: one EVALSHA of status.lua (read-only). Thread safety: the client's thread.
+ * Since: 0.1
+ */
+REDSEM_API int redsem_sem_inspect(redsem_client *client, const char *name, size_t max_entries,
+                                  redsem_status **ret_status);
+
 /** redsem_status_free - NULL is a no-op. Since: 0.1 */
 REDSEM_API void redsem_status_free(redsem_status *status);
 
