@@ -97,6 +97,8 @@ typedef struct cli_session {
 
 /* Connect and open NAME. On failure prints the error and returns the exit status (> 0);
  * returns 0 on success. */
+/* Connect only (no semaphore or lock opened). */
+int cli_session_connect(const cli_opts *o, cli_session *s);
 int cli_session_open(const cli_opts *o, cli_session *s);
 void cli_session_close(cli_session *s);
 /* Acquire a permit, waiting o->wait_ms; retries an acquire whose outcome was unknown with

@@ -236,12 +236,14 @@ static int status_text(const cli_opts *o, const redsem_status *st)
 int cli_cmd_status(const cli_opts *o)
 {
     cli_session s;
-    int code = cli_session_open(o, &s);
+    /* A semaphore is inspected by name: what the server records, whatever --strategy and
+     * --limit say, and nothing is recorded for a NAME nobody uses. */
+    int code = o->lock ? cli_session_open(o, &s) : cli_session_connect(o, &s);
     if (code != 0)
         return code;
     redsem_status *st = NULL;
     int rc = o->lock ? redsem_lock_status(s.lock, CLI_STATUS_MAX_ENTRIES, &st)
-                     : redsem_sem_status(s.sem, CLI_STATUS_MAX_ENTRIES, &st);
+                     : redsem_sem_inspect(s.client, o->name, CLI_STATUS_MAX_ENTRIES, &st);
     if (rc != REDSEM_OK)
         code = cli_fail(o, NULL, rc, redsem_client_errmsg(s.client));
     else

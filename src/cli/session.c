@@ -4,7 +4,7 @@
 
 #include "cli.h"
 
-int cli_session_open(const cli_opts *o, cli_session *s)
+int cli_session_connect(const cli_opts *o, cli_session *s)
 {
     memset(s, 0, sizeof *s);
     redsem_options *opts = NULL;
@@ -28,13 +28,21 @@ int cli_session_open(const cli_opts *o, cli_session *s)
     redsem_options_free(opts);
     if (rc != REDSEM_OK)
         return cli_fail(o, NULL, rc, err);
+    return 0;
+}
 
+int cli_session_open(const cli_opts *o, cli_session *s)
+{
+    int code = cli_session_connect(o, s);
+    if (code != 0)
+        return code;
+    int rc;
     if (o->lock)
         rc = redsem_lock_open(s->client, o->name, o->lease_ms, &s->lock);
     else
         rc = redsem_sem_open(s->client, o->name, o->strategy, o->limit, o->lease_ms, &s->sem);
     if (rc != REDSEM_OK) {
-        int code = cli_fail(o, NULL, rc, redsem_client_errmsg(s->client));
+        code = cli_fail(o, NULL, rc, redsem_client_errmsg(s->client));
         cli_session_close(s);
         return code;
     }

@@ -415,8 +415,10 @@ Test(cli, conflicting_options)
     cr_assert(strstr(p.err, "records strategy fair with limit 2") != NULL, "%s", p.err);
     cr_assert(strstr(p.err, "--strategy and --limit") != NULL, "%s", p.err);
     cli_proc_free(&p);
+    /* status shows what the server records, whatever the options say */
     code = CLI(&p, NULL, "status", "--strategy", "basic", "--limit", "2", name);
-    cr_assert_eq(code, 78, "exited %d: %s", code, p.err);
+    cr_assert_eq(code, 0, "exited %d: %s", code, p.err);
+    cr_assert(strstr(p.out, "strategy fair, limit 2") != NULL, "%s", p.out);
     cli_proc_free(&p);
     cr_assert_eq(CLI(&p, NULL, "release", "--limit", "2", name, id), 0, "%s", p.err);
     cli_proc_free(&p);
@@ -1260,15 +1262,31 @@ Test(cli, status_basic_and_lock_free)
 {
     const char *name = copy_name("idle");
     cli_proc p;
+    /* a NAME nobody uses: not on the server, and status records nothing */
     cr_assert_eq(CLI(&p, NULL, "status", "--json", "--strategy", "basic", "--limit", "5", name),
                  0, "%s", p.err);
     json_t *j = parse_json(p.out);
     cli_proc_free(&p);
-    cr_assert_str_eq(jstr(j, "strategy"), "basic");
-    cr_assert_eq(jint(j, "limit"), 5);
+    cr_assert(json_is_false(json_object_get(j, "exists")));
+    cr_assert(json_is_null(json_object_get(j, "strategy")));
     cr_assert_eq(jint(j, "holder_count"), 0);
     cr_assert_eq(json_array_size(json_object_get(j, "holders")), 0);
     json_decref(j);
+    cr_assert_eq(CLI(&p, NULL, "status", name), 0, "%s", p.err);
+    cr_assert(strstr(p.out, "not on the server") != NULL, "%s", p.out);
+    cli_proc_free(&p);
+    /* any configuration can still be recorded first */
+    char id[41];
+    acquire(name, "3", "30s", id, NULL);
+    cr_assert_eq(CLI(&p, NULL, "status", "--json", name), 0, "%s", p.err);
+    j = parse_json(p.out);
+    cli_proc_free(&p);
+    cr_assert_str_eq(jstr(j, "strategy"), "fair");
+    cr_assert_eq(jint(j, "limit"), 3);
+    cr_assert_eq(jint(j, "holder_count"), 1);
+    json_decref(j);
+    cr_assert_eq(CLI(&p, NULL, "release", "--limit", "3", name, id), 0, "%s", p.err);
+    cli_proc_free(&p);
 
     cr_assert_eq(CLI(&p, NULL, "status", "--lock", "--json", name), 0, "%s", p.err);
     j = parse_json(p.out);
