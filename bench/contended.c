@@ -27,8 +27,11 @@
  *               faster one claims first. The second count, "margin", requires d to have
  *               begun waiting more than a margin m before c AND to have been granted (as
  *               seen by d, after the call returned) more than m after c (default m = 1 ms).
- *   under-grant the mean occupancy while at least one client waits, integrated exactly
- *               over time (every change is an event under the mutex), as 1 - mean/N.
+ *   under-grant the mean occupancy while more clients want a permit than there are free ones
+ *               (clients inside acquire > N - occupancy), integrated exactly over time (every
+ *               change is an event under the mutex), as 1 - mean/N: the share of the permits
+ *               that sat idle although someone could have used them. With C <= N there is
+ *               never such a shortage and the figure is not defined.
  *
  * Redis commands per grant come from two sources, over the same window (all clients warmed
  * up before, all finished after): the sum over the clients of redsem_client_get_stats()
@@ -78,7 +81,7 @@ typedef struct cshared {
     uint64_t over_limit, expired_holds;
     int waiting;
     int64_t last_change;
-    double occ_ns, waiting_ns; /* integral of occupancy, and time, while waiting > 0 */
+    double occ_ns, short_ns; /* integral of occupancy, and time, while in shortage */
     uint64_t grants;
     double hold_ns_sum; /* observed holds: grant processed to release started */
     uint64_t holds;
@@ -125,15 +128,16 @@ static size_t shared_size(uint64_t ring_cap)
     return sizeof(cshared) + (5 * (size_t)SAMPLE_CAP + ring_cap) * sizeof(int64_t);
 }
 
-/* Call with mu held, before any change of occupancy or waiting. */
+/* Call with mu held, before any change of occupancy or waiting: accounts for the time since
+ * the last change, during which both were constant. */
 static void integrate(cshared *s, int64_t now)
 {
-    if (s->waiting > 0) {
+    if (s->waiting + s->occupancy > (int)s->limit) {
         int64_t a = s->last_change > s->t_start ? s->last_change : s->t_start;
         int64_t b = now < s->t_stop ? now : s->t_stop;
         if (b > a) {
             s->occ_ns += (double)s->occupancy * (double)(b - a);
-            s->waiting_ns += (double)(b - a);
+            s->short_ns += (double)(b - a);
         }
     }
     s->last_change = now;
@@ -353,6 +357,7 @@ typedef struct crow {
     int max_holders;
     uint64_t over_limit, expired;
     double under_grant, mean_occ;
+    bool shortage; /* some time with more clients wanting a permit than free permits */
     uint64_t ooo_strict, ooo_margin;
     double jain, max_wait_ms;
     uint64_t errors;
@@ -499,8 +504,9 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
     r.max_holders = s->max_occupancy;
     r.over_limit = s->over_limit;
     r.expired = s->expired_holds;
-    r.mean_occ = s->waiting_ns > 0 ? s->occ_ns / s->waiting_ns : (double)limit;
-    r.under_grant = 1 - r.mean_occ / limit;
+    r.shortage = s->short_ns > 0;
+    r.mean_occ = r.shortage ? s->occ_ns / s->short_ns : 0;
+    r.under_grant = r.shortage ? 1 - r.mean_occ / limit : 0;
     out_of_order(s, s->margin_ns, &r.ooo_strict, &r.ooo_margin);
     r.jain = bench_jain(gw, (size_t)nclients);
     r.max_wait_ms = (double)max_wait / 1e6;
@@ -530,10 +536,11 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
     json_object_set_new(row, "max_holders", json_integer(r.max_holders));
     json_object_set_new(row, "holders_over_limit_events", json_integer((json_int_t)r.over_limit));
     json_object_set_new(row, "leases_expired_during_hold", json_integer((json_int_t)r.expired));
-    json_object_set_new(row, "mean_occupancy_while_waiting", json_real(r.mean_occ));
-    json_object_set_new(row, "under_grant", json_real(r.under_grant));
-    json_object_set_new(row, "waiting_time_fraction",
-                        json_real(r.secs > 0 ? s->waiting_ns / 1e9 / r.secs : 0));
+    json_object_set_new(row, "mean_occupancy_in_shortage",
+                        r.shortage ? json_real(r.mean_occ) : json_null());
+    json_object_set_new(row, "under_grant", r.shortage ? json_real(r.under_grant) : json_null());
+    json_object_set_new(row, "shortage_time_fraction",
+                        json_real(r.secs > 0 ? s->short_ns / 1e9 / r.secs : 0));
     json_object_set_new(row, "out_of_order_strict", json_integer((json_int_t)r.ooo_strict));
     json_object_set_new(row, "out_of_order_margin", json_integer((json_int_t)r.ooo_margin));
     json_object_set_new(row, "order_margin_us", json_integer(o->order_margin_us));
@@ -595,11 +602,14 @@ void bench_run_contended(bench_ctx *ctx)
     bench_rule(112);
     for (int i = 0; i < n; i++) {
         crow *r = &rows[i];
-        printf("%-8s %4d %3u %9.0f %7.3f | %7.2f %7.2f %7.2f %7.2f | %7.3f %7.3f %7.2f %7.1f\n",
+        char hand[64] = "      -       -       -       -";
+        if (r->hand.n > 0)
+            snprintf(hand, sizeof hand, "%7.3f %7.3f %7.2f %7.1f", r->hand.p50 / 1e3,
+                     r->hand.p99 / 1e3, r->hand.max / 1e3, rtt > 0 ? r->hand.p50 / rtt : 0);
+        printf("%-8s %4d %3u %9.0f %7.3f | %7.2f %7.2f %7.2f %7.2f | %s\n",
                bench_kind_name(r->kind), r->clients, r->limit, r->grants_per_s,
                r->ideal > 0 ? r->grants_per_s / r->ideal : 0, r->acq.p50 / 1e3,
-               r->acq.p99 / 1e3, r->acq.p999 / 1e3, r->acq.max / 1e3, r->hand.p50 / 1e3,
-               r->hand.p99 / 1e3, r->hand.max / 1e3, rtt > 0 ? r->hand.p50 / rtt : 0);
+               r->acq.p99 / 1e3, r->acq.p999 / 1e3, r->acq.max / 1e3, hand);
     }
     printf("\n%-8s %4s %3s | %6s %7s %5s | %6s %6s | %5s %6s | %7s %7s %8s %6s\n", "strategy",
            "C", "N", "trips/", "srvcmd/", "top/", "max", "over", "under", "mean", "out-of-",
@@ -610,21 +620,26 @@ void bench_run_contended(bench_ctx *ctx)
     bench_rule(112);
     for (int i = 0; i < n; i++) {
         crow *r = &rows[i];
-        printf("%-8s %4d %3u | %6.2f %7.1f %5.2f | %6d %6llu | %5.3f %6.2f | %7llu %7llu %8.1f "
+        char ug[16] = "    -", mo[16] = "     -";
+        if (r->shortage) {
+            snprintf(ug, sizeof ug, "%5.3f", r->under_grant);
+            snprintf(mo, sizeof mo, "%6.2f", r->mean_occ);
+        }
+        printf("%-8s %4d %3u | %6.2f %7.1f %5.2f | %6d %6llu | %5s %6s | %7llu %7llu %8.1f "
                "%6.4f\n",
                bench_kind_name(r->kind), r->clients, r->limit, r->trips_per_grant,
                r->cmds_per_grant, r->top_per_grant, r->max_holders,
-               (unsigned long long)r->over_limit, r->under_grant, r->mean_occ,
-               (unsigned long long)r->ooo_strict, (unsigned long long)r->ooo_margin,
-               r->max_wait_ms, r->jain);
+               (unsigned long long)r->over_limit, ug, mo, (unsigned long long)r->ooo_strict,
+               (unsigned long long)r->ooo_margin, r->max_wait_ms, r->jain);
         if (r->errors)
             printf("         (%llu errors: see stderr)\n", (unsigned long long)r->errors);
     }
     printf("trips/grant: round trips (requests written, redsem_client_get_stats) per grant, "
            "release included; srvcmd/grant: INFO commandstats delta per grant, commands run by "
            "scripts included; top/grant: EVALSHA+BLPOP(+guard SET) from commandstats, the "
-           "cross-check of trips/grant. x rtt: hand-off p50 / one trivial round trip (%.1f us)."
-           "\n",
+           "cross-check of trips/grant. under-grant: 1 - mean occupancy/N while more clients "
+           "want a permit than are free (mean occup). x rtt: hand-off p50 / one trivial round "
+           "trip (%.1f us).\n",
            rtt);
     fflush(stdout);
     free(rows);

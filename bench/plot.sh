@@ -114,7 +114,8 @@ if has contended; then
     plots_h=""
     for s in $strategies; do
         jq -r --arg s "$s" '.contended.runs[] | select(.strategy == $s) |
-            "\(.clients) \(.grants_per_s) \(.ideal_grants_per_s) \(.handoff.p50_us / 1000) \(.handoff.p99_us / 1000)"' \
+            "\(.clients) \(.grants_per_s) \(.ideal_grants_per_s) " +
+            (if .handoff.n > 0 then "\(.handoff.p50_us / 1000) \(.handoff.p99_us / 1000)" else "NaN NaN" end)' \
             "$json" | sort -n >"$tmp/c-$s.dat"
         c=$(color "$s")
         plots_g="$plots_g \"$tmp/c-$s.dat\" using 1:2 with linespoints lw 2 lc rgb \"$c\" title \"$s\","

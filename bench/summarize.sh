@@ -24,10 +24,10 @@ def row($name; $vals): ($vals | map(select(. != null))) as $v |
 ( ["basic", "fair", "locked", "lock"][] as $s |
   ( [$runs[].uncontended // [] | .[] | select(.strategy == $s) | .ratio_pairs_per_s] ) as $v |
   row("uncontended \($s) pairs/s / floor"; $v) ),
-( [$runs[].threads // [] | .[] | .threads] | unique | .[] ) as $t |
+( ( [$runs[].threads // [] | .[] | .threads] | unique | .[] ) as $t |
   ( ["basic", "fair", "locked", "lock"][] as $s |
     row("threads=\($t) \($s) pairs/s / floor";
-        [$runs[].threads // [] | .[] | select(.strategy == $s and .threads == $t) | .ratio_pairs_per_s]) ),
+        [$runs[].threads // [] | .[] | select(.strategy == $s and .threads == $t) | .ratio_pairs_per_s]) ) ),
 ( ["basic", "fair", "locked"][] as $s |
   ( row("scale \($s) cost(100000)/cost(10)";
         [$runs[] | (.scale // []) as $sc |
@@ -40,7 +40,7 @@ def row($name; $vals): ($vals | map(select(. != null))) as $v |
          ($sc | map(select(.strategy == $s and .holders == 100000)) | .[0]) as $hi |
          if $lo and $hi then ($hi.pair_us / $hi.floor_pair_us) / ($lo.pair_us / $lo.floor_pair_us)
          else null end]) ) ),
-( [$runs[].contended.runs // [] | .[] | .clients] | unique | .[] ) as $c |
+( ( [$runs[].contended.runs // [] | .[] | .clients] | unique | .[] ) as $c |
   ( ["basic", "fair", "locked", "lock"][] as $s |
     ([$runs[].contended.runs // [] | .[] | select(.strategy == $s and .clients == $c)]) as $r |
     row("contended C=\($c) \($s) max holders"; [$r[].max_holders]),
@@ -54,5 +54,5 @@ def row($name; $vals): ($vals | map(select(. != null))) as $v |
     row("contended C=\($c) \($s) under-grant"; [$r[].under_grant]),
     row("contended C=\($c) \($s) out of order, strict"; [$r[].out_of_order_strict]),
     row("contended C=\($c) \($s) out of order, margin"; [$r[].out_of_order_margin]),
-    row("contended C=\($c) \($s) Jain index"; [$r[].jain_index]) )
+    row("contended C=\($c) \($s) Jain index"; [$r[].jain_index]) ) )
 ' "$@" | column -t -s "$(printf '\t')"
