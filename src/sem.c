@@ -246,7 +246,10 @@ int redsem_sem_open(redsem_client *c, const char *name, redsem_strategy strategy
     s->strategy = strategy;
     s->limit = limit;
     s->lease_ms = lease_ms;
-    s->wait_lease_ms = REDSEM_DEFAULT_WAIT_LEASE_MS;
+    /* A queued waiter entitled to a permit holds it until it claims it or its wait lease
+     * ends: never let a dead waiter withhold a permit longer than a dead holder can. */
+    s->wait_lease_ms = lease_ms < REDSEM_DEFAULT_WAIT_LEASE_MS ? lease_ms
+                                                                : REDSEM_DEFAULT_WAIT_LEASE_MS;
     s->guard_lease_ms = REDSEM_DEFAULT_GUARD_LEASE_MS;
     s->name = redsem__strdup(name);
     if (s->name == NULL || make_keys(c, s) != REDSEM_OK) {

@@ -1,5 +1,6 @@
 /* Semaphore behaviour against a real redis-server, for each strategy. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -560,4 +561,60 @@ STRATEGY_TEST(sem, inspect_by_name_records_nothing, TO)
     redsem_permit_free(p);
     redsem_sem_free(s);
     redsem_client_free(c);
+}
+
+/* Found by the fault suite (scenario 2, a worker killed while holding the locked strategy's
+ * guard): a queued fair/locked waiter that dies just as a permit is handed to it keeps its
+ * rank until its wait lease ends. With a wait lease longer than the lease (the old default
+ * was 3 s whatever the lease), a crashed waiter withheld a permit longer than a crashed
+ * holder can. */
+static void dead_entitled_waiter(redsem_strategy strategy)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("deadwaiter");
+    redsem_sem *s = open_sem(c, name, strategy, 1, 500);
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        redsem_client *cc = NULL;
+        redsem_sem *ss = NULL;
+        redsem_permit *q = NULL;
+        if (redsem_client_connect(tf_url(), &cc) != REDSEM_OK ||
+            redsem_sem_open(cc, name, strategy, 1, 500, &ss) != REDSEM_OK)
+            _exit(2);
+        _exit(redsem_sem_acquire(ss, 20000, &q) == REDSEM_OK ? 0 : 1); /* queues, then waits */
+    }
+    int64_t until = tf_now_ms() + 5000;
+    while (waiters_now(s) == 0 && tf_now_ms() < until)
+        tf_sleep_ms(2);
+    cr_assert_eq(waiters_now(s), 1, "the child never queued");
+    kill(pid, SIGSTOP); /* it is now entitled by the release below, but never claims */
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int64_t t0 = tf_now_ms();
+    int rc;
+    while ((rc = redsem_sem_try_acquire(s, &p)) == REDSEM_EBUSY && tf_now_ms() - t0 < 5000)
+        tf_sleep_ms(5);
+    int64_t took = tf_now_ms() - t0;
+    OK(c, rc);
+    cr_assert_leq(took, 500 + 250, "the dead waiter's place came back after %lld ms (lease 500)",
+                  (long long)took);
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+Test(sem, dead_entitled_waiter_gives_its_place_back_within_the_lease_fair, TO)
+{
+    dead_entitled_waiter(REDSEM_STRATEGY_FAIR);
+}
+
+Test(sem, dead_entitled_waiter_gives_its_place_back_within_the_lease_locked, TO)
+{
+    dead_entitled_waiter(REDSEM_STRATEGY_LOCKED);
 }

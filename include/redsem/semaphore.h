@@ -53,7 +53,8 @@ typedef enum redsem_strategy {
 #define REDSEM_WAIT_FOREVER (-1)
 /** Longest semaphore or lock name, bytes. */
 #define REDSEM_NAME_MAX 512
-/** Default wait lease of a queued fair/locked waiter, ms (renewed every third of it). */
+/** Longest default wait lease of a queued fair/locked waiter, ms (renewed every third of it);
+ * the default is this or the semaphore's lease, whichever is shorter. */
 #define REDSEM_DEFAULT_WAIT_LEASE_MS 3000
 /** Default lease of the locked strategy's guard lock, ms. */
 #define REDSEM_DEFAULT_GUARD_LEASE_MS 1000
@@ -112,10 +113,14 @@ REDSEM_API void redsem_sem_free(redsem_sem *sem);
  * redsem_sem_set_wait_lease_ms - lease of this handle's queued waiters (fair and locked).
  *
  * A waiter blocked in redsem_sem_acquire() keeps its ticket under this lease and renews it
- * every third of it; if the waiter dies, its place is dropped after at most this long. No
- * effect for the basic strategy (its waiters hold no place).
+ * every third of it; if the waiter dies, its place is dropped after at most this long. A
+ * waiter that dies just as a permit is handed to it (it ranks among the first `limit`)
+ * withholds that permit until then, so a wait lease longer than the lease makes a crashed
+ * waiter cost more than a crashed holder. No effect for the basic strategy (its waiters hold
+ * no place).
  *
- * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default REDSEM_DEFAULT_WAIT_LEASE_MS.
+ * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default the shorter of
+ *      REDSEM_DEFAULT_WAIT_LEASE_MS and the semaphore's lease.
  * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_wait_lease_ms(redsem_sem *sem, int64_t ms);
