@@ -62,12 +62,18 @@ local function cleanup()
   return #gone
 end
 
+-- ZRANK of a missing member is false in Lua, not nil. A waiter whose entry is gone (its wait
+-- lease ran out before it could renew it, and a cleanup removed it) queues again as new.
 local rank = nil
-if mode >= 2 then rank = redis.call('ZRANK', owners, id) end
+if mode >= 2 then rank = redis.call('ZRANK', owners, id) or nil end
 local fresh = rank == nil
 if fresh then rank = redis.call('ZCARD', owners) end
 if rank >= limit and cleanup() > 0 then
-  if fresh then rank = redis.call('ZCARD', owners) else rank = redis.call('ZRANK', owners, id) end
+  if not fresh then
+    rank = redis.call('ZRANK', owners, id) or nil
+    fresh = rank == nil
+  end
+  if fresh then rank = redis.call('ZCARD', owners) end
 end
 
 local tok, tok_str = next_token(m[3], now_us, now_us_str)

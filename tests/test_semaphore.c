@@ -618,3 +618,56 @@ Test(sem, dead_entitled_waiter_gives_its_place_back_within_the_lease_locked, TO)
 {
     dead_entitled_waiter(REDSEM_STRATEGY_LOCKED);
 }
+
+/* Found by the fault suite (scenario 2, guard kill: waiters could not renew their wait lease
+ * while the guard was stuck): a queued fair/locked waiter whose entry expired and was cleaned
+ * up by another client's acquire made fair_acquire.lua compare ZRANK's false with a number,
+ * and the waiter got REDSEM_ESERVER ("attempt to compare number with boolean"). It must
+ * simply queue again (or take a free permit). */
+static void expired_waiter_requeues(redsem_strategy strategy)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("expiredwaiter");
+    redsem_sem *s = open_sem(c, name, strategy, 1, 5000);
+    redsem_permit *p = NULL, *q = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        redsem_client *cc = NULL;
+        redsem_sem *ss = NULL;
+        if (redsem_client_connect(tf_url(), &cc) != REDSEM_OK ||
+            redsem_sem_open(cc, name, strategy, 1, 5000, &ss) != REDSEM_OK ||
+            redsem_sem_set_wait_lease_ms(ss, 30) != REDSEM_OK)
+            _exit(100);
+        int rc = redsem_sem_acquire(ss, 1500, &q);
+        _exit(-rc); /* 0 OK, 1 EBUSY, 14 ESERVER ... */
+    }
+    int64_t until = tf_now_ms() + 5000;
+    while (waiters_now(s) == 0 && tf_now_ms() < until)
+        tf_sleep_ms(1);
+    cr_assert_eq(waiters_now(s), 1, "the child never queued");
+    kill(pid, SIGSTOP);
+    tf_sleep_ms(100); /* its 30 ms wait lease runs out */
+    EXPECT(c, REDSEM_EBUSY, redsem_sem_try_acquire(s, &q)); /* cleans the expired entry up */
+    kill(pid, SIGCONT);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status));
+    cr_assert_eq(WEXITSTATUS(status), -REDSEM_EBUSY, "the waiter got %s, expected REDSEM_EBUSY",
+                 redsem_err_name(-WEXITSTATUS(status)));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+Test(sem, expired_queued_waiter_queues_again_fair, TO)
+{
+    expired_waiter_requeues(REDSEM_STRATEGY_FAIR);
+}
+
+Test(sem, expired_queued_waiter_queues_again_locked, TO)
+{
+    expired_waiter_requeues(REDSEM_STRATEGY_LOCKED);
+}
