@@ -3,6 +3,7 @@
  * written with one write(2) on an O_APPEND descriptor, so a SIGKILL loses nothing that was
  * logged and lines of one file never interleave. */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,55 @@ static int cmp_ev(const void *x, const void *y)
     return a->slot - b->slot;
 }
 
+static int read_file(const char *path, fw_event **v, size_t *n, size_t *cap)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        fw_event e;
+        char evs[16];
+        long long t, a, b;
+        unsigned long long tok;
+        memset(&e, 0, sizeof e);
+        if (sscanf(line, "%lld %d %15s %63s %llu %d %lld %lld", &t, &e.slot, evs, e.id, &tok,
+                   &e.rc, &a, &b) != 8)
+            continue;
+        e.t_ns = t;
+        e.token = tok;
+        e.a = a;
+        e.b = b;
+        e.ev = ev_parse(evs);
+        if (e.ev == 0)
+            continue;
+        if (*n == *cap) {
+            *cap = *cap ? *cap * 2 : 4096;
+            fw_event *nv = realloc(*v, *cap * sizeof *nv);
+            if (nv == NULL) {
+                fclose(f);
+                return -1;
+            }
+            *v = nv;
+        }
+        (*v)[(*n)++] = e;
+    }
+    fclose(f);
+    return 0;
+}
+
+ssize_t fw_log_read_file(const char *path, fw_event **out)
+{
+    fw_event *v = NULL;
+    size_t n = 0, cap = 0;
+    if (read_file(path, &v, &n, &cap) != 0) {
+        free(v);
+        return -1;
+    }
+    *out = v;
+    return (ssize_t)n;
+}
+
 ssize_t fw_logs_read(const char *dir, fw_event **out)
 {
     DIR *d = opendir(dir);
@@ -85,40 +135,11 @@ ssize_t fw_logs_read(const char *dir, fw_event **out)
             continue;
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        char line[512];
-        while (fgets(line, sizeof line, f)) {
-            fw_event e;
-            char evs[16];
-            long long t, a, b;
-            unsigned long long tok;
-            memset(&e, 0, sizeof e);
-            if (sscanf(line, "%lld %d %15s %63s %llu %d %lld %lld", &t, &e.slot, evs, e.id, &tok,
-                       &e.rc, &a, &b) != 8)
-                continue; /* a line cut by a kill mid-write cannot happen, but be lenient */
-            e.t_ns = t;
-            e.token = tok;
-            e.a = a;
-            e.b = b;
-            e.ev = ev_parse(evs);
-            if (e.ev == 0)
-                continue;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 4096;
-                fw_event *nv = realloc(v, cap * sizeof *nv);
-                if (nv == NULL) {
-                    fclose(f);
-                    closedir(d);
-                    free(v);
-                    return -1;
-                }
-                v = nv;
-            }
-            v[n++] = e;
+        if (read_file(path, &v, &n, &cap) != 0 && errno != ENOENT) {
+            closedir(d);
+            free(v);
+            return -1;
         }
-        fclose(f);
     }
     closedir(d);
     if (n > 1)

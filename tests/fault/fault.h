@@ -149,6 +149,8 @@ void fw_log_close(fw_log *l);
 /* One line per call, written with a single write(2) (survives SIGKILL, no buffering). */
 void fw_emit(fw_log *l, int ev, const char *id, uint64_t token, int rc, int64_t a, int64_t b);
 
+/* Read one log file (in file order). Returns the count or -1. Caller frees *out. */
+ssize_t fw_log_read_file(const char *path, fw_event **out);
 /* Read every "*.log" in dir, sorted by time. Returns the count or -1. Caller frees *out. */
 ssize_t fw_logs_read(const char *dir, fw_event **out);
 

@@ -266,6 +266,29 @@ int64_t fh_wait_full(fh_run *r, int except, int64_t t0, int64_t timeout_ms)
     }
 }
 
+bool fh_wait_event(fh_run *r, int slot, int ev, uint64_t token, int64_t t_ns, int64_t ms,
+                   fw_event *out)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/w%03d.log", r->dir, slot);
+    int64_t until = fw_now_ns() + ms * 1000000LL;
+    for (;;) {
+        fw_event *v = NULL;
+        ssize_t n = fw_log_read_file(path, &v);
+        for (ssize_t i = 0; i < n; i++) {
+            if (v[i].ev == ev && v[i].t_ns >= t_ns && (token == 0 || v[i].token == token)) {
+                *out = v[i];
+                free(v);
+                return true;
+            }
+        }
+        free(v);
+        if (fw_now_ns() >= until)
+            return false;
+        fw_sleep_ns(2000000);
+    }
+}
+
 void fh_note(fh_run *r, const char *fmt, ...)
 {
     char buf[60];

@@ -78,6 +78,10 @@ int fh_pick_holder(fh_run *r, int except, int64_t ms);
  * polling every ms; -1 if not within timeout_ms. */
 int64_t fh_wait_full(fh_run *r, int except, int64_t t0, int64_t timeout_ms);
 
+/* Wait up to ms for worker `slot` to log event ev about token (0: any) at or after t_ns;
+ * fills *out and returns true when found. */
+bool fh_wait_event(fh_run *r, int slot, int ev, uint64_t token, int64_t t_ns, int64_t ms,
+                   fw_event *out);
 void fh_note(fh_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void fh_fault(fh_run *r, const char *label, bool begins);
 
