@@ -167,7 +167,10 @@ static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
         if (rc == REDSEM_OK && att->outcome != REDSEM__ATT_GUARD_BUSY && att->limit > 0)
             s->limit = att->limit;
     }
-    if (locked)
+    /* After a timeout or a lost connection, leave the guard to expire (guard_lease_ms): one
+     * more request to a server that did not answer would double this call's time, which
+     * must end one command timeout after the attempt's request was sent. */
+    if (locked && rc != REDSEM_ETIMEDOUT && rc != REDSEM_ECONN)
         drop_guard(s, id);
     return rc;
 }

@@ -129,7 +129,9 @@ REDSEM_API int redsem_sem_set_wait_lease_ms(redsem_sem *sem, int64_t ms);
  * redsem_sem_set_guard_lease_ms - lease of the locked strategy's guard lock, ms.
  *
  * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default REDSEM_DEFAULT_GUARD_LEASE_MS. A
- *      holder of the guard that dies blocks every acquire of this semaphore this long.
+ *      holder of the guard that dies blocks every acquire of this semaphore this long, and
+ *      so does an acquire whose request timed out or lost its connection while it held the
+ *      guard (it leaves the guard to expire rather than wait for the server again).
  * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_guard_lease_ms(redsem_sem *sem, int64_t ms);

@@ -200,7 +200,9 @@ enum {
                             the connection meanwhile (then it is dropped, as the client's
                             kernel would have stopped retransmitting) */
     FP_DROP_REPLIES = 2, /* forward requests; read and discard replies */
-    FP_CLOSE = 3         /* close every connection; accept and close new ones */
+    FP_CLOSE = 3,        /* close every connection; accept and close new ones */
+    FP_DROP_EVAL_REPLIES = 4 /* forward everything but the replies to EVALSHA requests (the
+                                library never pipelines: one request, then its reply) */
 };
 
 typedef struct fp_proxy fp_proxy;

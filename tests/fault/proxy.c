@@ -33,6 +33,7 @@ typedef struct dir {
 
 typedef struct pair {
     int c, s;
+    int drop_next; /* replies still to drop (FP_DROP_EVAL_REPLIES) */
     dir cs, sc; /* client->server, server->client */
 } pair;
 
@@ -116,13 +117,15 @@ static void accept_all(fp_proxy *p, int mode)
 
 /* Move bytes from `from` through d to `to`; discard instead of writing when drop is set.
  * Returns -1 when the pair is finished. */
-static int pump(int from, int to, dir *d, bool drop, short rev_from)
+static int pump(int from, int to, dir *d, bool drop, short rev_from, int *evals)
 {
     if (d->len == d->off && !d->eof && (rev_from & (POLLIN | POLLHUP | POLLERR))) {
         ssize_t n = recv(from, d->buf, sizeof d->buf, 0);
         if (n > 0) {
             d->len = (size_t)n;
             d->off = 0;
+            if (evals && memmem(d->buf, d->len, "EVALSHA", 7) != NULL)
+                (*evals)++;
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
             d->eof = true;
             if (n < 0)
@@ -199,16 +202,22 @@ static void *run(void *arg)
             while (read(p->wake[0], b, sizeof b) > 0)
                 ;
         }
-        if (mode == FP_BLACKHOLE)
-            continue;
+        if (mode == FP_BLACKHOLE || atomic_load(&p->mode) != mode)
+            continue; /* a new mode applies to whatever poll just reported: start over */
         if (pf[1].revents & POLLIN)
             accept_all(p, mode);
         int npairs = (n - base) / 2;
         for (int i = npairs - 1; i >= 0; i--) {
             pair *q = p->pairs[i];
             short cr = pf[base + 2 * i].revents, sr = pf[base + 2 * i + 1].revents;
-            int a = pump(q->c, q->s, &q->cs, false, cr);
-            int b = pump(q->s, q->c, &q->sc, mode == FP_DROP_REPLIES, sr);
+            bool evalmode = mode == FP_DROP_EVAL_REPLIES;
+            int a = pump(q->c, q->s, &q->cs, false, cr, evalmode ? &q->drop_next : NULL);
+            bool drop = mode == FP_DROP_REPLIES;
+            if (evalmode && q->drop_next > 0 && q->sc.len == q->sc.off && (sr & POLLIN)) {
+                drop = true;
+                q->drop_next--;
+            }
+            int b = pump(q->s, q->c, &q->sc, drop, sr, NULL);
             if (a < 0 || b < 0 || (a == 1 && b == 1))
                 pair_free(p, i);
         }
