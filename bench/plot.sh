@@ -119,13 +119,13 @@ if has contended; then
             "$json" | sort -n >"$tmp/c-$s.dat"
         c=$(color "$s")
         plots_g="$plots_g \"$tmp/c-$s.dat\" using 1:2 with linespoints lw 2 lc rgb \"$c\" title \"$s\","
-        plots_h="$plots_h \"$tmp/c-$s.dat\" using 1:4 with linespoints lw 2 lc rgb \"$c\" title \"$s p50\", \"$tmp/c-$s.dat\" using 1:5 with linespoints dashtype 2 lc rgb \"$c\" title \"$s p99\","
+        plots_h="$plots_h \"$tmp/c-$s.dat\" using 1:4 with linespoints lw 2 lc rgb \"$c\" title \"$s p50\", \"$tmp/c-$s.dat\" using 1:5 with linespoints lw 1.5 dashtype (12,8) lc rgb \"$c\" title \"$s p99\","
     done
     limit=$(jq -r '.params.limit' "$json")
     hold=$(jq -r '.params | "\(.hold_min_ms)-\(.hold_max_ms) ms"' "$json")
     if [ -n "$plots_g" ]; then
         gnuplot <<EOF
-set terminal $term
+set terminal $(echo "$term" | sed 's/size 1000,560/size 1200,560/')
 set output "$out/${prefix}contended.png"
 set multiplot layout 1,2 title "Contended: C clients on one semaphore of limit $limit (lock: 1), hold $hold\n$subtitle"
 set logscale x 2
@@ -136,7 +136,7 @@ set title "grants/s"
 set yrange [0:*]
 plot ${plots_g%,}
 set title "hand-off latency, release to the next waiter's grant (ms)"
-set key top left
+set key outside right top
 set logscale y
 set yrange [*:*]
 plot ${plots_h%,}
@@ -153,7 +153,7 @@ if has scale; then
         jq -r --arg s "$s" '.scale[] | select(.strategy == $s) |
             "\(.holders) \(.pair_us) \(.floor_pair_us)"' "$json" | sort -n >"$tmp/s-$s.dat"
         c=$(color "$s")
-        plots="$plots \"$tmp/s-$s.dat\" using 1:2 with linespoints lw 2 lc rgb \"$c\" title \"$s\", \"$tmp/s-$s.dat\" using 1:3 with lines dashtype 2 lc rgb \"$c\" title \"floor of $s\","
+        plots="$plots \"$tmp/s-$s.dat\" using 1:2 with linespoints lw 2 lc rgb \"$c\" title \"$s\", \"$tmp/s-$s.dat\" using 1:3 with lines lw 1.5 dashtype (12,8) lc rgb \"$c\" title \"floor of $s\","
     done
     if [ -n "$plots" ]; then
         gnuplot <<EOF

@@ -539,6 +539,15 @@ long bench_cleanup(const bench_ctx *ctx, const char *name)
         }
         freeReplyObject(r);
     } while (strcmp(cursor, "0") != 0);
+    /* UNLINK frees big values in the server's background thread, which would compete for
+     * the CPU with the next measurement: wait until it is done (up to 10 s). */
+    for (int i = 0; i < 1000; i++) {
+        char pending[32];
+        bench_info_field(c, "memory", "lazyfree_pending_objects", pending, sizeof pending);
+        if (pending[0] == '\0' || strtoll(pending, NULL, 10) == 0)
+            break;
+        bench_sleep_ns(10 * 1000000LL);
+    }
     redisFree(c);
     return removed;
 }
