@@ -183,9 +183,12 @@ void redsem__args_i64(redsem__args *a, int64_t v)
 
 /* ================================================================ connection */
 
+/* Give a connection up after a failure. Abortive: a request that is still unacknowledged
+ * (a partition) is discarded by the kernel instead of being retransmitted and applied when
+ * the network heals, long after the caller was told its outcome was unknown. */
 static void drop_connection(redsem_client *c)
 {
-    redsem__conn_close(&c->conn);
+    redsem__conn_abort(&c->conn);
     c->connected = false;
 }
 

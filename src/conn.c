@@ -36,6 +36,18 @@ void redsem__conn_close(redsem__conn *c)
     c->reader = NULL;
 }
 
+void redsem__conn_abort(redsem__conn *c)
+{
+    /* SO_LINGER 0: close() sends a RST and throws the send queue away. A plain close() keeps
+     * retransmitting unacknowledged bytes, so a request given up after a timeout (a network
+     * partition) could still reach the server seconds later, when the network heals. */
+    if (c->fd >= 0) {
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+        (void)setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    redsem__conn_close(c);
+}
+
 /* Wait for events on fd until deadline. 1 ready, 0 timeout, -1 error (errno). */
 static int wait_fd(int fd, short events, int64_t deadline_ns)
 {

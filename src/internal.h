@@ -94,6 +94,9 @@ void redsem__conn_init(redsem__conn *c);
 int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,
                       int64_t io_timeout_ms, bool *retryable, char *err, size_t errlen);
 void redsem__conn_close(redsem__conn *c);
+/* Close with a RST (SO_LINGER 0): unsent and unacknowledged bytes are discarded, so a request
+ * abandoned after a failure can never be delivered later. */
+void redsem__conn_abort(redsem__conn *c);
 int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
                        int *err_no);
 /* deadline_ns == 0: an ordinary request, bounded by the socket's own receive timeout (one

@@ -105,8 +105,11 @@ REDSEM_API int redsem_options_set_connect_timeout_ms(redsem_options *options, in
  *
  * A request that gets no reply in time fails with REDSEM_ETIMEDOUT (REDSEM_EUNKNOWN for an
  * acquire, whose effect on the server is then unknown), and the connection is discarded, to
- * be re-opened by the next call. A blocking acquire's own timeout is separate: its waiting
- * is not bounded by this value.
+ * be re-opened by the next call. It is discarded abortively (a TCP reset): bytes the server
+ * has not received yet (a network partition) are dropped, never delivered later. Bytes the
+ * server already received (a server stalled by a long command, a fork, SIGSTOP) are still
+ * executed when it resumes: see docs/guarantees.md. A blocking acquire's own timeout is
+ * separate: its waiting is not bounded by this value.
  *
  * @ms  1 .. REDSEM_TIMEOUT_MAX_MS milliseconds. Default REDSEM_DEFAULT_COMMAND_TIMEOUT_MS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range. Since: 0.1
