@@ -282,6 +282,33 @@ static int connect_client(redsem_client *c, bool *retryable, char *err, size_t e
     return REDSEM_OK;
 }
 
+/* "-LOADING Redis is loading the dataset in memory": a restarted server reading its RDB or AOF
+ * file; it executes nothing until it is done. */
+static bool loading_reply(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_ERROR && r->str != NULL && strncmp(r->str, "LOADING", 7) == 0;
+}
+
+static int64_t retry_deadline(const redsem_client *c, int64_t now)
+{
+    int64_t until = now + c->retry_ms * REDSEM__NS_PER_MS;
+    if (c->deadline_cap_ns && c->deadline_cap_ns < until)
+        until = c->deadline_cap_ns;
+    return until;
+}
+
+/* Jittered exponential backoff, 5 ms doubling to 100 ms, never past retry_until. */
+static void nap_before_retry(redsem_client *c, int64_t *backoff, int64_t retry_until)
+{
+    int64_t now = redsem__now_ns();
+    int64_t nap = redsem__rand_between(*backoff / 2, *backoff);
+    if (nap > retry_until - now)
+        nap = retry_until - now;
+    redsem__sleep_ns(nap);
+    *backoff = *backoff * 2 > 100 * REDSEM__NS_PER_MS ? 100 * REDSEM__NS_PER_MS : *backoff * 2;
+    c->stats.retries++;
+}
+
 int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t deadline_ns,
                     redisReply **ret_reply, redsem__req_info *info)
 {
@@ -318,6 +345,19 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
         bool written = false;
         redisReply *r = NULL;
         rc = raw_roundtrip(c, cmd, (size_t)len, dl, &r, &written, err, sizeof err);
+        if (rc == REDSEM_OK && loading_reply(r) && (flags & REDSEM__REQ_RETRY) &&
+            c->retry_ms > 0) {
+            /* A restarted server loading its data refuses every command, executing nothing:
+             * wait for it within the retry window, on the same connection. */
+            int64_t now = redsem__now_ns();
+            if (retry_until == 0)
+                retry_until = retry_deadline(c, now);
+            if (now < retry_until) {
+                freeReplyObject(r);
+                nap_before_retry(c, &backoff, retry_until);
+                continue;
+            }
+        }
         if (rc == REDSEM_OK) {
             info->sent_ns = sent;
             *ret_reply = r;
@@ -335,21 +375,13 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
             break;
         }
         int64_t now = redsem__now_ns();
-        if (retry_until == 0) {
-            retry_until = now + c->retry_ms * REDSEM__NS_PER_MS;
-            if (c->deadline_cap_ns && c->deadline_cap_ns < retry_until)
-                retry_until = c->deadline_cap_ns;
-        }
+        if (retry_until == 0)
+            retry_until = retry_deadline(c, now);
         if (now >= retry_until) {
             rc = REDSEM_ECONN;
             break;
         }
-        int64_t nap = redsem__rand_between(backoff / 2, backoff);
-        if (nap > retry_until - now)
-            nap = retry_until - now;
-        redsem__sleep_ns(nap);
-        backoff = backoff * 2 > 100 * REDSEM__NS_PER_MS ? 100 * REDSEM__NS_PER_MS : backoff * 2;
-        c->stats.retries++;
+        nap_before_retry(c, &backoff, retry_until);
     }
     redisFreeCommand(cmd);
     return rc;

@@ -429,3 +429,60 @@ Test(faults, stalled_server_times_out_by_the_command_timeout, TO)
     redsem_client_free(c);
     ts_server_stop(&srv);
 }
+
+/* ---------------------------------------------------------------- restart with AOF */
+
+/* Found by the fault suite (scenario 6, restart with appendfsync always): while a restarted
+ * server loads its AOF it accepts connections but answers every command with "-LOADING Redis
+ * is loading the dataset in memory"; callers got REDSEM_ESERVER. Nothing was executed, so the
+ * request is retried within the retry window, like the restart itself. key-load-delay makes
+ * the load last ~1.5 s. */
+Test(faults, server_loading_its_data_is_waited_for_within_the_retry_window, TO)
+{
+    const char *args[] = {"--appendonly", "yes", "--key-load-delay", "300",
+                          "--loading-process-events-interval-bytes", "1024", NULL};
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, args, false), 0);
+    char out[64];
+    cr_assert_eq(ts_command(&srv, out, sizeof out, "EVAL",
+                            "for i=1,5000 do redis.call('SET','k'..i,'v') end return 1", "0",
+                            NULL),
+                 0, "%s", out);
+    redsem_client *c = client_for(srv.url, 4000, 0);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "loading", REDSEM_STRATEGY_BASIC, 1, 5000, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    ts_server_kill(&srv);
+    struct restarter r = {.srv = &srv};
+    pthread_t t;
+    r.rc = -1;
+    /* restart_later waits 300 ms; the load then takes ~1.5 s */
+    cr_assert_eq(pthread_create(&t, NULL, restart_later, &r), 0);
+    while (!atomic_load(&r.restarted)) {
+        /* ts_server_restart returns once PING answers, i.e. after the load: poll the socket
+         * ourselves to act while the server is still loading */
+        char pong[64] = "";
+        if (ts_command(&srv, pong, sizeof pong, "PING", NULL) != 0 &&
+            strncmp(pong, "LOADING", 7) == 0)
+            break;
+        usleep(2000);
+    }
+    cr_assert_not(atomic_load(&r.restarted), "the load ended before the test could act");
+    OK(c, redsem_permit_refresh(p)); /* persisted in the AOF: still ours */
+    redsem_permit *q = NULL;
+    EXPECT(c, REDSEM_EBUSY, redsem_sem_try_acquire(s, &q));
+    OK(c, redsem_permit_release(p));
+    redsem_client_stats st;
+    OK(c, redsem_client_get_stats(c, &st));
+    cr_assert_gt(st.retries, 0, "no retry: the load was not seen");
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    while (!atomic_load(&r.restarted))
+        usleep(1000);
+    cr_assert_eq(r.rc, 0);
+    ts_server_stop(&srv);
+    atomic_store(&r.done, 1);
+    pthread_join(t, NULL);
+}

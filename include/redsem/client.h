@@ -120,10 +120,12 @@ REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, in
  * redsem_options_set_retry_ms - retry window after a connection-level failure.
  *
  * When a call finds the connection refused, reset or closed by the server (a restart, a
- * CLIENT KILL, an idle timeout), it reconnects and sends the same request again, with
- * jittered exponential backoff (5 ms doubling to 100 ms), for up to this many ms after the
- * first failure; then it returns REDSEM_ECONN (REDSEM_EUNKNOWN for an acquire that may have
- * reached the server). Every redsem request is idempotent for its holder identifier, so a
+ * CLIENT KILL, an idle timeout), or the server still loading its data after a restart (its
+ * "LOADING" error reply: nothing was executed), it reconnects if needed and sends the same
+ * request again, with jittered exponential backoff (5 ms doubling to 100 ms), for up to this
+ * many ms after the first failure; then it returns REDSEM_ECONN (REDSEM_EUNKNOWN for an
+ * acquire that may have reached the server; REDSEM_ESERVER with the LOADING text if the
+ * server was still loading). Every redsem request is idempotent for its holder identifier, so a
  * resend never takes a second permit. Timeouts (a stalled server) are not retried.
  *
  * @ms  0 (never retry: fail on the first connection error) .. REDSEM_TIMEOUT_MAX_MS.
