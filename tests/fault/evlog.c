@@ -17,7 +17,7 @@ static const char *const names[EV__COUNT] = {
     [EV_BUSY] = "BUSY",   [EV_ERR] = "ERR",   [EV_CHK] = "CHK",   [EV_LOST] = "LOST",
     [EV_FWR] = "FWR",     [EV_END] = "END",   [EV_RFR] = "RFR",   [EV_REL] = "REL",
     [EV_EXIT] = "EXIT",   [EV_KILL] = "KILL", [EV_STOP] = "STOP", [EV_CONT] = "CONT",
-    [EV_FAULT] = "FAULT", [EV_NOTE] = "NOTE", [EV_DL] = "DL",
+    [EV_FAULT] = "FAULT", [EV_NOTE] = "NOTE", [EV_DL] = "DL", [EV_STATS] = "STATS",
 };
 
 const char *ev_name(int ev)

@@ -119,6 +119,8 @@ enum {
     EV_REL,       /* release: rc */
     EV_EXIT,      /* worker exits normally */
     EV_DL,        /* the validity deadline moved (renewal): token; a = deadline ns */
+    EV_STATS,     /* client counters since the first section: token = NOSCRIPT replies,
+                     a = script loads, b = requests, rc = retries */
     /* runner events */
     EV_KILL,      /* a = worker slot */
     EV_STOP,      /* a = worker slot */

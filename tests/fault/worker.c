@@ -181,6 +181,8 @@ int main(int argc, char **argv)
     if (sem && o.wait_lease_ms > 0)
         (void)redsem_sem_set_wait_lease_ms(sem, o.wait_lease_ms);
 
+    redsem_client_stats base = {0};
+    bool have_base = false;
     int64_t end = o.duration_ms > 0 ? fw_now_ns() + o.duration_ms * 1000000LL : 0;
     int64_t done = 0;
     while (!term && !atomic_load(&sh->stop) && (o.count == 0 || done < o.count) &&
@@ -274,9 +276,19 @@ int main(int argc, char **argv)
                     redsem_client_errmsg(c));
         redsem_permit_free(p);
         done++;
+        if (!have_base) { /* after the first section every script this loop uses is loaded */
+            redsem_client_get_stats(c, &base);
+            have_base = true;
+        }
         if (o.think_us > 0)
             fw_sleep_ns(rnd_between(0, o.think_us) * 1000);
     }
+    redsem_client_stats st;
+    redsem_client_get_stats(c, &st);
+    if (have_base)
+        fw_emit(&lg, EV_STATS, "stats", st.noscript - base.noscript,
+                (int)(st.retries - base.retries), (int64_t)(st.script_loads - base.script_loads),
+                (int64_t)(st.requests - base.requests));
     fw_emit(&lg, EV_EXIT, o.name, 0, 0, done, 0);
     redsem_sem_free(sem);
     redsem_lock_free(lock);

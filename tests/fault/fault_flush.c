@@ -1,0 +1,71 @@
+/* Scenario 7, SCRIPT FLUSH every 100 ms during a 5 s run, per strategy: no error surfaces to
+ * any caller (acquire, refresh by the renewer, release), and each NOSCRIPT reply costs
+ * exactly one reload (and the one retry that follows it). */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+#include "harness.h"
+
+#define LEASE_MS 1000
+#define RUN_MS 5000
+
+static void flush(fw_kind kind)
+{
+    fh_run r;
+    char label[64];
+    snprintf(label, sizeof label, "flush-%s", fw_kind_name(kind));
+    uint32_t limit = kind == FW_LOCK ? 1 : 3;
+    fh_setup(&r, label, kind, limit, LEASE_MS, NULL, false);
+    char dur[16];
+    snprintf(dur, sizeof dur, "%d", RUN_MS);
+    const char *args[] = {"--hold-min-us", "0", "--hold-max-us", "400000", "--renew",
+                          "--timeout-ms", "3000", "--duration-ms", dur, NULL};
+    int workers = (int)limit + 5;
+    for (int i = 0; i < workers; i++)
+        fh_spawn(&r, NULL, args);
+    int flushes = 0;
+    int64_t t_end = fw_now_ns() + RUN_MS * 1000000LL;
+    while (fw_now_ns() < t_end) {
+        fw_sleep_ns(100 * 1000000LL);
+        cr_assert_eq(ts_command(&r.srv, NULL, 0, "SCRIPT", "FLUSH", NULL), 0);
+        flushes++;
+    }
+    cr_expect_eq(fh_wait(&r, 10000), 0);
+    fh_finish(&r, 2000);
+    fw_check_result res;
+    fh_check(&r, &res);
+    fw_event *ev = NULL;
+    ssize_t n = fw_logs_read(r.dir, &ev);
+    unsigned long long noscript = 0, loads = 0, requests = 0, retries = 0;
+    int reporting = 0;
+    for (ssize_t i = 0; i < n; i++)
+        if (ev[i].ev == EV_STATS) {
+            noscript += ev[i].token;
+            loads += (unsigned long long)ev[i].a;
+            requests += (unsigned long long)ev[i].b;
+            retries += (unsigned long long)ev[i].rc;
+            reporting++;
+        }
+    free(ev);
+    fprintf(stderr,
+            "SCENARIO 7 %s: %d SCRIPT FLUSH in %d ms; %zu acquisitions; errors %zu, unknown "
+            "%zu, lost %zu, release errors %zu; NOSCRIPT replies %llu, reloads %llu, "
+            "connection retries %llu, requests %llu (%d workers reporting)\n",
+            label, flushes, RUN_MS, res.acq, res.errors, res.unknown, res.lost,
+            res.rel_lost + res.rel_err, noscript, loads, retries, requests, reporting);
+    cr_expect_eq(res.errors + res.unknown, 0, "errors surfaced to callers");
+    cr_expect_eq(res.lost, 0, "a renewal failed: a permit was lost");
+    cr_expect_eq(res.rel_lost + res.rel_err, 0);
+    cr_expect_eq(res.violations, 0);
+    cr_expect_gt(noscript, 0, "no NOSCRIPT reply: the flushes never hit a caller");
+    cr_expect_eq(loads, noscript, "%llu reloads for %llu NOSCRIPT replies", loads, noscript);
+    cr_expect_eq(retries, 0);
+    cr_expect_eq(reporting, workers);
+    fh_quiescence(&r);
+    fh_teardown(&r);
+}
+
+Test(flush, basic, .timeout = 60) { flush(FW_BASIC); }
+Test(flush, fair, .timeout = 60) { flush(FW_FAIR); }
+Test(flush, locked, .timeout = 60) { flush(FW_LOCKED); }
+Test(flush, lock, .timeout = 60) { flush(FW_LOCK); }
