@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <hiredis/hiredis.h>
+
 #include "bench.h"
 
 #define FILL_LEASE_MS (30LL * 60 * 1000)
@@ -74,13 +76,22 @@ static void fill(bench_ctx *ctx, int kind, const char *name, uint32_t limit, lon
     free(fs);
 }
 
-static size_t holders_now(bench_handle *h)
+/* Members of the holders (basic) or owners (fair, locked) sorted set, by ZCARD on a raw
+ * connection (key layout of docs/design.md). Not redsem_sem_status(): on a fair semaphore it
+ * reads every holder (HGETALL of the meta hash), and the Lua garbage it leaves behind slows
+ * every later script on the server while Lua's incremental collector works through it,
+ * which would distort the measurement that follows (see docs/benchmarks.md). */
+static long long holders_now(const bench_ctx *ctx, int kind, const char *name)
 {
-    redsem_status *st = NULL;
-    if (redsem_sem_status(h->sem, 0, &st) != REDSEM_OK)
-        return 0;
-    size_t n = redsem_status_holder_count(st);
-    redsem_status_free(st);
+    redisContext *c = bench_raw_connect(ctx);
+    char key[512];
+    snprintf(key, sizeof key, "%s{%s}:%s", ctx->prefix, name,
+             kind == BENCH_BASIC ? "holders" : "owners");
+    redisReply *r = redisCommand(c, "ZCARD %s", key);
+    long long n = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
     return n;
 }
 
@@ -132,8 +143,11 @@ void bench_run_scale(bench_ctx *ctx)
                 fill_rate = (double)(H - have) / ((double)(bench_now_ns() - t0) / 1e9);
                 have = H;
             }
-            size_t seen = holders_now(&h);
-            bench_progress(ctx, "scale %s: %zu holders, measuring %ld pairs",
+            long long seen = holders_now(ctx, kind, name);
+            if (seen != H)
+                fprintf(stderr, "redsem-bench: scale %s: %lld entries on the server, %ld expected\n",
+                        bench_kind_name(kind), seen, H);
+            bench_progress(ctx, "scale %s: %lld holders, measuring %ld pairs",
                            bench_kind_name(kind), seen, batch * BATCHES);
             double lib_batch[BATCHES], floor_batch[BATCHES];
             bench_samples pairs;
