@@ -59,6 +59,32 @@ static int unknown(redsem_client *c, const char *id, int rc)
                            detail, redsem_err_name(rc), id);
 }
 
+/* A registered wait cut short by a lost connection (CLIENT KILL, a server closing idle
+ * clients, a restart beyond the retry window): leave the queue now, with one attempt in mode
+ * "last" on a new connection, instead of leaving a registration behind. A fair or locked
+ * waiter's entry can be entitled to a permit that it would withhold until its wait lease
+ * ends, and from the same client's next acquire too. A permit handed over meanwhile is taken.
+ * Not after a timeout: the server is then stalled, and the call must end by its deadline. */
+static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__attempt *att,
+                             int rc)
+{
+    redsem_client *c = q->client;
+    if (rc != REDSEM_ECONN)
+        return rc;
+    char saved[sizeof c->errmsg];
+    memcpy(saved, c->errmsg, sizeof saved);
+    redsem__req_info info;
+    int rc2 = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
+    if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
+        att->sent_ns = info.sent_ns;
+        return REDSEM_OK;
+    }
+    if (rc2 != REDSEM_OK && info.maybe_applied)
+        return unknown(c, id, rc2);
+    memcpy(c->errmsg, saved, sizeof saved);
+    return rc;
+}
+
 int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t timeout_ms,
                          redsem__attempt *att)
 {
@@ -75,8 +101,10 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
     for (;;) {
         redsem__req_info info;
         int rc = q->attempt(q->handle, id, mode, att, &info);
+        if (rc != REDSEM_OK && info.maybe_applied)
+            return unknown(c, id, rc);
         if (rc != REDSEM_OK)
-            return info.maybe_applied ? unknown(c, id, rc) : rc;
+            return registered ? leave_after_fault(q, id, att, rc) : rc;
         if (att->outcome == REDSEM__ATT_GRANTED) {
             att->sent_ns = info.sent_ns;
             return REDSEM_OK;
@@ -125,7 +153,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         bool signaled = false;
         rc = redsem__blpop(c, wkey, keylen, wait, deadline, &signaled);
         if (rc != REDSEM_OK)
-            return rc; /* a registration left behind expires with its wait lease */
+            return leave_after_fault(q, id, att, rc);
         backoff_ms = signaled ? BACKOFF_MIN_MS
                               : (backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff_ms * 2);
     }

@@ -486,3 +486,55 @@ Test(faults, server_loading_its_data_is_waited_for_within_the_retry_window, TO)
     atomic_store(&r.done, 1);
     pthread_join(t, NULL);
 }
+
+/* ---------------------------------------------------------------- a wait cut short */
+
+static void *kill_normal_clients_later(void *arg)
+{
+    ts_server *srv = arg;
+    usleep(150000);
+    ts_command(srv, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes", NULL);
+    return NULL;
+}
+
+/* Found by the fault suite (scenario 12, CLIENT KILL during a blocking acquire, retry window
+ * 0): the fair/locked waiter got REDSEM_ECONN but its queue entry stayed; once the holder
+ * released, that entry was entitled to the permit and withheld it for the wait lease, so the
+ * same client's next acquire got REDSEM_EBUSY. A wait cut short by a lost connection now
+ * leaves the queue (one attempt in mode "last") before it returns. */
+static void killed_wait_leaves_the_queue(redsem_strategy strategy)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *h = client_for(srv.url, 1000, 0);
+    redsem_client *c = client_for(srv.url, 0, 0);
+    redsem_sem *hs = NULL, *s = NULL;
+    OK(h, redsem_sem_open(h, "killedwait", strategy, 1, 5000, &hs));
+    OK(c, redsem_sem_open(c, "killedwait", strategy, 1, 5000, &s));
+    redsem_permit *hp = NULL, *p = NULL;
+    OK(h, redsem_sem_try_acquire(hs, &hp));
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, kill_normal_clients_later, &srv), 0);
+    EXPECT(c, REDSEM_ECONN, redsem_sem_acquire(s, 2000, &p));
+    pthread_join(t, NULL);
+    OK(h, redsem_permit_release(hp)); /* reconnects (retry window) */
+    OK(c, redsem_sem_acquire(s, 500, &p));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_permit_free(hp);
+    redsem_sem_free(s);
+    redsem_sem_free(hs);
+    redsem_client_free(c);
+    redsem_client_free(h);
+    ts_server_stop(&srv);
+}
+
+Test(faults, a_wait_cut_by_a_lost_connection_leaves_the_queue_fair, TO)
+{
+    killed_wait_leaves_the_queue(REDSEM_STRATEGY_FAIR);
+}
+
+Test(faults, a_wait_cut_by_a_lost_connection_leaves_the_queue_locked, TO)
+{
+    killed_wait_leaves_the_queue(REDSEM_STRATEGY_LOCKED);
+}

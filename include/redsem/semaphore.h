@@ -159,7 +159,10 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  * (BLPOP), and a lease that expires wakes the waiters when it is due; a bounded, jittered
  * backoff (50 ms doubling to 1 s) covers lost wake-ups. Fair and locked waiters keep their
  * place in the queue (ticket order); basic waiters compete on every wake-up. The call
- * returns by its deadline plus a few ms (one reconnect and one round trip at most).
+ * returns by its deadline plus a few ms (one reconnect and one round trip at most). A wait
+ * cut short by a lost connection (REDSEM_ECONN) leaves the queue first, with one more
+ * attempt on a new connection (which takes a permit handed over meanwhile), so that no
+ * registration of it withholds a permit afterwards.
  *
  * @sem         borrowed; must not be NULL.
  * @timeout_ms  0 = try once (fair: take a ticket and leave at once if not granted, as in
