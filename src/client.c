@@ -423,6 +423,11 @@ int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka
                  redsem__req_info *info, redisReply **ret_reply)
 {
     int rc;
+    /* A failure before the script's own request (loading it) applied nothing. */
+    if (info != NULL) {
+        info->maybe_applied = false;
+        info->sent_ns = 0;
+    }
     for (int attempt = 0;; attempt++) {
         /* The SHA the server returned is kept per client and reused on later connections;
          * after a restart, failover or SCRIPT FLUSH the server answers NOSCRIPT and the script

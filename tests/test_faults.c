@@ -538,3 +538,31 @@ Test(faults, a_wait_cut_by_a_lost_connection_leaves_the_queue_locked, TO)
 {
     killed_wait_leaves_the_queue(REDSEM_STRATEGY_LOCKED);
 }
+
+/* Found by the fault suite (scenario 9, an ACL user without SCRIPT LOAD): the lock's first
+ * acquire failed at SCRIPT LOAD, before any request that could grant, yet returned
+ * REDSEM_EUNKNOWN: redsem__eval returned on the load path without initialising the caller's
+ * outcome record, whose maybe_applied was stack garbage. */
+Test(faults, a_refused_script_load_is_eperm_not_unknown, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    cr_assert_eq(ts_command(&srv, NULL, 0, "ACL", "SETUSER", "noload", "on", ">pw", "~redsem:*",
+                            "+@all", "-script", NULL),
+                 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://noload:pw@%s", srv.sock);
+    for (int i = 0; i < 20; i++) {
+        redsem_client *c = client_for(url, 0, 0);
+        redsem_lock *l = NULL;
+        OK(c, redsem_lock_open(c, "noload", 1000, &l));
+        redsem_permit *p = NULL;
+        EXPECT(c, REDSEM_EPERM, i % 2 ? redsem_lock_try_acquire(l, &p)
+                                      : redsem_lock_acquire(l, 200, &p));
+        cr_assert(strstr(redsem_client_errmsg(c), "NOPERM") != NULL, "%s",
+                  redsem_client_errmsg(c));
+        redsem_lock_free(l);
+        redsem_client_free(c);
+    }
+    ts_server_stop(&srv);
+}
