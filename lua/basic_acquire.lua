@@ -17,6 +17,7 @@ local deadline_str = string.format('%d', deadline)
 local exp = new_exp(m[4], deadline)
 local e = exp or tonumber(m[4])
 local all = {meta, holders, waiters, signal}
+if exp then check_types(all, 'hzzl') end
 
 -- The same identifier holding a live permit gets it back, renewed (idempotent retry).
 if m[5] then
@@ -65,6 +66,9 @@ local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
 if mode == 1 or mode == 2 then
+  -- A read first: a foreign key of another type at the wake-up list fails with WRONGTYPE
+  -- before any write (and the first write stays ZADD, refused when out of memory).
+  redis.call('LLEN', signal)
   local wd = now + tonumber(ARGV[5])
   redis.call('ZADD', waiters, wd, id)
   redis.call('ZREMRANGEBYSCORE', waiters, '-inf', now)

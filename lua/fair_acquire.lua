@@ -24,6 +24,7 @@ local deadline_str = string.format('%d', deadline)
 local exp = new_exp(m[4], now + math.max(lease, wait_lease))
 local e = exp or tonumber(m[4])
 local all = {meta, owners, timeouts}
+if exp then check_types(all, 'hzz') end
 
 local function save_meta(fields)
   if not m[1] then

@@ -27,11 +27,14 @@ if redis.call('GET', mutex) == token then
 end
 local left = redis.call('PTTL', mutex)
 if mode == 1 or mode == 2 then
+  -- A read first: a foreign key of another type at the wake-up list fails with WRONGTYPE
+  -- before any write (and the first write stays ZADD, refused when out of memory).
+  redis.call('LLEN', signal)
   local wd = now + tonumber(ARGV[4])
   redis.call('ZADD', waiters, wd, token)
   redis.call('ZREMRANGEBYSCORE', waiters, '-inf', now)
   redis.call('PEXPIREAT', waiters, wd + IDLE)
-  redis.call('DEL', signal)
+  redis.call('DEL', signal) -- a pending wake-up is stale: the lock is held
 elseif mode == 3 then
   redis.call('ZREM', waiters, token)
 end

@@ -3,6 +3,7 @@
 -- Returns {1} extended, {-1} not held by this token or too late (nothing is touched).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-1} end
 if redis.call('PTTL', KEYS[1]) < math.max(1, tonumber(ARGV[3])) then return {-1} end
+redis.call('HLEN', KEYS[2]) -- a foreign key of another type: WRONGTYPE, before any write
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]) + IDLE)
 return {1}

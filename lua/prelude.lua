@@ -53,6 +53,20 @@ local function new_exp(exp, need)
   return nil
 end
 
+-- @fn check_types
+-- Before writing keys that this path has not read: one O(1) read of each (HLEN, ZCARD or
+-- LLEN, as `kinds` says with one letter h, z or l per key) makes a foreign key of another
+-- type fail the script with Redis' WRONGTYPE before anything is written; never PEXPIREAT a
+-- key that is not ours. A key that does not exist passes.
+local function check_types(keys, kinds)
+  for i, k in ipairs(keys) do
+    local t = string.sub(kinds, i, i)
+    if t == 'h' then redis.call('HLEN', k)
+    elseif t == 'z' then redis.call('ZCARD', k)
+    elseif t == 'l' then redis.call('LLEN', k) end
+  end
+end
+
 -- @fn expire_at
 local function expire_at(keys, exp)
   for _, k in ipairs(keys) do redis.call('PEXPIREAT', k, exp) end

@@ -15,6 +15,9 @@ local d = redis.call('ZSCORE', dz, id)
 if not d or tonumber(d) - now < math.max(1, tonumber(ARGV[3])) then return {-1} end
 local deadline = now + tonumber(ARGV[2])
 local exp = new_exp(m[2], deadline)
+-- the other keys are about to get a new expiry without having been read: basic passes
+-- meta, holders, waiters, signal; fair and locked meta, timeouts, owners
+if exp then check_types(KEYS, #KEYS == 4 and 'hzzl' or 'hzz') end
 -- The first write is PEXPIREAT, which is not DENYOOM: Redis checks maxmemory only before a
 -- script's first write, so the ZADD below still runs when the server is out of memory.
 if exp then expire_at(KEYS, exp) else redis.call('PEXPIREAT', meta, tonumber(m[2])) end

@@ -103,6 +103,19 @@ static int take_guard(redsem_sem *s, const char *id, bool *taken)
     else
         *taken = r->type == REDIS_REPLY_STATUS;
     freeReplyObject(r);
+    if (rc != REDSEM_OK || *taken)
+        return rc;
+    /* SET NX fails on any existing key whatever its type: a foreign key of another type at the
+     * guard's name would look busy forever. GET fails on it with Redis' WRONGTYPE. */
+    redsem__args_init(&a);
+    redsem__args_str(&a, "GET");
+    redsem__args_str(&a, s->k_guard);
+    rc = redsem__request(c, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = redsem__error_reply(c, r, "GET guard");
+    freeReplyObject(r);
     return rc;
 }
 

@@ -566,3 +566,72 @@ Test(faults, a_refused_script_load_is_eperm_not_unknown, TO)
     }
     ts_server_stop(&srv);
 }
+
+/* Found by the fault suite (scenario 10, a foreign key at each key of a semaphore or lock):
+ * a waiting acquire DELeted a foreign string at the wake-up list (basic, lock); a lock
+ * refresh PEXPIREd a foreign string at the lock's meta hash; moving the semaphore's expiry
+ * PEXPIREATed foreign keys it had never read (waiters, signal, owners); and a foreign list
+ * at the locked strategy's guard made every acquire "busy" forever instead of an error. */
+static void plant(const char *key, bool list)
+{
+    ts_command(tf_server(), NULL, 0, "DEL", key, NULL);
+    cr_assert_eq(list ? ts_command(tf_server(), NULL, 0, "RPUSH", key, "foreign", NULL)
+                      : ts_command(tf_server(), NULL, 0, "SET", key, "foreign", NULL),
+                 0);
+}
+
+static void expect_foreign(redsem_client *c, int rc, const char *key, bool list)
+{
+    if (rc != REDSEM_OK && rc != REDSEM_EBUSY)
+        cr_assert(rc == REDSEM_ESERVER && strstr(redsem_client_errmsg(c), "WRONGTYPE") != NULL,
+                  "%s: %s (%s)", key, redsem_err_name(rc), redsem_client_errmsg(c));
+    char out[64];
+    ts_command(tf_server(), out, sizeof out, "TYPE", key, NULL);
+    cr_assert_str_eq(out, list ? "list" : "string", "%s was changed", key);
+    ts_command(tf_server(), out, sizeof out, "PTTL", key, NULL);
+    cr_assert_str_eq(out, "-1", "%s got a TTL", key);
+}
+
+Test(faults, foreign_keys_of_another_type_are_never_modified, TO)
+{
+    redsem_client *c = tf_client();
+    char key[256], meta[256];
+    redsem_permit *p = NULL, *q = NULL;
+    /* basic: the wake-up list, while an acquire waits; the waiters set, when the expiry moves */
+    const char *n1 = tf_name("foreign1");
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, n1, REDSEM_STRATEGY_BASIC, 1, 5000, &s));
+    OK(c, redsem_sem_try_acquire(s, &p));
+    snprintf(key, sizeof key, "redsem:{%s}:signal", n1);
+    plant(key, false);
+    expect_foreign(c, redsem_sem_acquire(s, 100, &q), key, false);
+    snprintf(key, sizeof key, "redsem:{%s}:waiters", n1);
+    plant(key, false);
+    snprintf(meta, sizeof meta, "redsem:{%s}:meta", n1);
+    ts_command(tf_server(), NULL, 0, "HSET", meta, "exp", "1", NULL); /* the expiry must move */
+    expect_foreign(c, redsem_permit_refresh(p), key, false);
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    /* the lock: its meta hash on refresh, its wake-up list while an acquire waits */
+    const char *n2 = tf_name("foreign2");
+    redsem_lock *l = NULL;
+    OK(c, redsem_lock_open(c, n2, 5000, &l));
+    OK(c, redsem_lock_try_acquire(l, &p));
+    snprintf(key, sizeof key, "redsem:{%s}:mutex:meta", n2);
+    plant(key, false);
+    expect_foreign(c, redsem_permit_refresh(p), key, false);
+    snprintf(key, sizeof key, "redsem:{%s}:mutex:signal", n2);
+    plant(key, false);
+    expect_foreign(c, redsem_lock_acquire(l, 100, &q), key, false);
+    redsem_permit_free(p);
+    redsem_lock_free(l);
+    /* the locked strategy's guard: an error, not "busy" forever */
+    const char *n3 = tf_name("foreign3");
+    OK(c, redsem_sem_open(c, n3, REDSEM_STRATEGY_LOCKED, 1, 5000, &s));
+    snprintf(key, sizeof key, "redsem:{%s}:lock", n3);
+    plant(key, true);
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_try_acquire(s, &q));
+    expect_foreign(c, REDSEM_ESERVER, key, true);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
