@@ -147,8 +147,11 @@ typedef struct bench_cmdstats {
 } bench_cmdstats;
 int bench_cmdstats_get(struct redisContext *c, bench_cmdstats *out);
 uint64_t bench_cmdstats_calls(const bench_cmdstats *s, const char *name);
-/* Sum of usec over every command but INFO (time the server spent executing commands). */
-uint64_t bench_cmdstats_usec(const bench_cmdstats *s);
+/* usec the server spent executing the requests the bench's clients send for this kind: EVALSHA
+ * and BLPOP, plus SET for the locked strategy's guard. A script's EVALSHA usec includes the
+ * commands the script calls, which Redis also counts under their own names, so summing
+ * every command would count those twice. */
+uint64_t bench_cmdstats_request_usec(const bench_cmdstats *s, int kind);
 /* CPU time of the server's main thread (user + sys, INFO cpu), in us; -1 if unknown. */
 double bench_server_cpu_us(struct redisContext *c);
 /* CPU time of the calling thread, us. */

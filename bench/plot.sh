@@ -30,7 +30,7 @@ mkdir -p "$out"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-if gnuplot -e 'set terminal' 2>/dev/null | grep -q pngcairo; then
+if gnuplot -e 'set terminal' 2>&1 | grep -q pngcairo; then
     term="pngcairo size 1000,560 noenhanced font 'DejaVu Sans,10'"
 else
     term="png size 1000,560 noenhanced"

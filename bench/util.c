@@ -445,11 +445,12 @@ uint64_t bench_cmdstats_calls(const bench_cmdstats *s, const char *name)
     return 0;
 }
 
-uint64_t bench_cmdstats_usec(const bench_cmdstats *s)
+uint64_t bench_cmdstats_request_usec(const bench_cmdstats *s, int kind)
 {
     uint64_t sum = 0;
     for (int i = 0; i < s->n; i++)
-        if (strcmp(s->name[i], "info") != 0)
+        if (strcmp(s->name[i], "evalsha") == 0 || strcmp(s->name[i], "blpop") == 0 ||
+            (kind == BENCH_LOCKED && strcmp(s->name[i], "set") == 0))
             sum += s->usec[i];
     return sum;
 }
