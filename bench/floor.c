@@ -3,11 +3,11 @@
  * For each kind the floor sends, per acquire+release pair, exactly the requests the library
  * sends when the acquire is granted at once, each with the same number of KEYS and ARGV and
  * key names and values of the same length, but EVALSHA runs "return 1" instead of the real
- * script (the locked strategy's guard is a real SET NX PX, as in the library):
+ * script:
  *
  *   basic   acquire EVALSHA 4 keys 5 args            release EVALSHA 4 keys 1 arg
  *   fair    acquire EVALSHA 5 keys 7 args            release EVALSHA 4 keys 1 arg
- *   locked  acquire SET guard id NX PX 1000,         release EVALSHA 4 keys 1 arg
+ *   locked  acquire EVALSHA 1 key 2 args (guard),    release EVALSHA 4 keys 1 arg
  *                   EVALSHA 5 keys 7 args,
  *                   EVALSHA 1 key 1 arg
  *   lock    acquire EVALSHA 4 keys 5 args            release EVALSHA 4 keys 2 args
@@ -113,14 +113,10 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
     case BENCH_FAIR:
     case BENCH_LOCKED:
         if (kind == BENCH_LOCKED) {
-            /* SET guard id NX PX 1000: after the first pair the guard usually exists and the
-             * SET answers nil; a round trip either way. */
-            a->argc = 0;
-            add(a, "SET");
+            /* the guard: guard_acquire.lua (SET NX PX inside a script) */
+            evalsha(f, a, "1");
             add(a, f->keys[4]);
             add(a, f->id);
-            add(a, "NX");
-            add(a, "PX");
             add(a, "1000");
             a++;
         }

@@ -93,6 +93,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
     int64_t deadline = blocking ? redsem__deadline_after_ms(timeout_ms) : 0;
     int mode = blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
     int64_t backoff_ms = BACKOFF_MIN_MS;
+    int64_t guard_backoff_us = 0; /* locked: pause after finding the guard busy */
     bool registered = false;
     char keybuf[1024];
     size_t keylen = 0;
@@ -136,11 +137,17 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
                               ? INT64_MAX
                               : (deadline - now + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
         if (att->outcome == REDSEM__ATT_GUARD_BUSY) {
-            /* The guard is held for about one round trip: a short jittered pause. */
-            int64_t nap = redsem__rand_between(1, 5);
-            redsem__sleep_ns((nap < left_ms ? nap : left_ms) * REDSEM__NS_PER_MS);
+            /* The guard is held for about two round trips (~50 us on a LAN): a short jittered
+             * pause, doubling from 100-200 us while the guard stays busy, at most 5 ms. */
+            guard_backoff_us = guard_backoff_us ? guard_backoff_us * 2 : 200;
+            if (guard_backoff_us > 5000)
+                guard_backoff_us = 5000;
+            int64_t nap_ns = redsem__rand_between(guard_backoff_us / 2, guard_backoff_us) * 1000;
+            int64_t left_ns = deadline == REDSEM__FOREVER ? nap_ns : deadline - now;
+            redsem__sleep_ns(nap_ns < left_ns ? nap_ns : left_ns);
             continue;
         }
+        guard_backoff_us = 0;
         int64_t wait = redsem__rand_between(backoff_ms * 3 / 4, backoff_ms);
         if (att->next_ms >= 0 && att->next_ms + 1 < wait)
             wait = att->next_ms + 1;

@@ -82,39 +82,25 @@ static int basic_attempt(void *h, const char *id, int mode, redsem__attempt *att
     return rc;
 }
 
-/* The locked strategy's guard: SET guard id NX PX guard_lease (Redis in Action 6.3.4). */
+/* The locked strategy's guard: SET guard id NX PX guard_lease (Redis in Action 6.3.4), in a
+ * script that also reports a foreign key of another type (WRONGTYPE) in the same round trip. */
 static int take_guard(redsem_sem *s, const char *id, bool *taken)
 {
     redsem_client *c = s->client;
     redsem__args a;
     redsem__args_init(&a);
-    redsem__args_str(&a, "SET");
     redsem__args_str(&a, s->k_guard);
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redsem__args_str(&a, "NX");
-    redsem__args_str(&a, "PX");
     redsem__args_i64(&a, s->guard_lease_ms);
     redisReply *r = NULL;
-    int rc = redsem__request(c, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
+    int rc = redsem__eval(c, REDSEM__SCRIPT_GUARD_ACQUIRE, 1, &a, REDSEM__REQ_RETRY, NULL, &r);
     if (rc != REDSEM_OK)
         return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = redsem__error_reply(c, r, "SET guard");
+    long long v = 0;
+    if (!redsem__reply_int(r, &v))
+        rc = redsem__set_err(c, REDSEM_EPROTO, "guard_acquire: unexpected reply");
     else
-        *taken = r->type == REDIS_REPLY_STATUS;
-    freeReplyObject(r);
-    if (rc != REDSEM_OK || *taken)
-        return rc;
-    /* SET NX fails on any existing key whatever its type: a foreign key of another type at the
-     * guard's name would look busy forever. GET fails on it with Redis' WRONGTYPE. */
-    redsem__args_init(&a);
-    redsem__args_str(&a, "GET");
-    redsem__args_str(&a, s->k_guard);
-    rc = redsem__request(c, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
-    if (rc != REDSEM_OK)
-        return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = redsem__error_reply(c, r, "GET guard");
+        *taken = v == 1;
     freeReplyObject(r);
     return rc;
 }
