@@ -291,7 +291,7 @@ void bench_run_uncontended(bench_ctx *ctx, bool floor_only)
     }
     printf("\nwhere the time goes, us per pair: wall clock; CPU of the bench thread (user+sys); "
            "CPU of the server's main thread (INFO cpu); of which executing the requests (INFO "
-           "commandstats usec of EVALSHA, scripts' commands included, and the guard SET)\n");
+           "commandstats usec of EVALSHA, scripts' commands included)\n");
     printf("%-10s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "strategy", "wall", "client",
            "server", "requests", "floor", "client", "server", "requests");
     bench_rule(92);
