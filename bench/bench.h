@@ -34,7 +34,7 @@ typedef struct bench_opts {
     bool unix_socket;      /* private server: use its unix socket instead of TCP loopback */
     int affinity;          /* AFF_* */
     const char *json_path; /* NULL: no JSON */
-    bool workloads[5];     /* indexed by BENCH_W_* */
+    bool workloads[6];     /* indexed by BENCH_W_* */
     bool kinds[BENCH_NKINDS];
     long pairs;   /* uncontended pairs per strategy (all rounds together) */
     int rounds;   /* interleaved rounds (floor, strategy) */
@@ -62,7 +62,9 @@ enum {
     BENCH_W_THREADS = 1,
     BENCH_W_CONTENDED = 2,
     BENCH_W_SCALE = 3,
-    BENCH_W_FLOOR = 4
+    BENCH_W_FLOOR = 4,
+    BENCH_W_RENEWAL = 5,
+    BENCH_NWORKLOADS = 6
 };
 
 /* ---------------------------------------------------------------- run context */
@@ -178,6 +180,7 @@ void bench_run_uncontended(bench_ctx *ctx, bool floor_only);
 void bench_run_threads(bench_ctx *ctx);
 void bench_run_contended(bench_ctx *ctx);
 void bench_run_scale(bench_ctx *ctx);
+void bench_run_renewal(bench_ctx *ctx);
 
 /* Table helpers: a fixed-width row printer that also works as the header. */
 void bench_rule(int width);

@@ -21,8 +21,8 @@
 #include "bench_commit.h"
 #include "server.h"
 
-static const char *const workload_names[5] = {"uncontended", "threads", "contended", "scale",
-                                              "floor"};
+static const char *const workload_names[BENCH_NWORKLOADS] = {
+    "uncontended", "threads", "contended", "scale", "floor", "renewal"};
 
 static void usage(FILE *out)
 {
@@ -40,8 +40,8 @@ static void usage(FILE *out)
         "                       allowed); client-side cost then shows (= --affinity same)\n"
         "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
         "                       same, or none\n"
-        "  -w, --workload LIST  any of uncontended,threads,contended,scale,floor, or all\n"
-        "                       (default all; floor alone runs only the floor loops)\n"
+        "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,floor, or\n"
+        "                       all (default all; floor alone runs only the floor loops)\n"
         "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
         "  --rounds N           uncontended: interleaved rounds (default 5)\n"
@@ -206,7 +206,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         .scale_fillers = 8,
         .order_margin_us = 1000,
     };
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < BENCH_NWORKLOADS; i++)
         o->workloads[i] = i != BENCH_W_FLOOR;
     for (int i = 0; i < BENCH_NKINDS; i++)
         o->kinds[i] = true;
@@ -234,11 +234,12 @@ static void parse_args(int argc, char **argv, bench_opts *o)
                 bench_die("--affinity: split, same or none");
             break;
         case 'w': {
-            bool w[5];
-            parse_names(optarg, "--workload", workload_names, 5, w);
+            bool w[BENCH_NWORKLOADS];
+            parse_names(optarg, "--workload", workload_names, BENCH_NWORKLOADS, w);
             /* "floor" alone: just the floor loops; with others it changes nothing (the
              * floors run inside every workload anyway) */
-            bool only_floor = w[BENCH_W_FLOOR] && !w[0] && !w[1] && !w[2] && !w[3];
+            bool only_floor = w[BENCH_W_FLOOR] && !w[0] && !w[1] && !w[2] && !w[3] &&
+                              !w[BENCH_W_RENEWAL];
             if (!only_floor)
                 w[BENCH_W_FLOOR] = false;
             memcpy(o->workloads, w, sizeof w);
@@ -617,7 +618,7 @@ int main(int argc, char **argv)
         snprintf(cmdline + l, sizeof cmdline - l, "%s%s", i ? " " : "", argv[i]);
     }
     json_t *jw = json_array(), *jk = json_array();
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < BENCH_NWORKLOADS; i++)
         if (o.workloads[i])
             json_array_append_new(jw, json_string(workload_names[i]));
     for (int i = 0; i < BENCH_NKINDS; i++)
@@ -692,6 +693,8 @@ int main(int argc, char **argv)
         bench_run_contended(&ctx);
     if (o.workloads[BENCH_W_SCALE])
         bench_run_scale(&ctx);
+    if (o.workloads[BENCH_W_RENEWAL])
+        bench_run_renewal(&ctx);
     bench_cleanup(&ctx, NULL);
 
     double elapsed = (double)(bench_now_ns() - ctx.t0_ns) / 1e9;
