@@ -203,8 +203,10 @@ enum {
                             kernel would have stopped retransmitting) */
     FP_DROP_REPLIES = 2, /* forward requests; read and discard replies */
     FP_CLOSE = 3,        /* close every connection; accept and close new ones */
-    FP_DROP_EVAL_REPLIES = 4 /* forward everything but the replies to EVALSHA requests (the
-                                library never pipelines: one request, then its reply) */
+    FP_DROP_EVAL_REPLIES = 4 /* forward everything but the replies to EVALSHA requests with
+                                3 keys or more: the acquire scripts, not the locked strategy's
+                                guard scripts (1 key). The library never pipelines: one
+                                request, then its reply */
 };
 
 typedef struct fp_proxy fp_proxy;

@@ -25,7 +25,7 @@
 #define LEASE_MS 1000
 #define CUT_MS 2000
 #define CMD_TIMEOUT_MS 300
-#define ROUNDS 3
+#define ROUNDS 2
 
 /* ------------------------------------------------------------------ cutting a worker off */
 
@@ -252,8 +252,6 @@ Test(partition, proxy_fair, .timeout = 120) { partition(FW_FAIR, false); }
 Test(partition, proxy_locked, .timeout = 120) { partition(FW_LOCKED, false); }
 Test(partition, proxy_lock, .timeout = 120) { partition(FW_LOCK, false); }
 Test(partition, iptables_basic, .timeout = 120) { partition(FW_BASIC, true); }
-Test(partition, iptables_fair, .timeout = 120) { partition(FW_FAIR, true); }
-Test(partition, iptables_locked, .timeout = 120) { partition(FW_LOCKED, true); }
 Test(partition, iptables_lock, .timeout = 120) { partition(FW_LOCK, true); }
 
 /* ------------------------------------------------------------------ replies dropped */
@@ -418,7 +416,7 @@ static void abandoned(fw_kind kind, bool iptables)
     cr_assert_eq(redsem_permit_release(w), REDSEM_OK);
     redsem_permit_free(w);
     int zombies = 0;
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round < 1; round++) {
         char id[REDSEM_ID_BUFSIZE];
         redsem_id_generate(id);
         cr_assert_eq(redsem_client_ping(c), REDSEM_OK); /* connected before the cut */
@@ -432,7 +430,9 @@ static void abandoned(fw_kind kind, bool iptables)
         cut(&k, &r, 0, false);
         int64_t t_heal = fw_now_ns();
         bool seen = false;
-        while (!seen && fw_now_ns() - t_heal < 3000 * 1000000LL) {
+        /* loopback retransmissions back off 0.2, 0.4, 0.8, 1.6 s: the one after a 1.5 s
+         * partition comes about 1.5 s after the heal */
+        while (!seen && fw_now_ns() - t_heal < 2500 * 1000000LL) {
             redsem_status *st = NULL;
             cr_assert_eq(fh_status(os, ol, &st), REDSEM_OK);
             for (size_t i = 0; i < redsem_status_holders_listed(st); i++) {
@@ -449,9 +449,8 @@ static void abandoned(fw_kind kind, bool iptables)
                     round, (long long)((fw_now_ns() - t_heal) / 1000000),
                     (long long)((fw_now_ns() - t_heal) / 1000000 + 1500));
         zombies += seen;
-        fw_sleep_ns((LEASE_MS + 100) * 1000000LL); /* a zombie expires */
     }
-    fprintf(stderr, "SCENARIO 4 %s: abandoned acquires applied after the heal: %d of 2%s\n",
+    fprintf(stderr, "SCENARIO 4 %s: abandoned acquires applied after the heal: %d of 1%s\n",
             label, zombies,
             iptables ? "" : (fp_proxy_dropped_on_heal(k.proxy[0]) ? " (aborted connections "
                                                                      "dropped on heal)"

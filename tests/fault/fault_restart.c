@@ -34,7 +34,7 @@ static void restart(fw_kind kind, int mode)
     int workers = (int)limit + 3;
     for (int i = 0; i < workers; i++)
         fh_spawn(&r, NULL, args);
-    fw_sleep_ns(1500 * 1000000LL);
+    fw_sleep_ns(1200 * 1000000LL);
     /* who holds at the kill */
     int held[FW_MAX_SLOTS], nheld = 0;
     uint64_t tok[FW_MAX_SLOTS];
@@ -50,7 +50,7 @@ static void restart(fw_kind kind, int mode)
     cr_assert_eq(ts_server_restart(&r.srv), 0, "restart failed");
     int64_t t_up = fw_now_ns();
     fh_fault(&r, "server-up", false);
-    fw_sleep_ns(3000 * 1000000LL);
+    fw_sleep_ns(2000 * 1000000LL);
     fh_finish(&r, 8000);
 
     fw_check_result res;

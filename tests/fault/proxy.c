@@ -115,6 +115,24 @@ static void accept_all(fp_proxy *p, int mode)
     }
 }
 
+/* The number of keys of an EVALSHA request ("*N $7 EVALSHA $40 <sha> $k <numkeys> ..."),
+ * -1 for anything else. */
+static int eval_keys(const char *buf, size_t len)
+{
+    static const char head[] = "EVALSHA\r\n$40\r\n";
+    const char *p = memmem(buf, len, head, sizeof head - 1);
+    if (p == NULL)
+        return -1;
+    p += sizeof head - 1 + 40 + 2; /* the sha and its CRLF */
+    const char *end = buf + len;
+    if (p >= end || *p != '$')
+        return -1;
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    if (nl == NULL || nl + 1 >= end)
+        return -1;
+    return atoi(nl + 1);
+}
+
 /* Move bytes from `from` through d to `to`; discard instead of writing when drop is set.
  * Returns -1 when the pair is finished. */
 static int pump(int from, int to, dir *d, bool drop, short rev_from, int *evals)
@@ -124,7 +142,7 @@ static int pump(int from, int to, dir *d, bool drop, short rev_from, int *evals)
         if (n > 0) {
             d->len = (size_t)n;
             d->off = 0;
-            if (evals && memmem(d->buf, d->len, "EVALSHA", 7) != NULL)
+            if (evals && eval_keys(d->buf, d->len) >= 3)
                 (*evals)++;
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
             d->eof = true;
