@@ -24,6 +24,9 @@ void redsem__conn_init(redsem__conn *c)
 {
     c->fd = -1;
     c->reader = NULL;
+    c->fns = NULL;
+    c->create_array = NULL;
+    c->oversized = 0;
 }
 
 void redsem__conn_close(redsem__conn *c)
@@ -34,6 +37,41 @@ void redsem__conn_close(redsem__conn *c)
     if (c->reader)
         redisReaderFree(c->reader);
     c->reader = NULL;
+    redsem__free(c->fns);
+    c->fns = NULL;
+}
+
+/* hiredis 0.14 callocs an aggregate's element array from the count in its header: "*2000000000"
+ * alone, from a broken or hostile peer, would reserve 16 GB. */
+static void *capped_array(const redisReadTask *task, int elements)
+{
+    redsem__conn *c = task->privdata;
+    if (elements < 0 || elements > REDSEM__MAX_REPLY_ELEMENTS) {
+        c->oversized = elements;
+        return NULL; /* the reader then fails: see redsem__conn_read */
+    }
+    return c->create_array(task, elements);
+}
+
+int redsem__conn_reader(redsem__conn *c)
+{
+    redisReader *rd = redisReaderCreate();
+    redisReplyObjectFunctions *fns = redsem__malloc(sizeof *fns);
+    if (rd == NULL || fns == NULL) {
+        if (rd)
+            redisReaderFree(rd);
+        redsem__free(fns);
+        return REDSEM_ENOMEM;
+    }
+    *fns = *rd->fn; /* hiredis' own constructors, but for arrays */
+    c->create_array = fns->createArray;
+    fns->createArray = capped_array;
+    rd->fn = fns;
+    rd->privdata = c; /* hiredis hands it to every read task */
+    c->fns = fns;
+    c->oversized = 0;
+    c->reader = rd;
+    return REDSEM_OK;
 }
 
 void redsem__conn_abort(redsem__conn *c)
@@ -213,8 +251,7 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadl
         return REDSEM_ECONN;
     }
     c->io_timeout_ns = io_timeout_ms * REDSEM__NS_PER_MS;
-    c->reader = redisReaderCreate();
-    if (c->reader == NULL) {
+    if (redsem__conn_reader(c) != REDSEM_OK) {
         close(fd);
         snprintf(err, errlen, "out of memory creating the reply reader");
         return REDSEM_ENOMEM;
@@ -253,6 +290,11 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
     for (;;) {
         void *reply = NULL;
         if (redisReaderGetReply(rd, &reply) != REDIS_OK) {
+            if (c->oversized) {
+                snprintf(err, errlen, "protocol error: a reply announced %lld elements, more "
+                         "than any redsem reply has", c->oversized);
+                return REDSEM__IO_PROTO;
+            }
             snprintf(err, errlen, "protocol error: %s", rd->errstr);
             return rd->err == REDIS_ERR_OOM ? REDSEM__IO_NOMEM : REDSEM__IO_PROTO;
         }

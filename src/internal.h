@@ -14,6 +14,8 @@
 #include "lua_scripts.h"
 
 struct redisReply;
+struct redisReadTask;
+struct redisReplyObjectFunctions;
 
 /* ---------------------------------------------------------------- allocation (alloc.c) */
 /* Every allocation of the library goes through these, so that an allocator hook can be
@@ -78,7 +80,14 @@ typedef struct redsem__conn {
     int fd; /* -1 when closed; a blocking socket with SO_RCVTIMEO/SO_SNDTIMEO */
     void *reader; /* redisReader* */
     int64_t io_timeout_ns; /* the SO_RCVTIMEO/SO_SNDTIMEO set on fd: the command timeout */
+    /* hiredis' reply constructors with the array one capped (see redsem__conn_reader) */
+    struct redisReplyObjectFunctions *fns;
+    void *(*create_array)(const struct redisReadTask *task, int elements);
+    long long oversized; /* the element count of a refused aggregate header */
 } redsem__conn;
+
+/* No redsem reply holds more elements than a status listing REDSEM_LIMIT_MAX holders. */
+#define REDSEM__MAX_REPLY_ELEMENTS (3 * (long long)REDSEM_LIMIT_MAX)
 
 enum {
     REDSEM__IO_OK = 0,
@@ -89,6 +98,10 @@ enum {
 };
 
 void redsem__conn_init(redsem__conn *c);
+/* Create c->reader: hiredis' reader, whose array constructor refuses an aggregate header of
+ * more than REDSEM__MAX_REPLY_ELEMENTS (hiredis 0.14 allocates the announced count before
+ * any element arrives). REDSEM_OK or REDSEM_ENOMEM. */
+int redsem__conn_reader(redsem__conn *c);
 /* Returns REDSEM_OK, REDSEM_ECONN, REDSEM_ETIMEDOUT or REDSEM_ENOMEM; *retryable says whether
  * trying again may help (refused: yes; name not found: no). */
 int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,

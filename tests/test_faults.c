@@ -1,10 +1,13 @@
 /* Faults a user meets in production: SCRIPT FLUSH, restarts, foreign keys of the wrong type,
  * authentication and ACLs, databases, fork, killed connections, a stalled server. Tests that
  * disturb the server start a private one. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "fixture.h"
@@ -634,4 +637,50 @@ Test(faults, foreign_keys_of_another_type_are_never_modified, TO)
     expect_foreign(c, REDSEM_ESERVER, key, true);
     redsem_sem_free(s);
     redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- hostile replies */
+
+/* A fake server that answers anything with an array header claiming 377,777,777 elements. */
+static void *oversized_server(void *arg)
+{
+    int lfd = *(int *)arg;
+    int fd = accept(lfd, NULL, NULL);
+    char buf[4096];
+    if (fd >= 0 && read(fd, buf, sizeof buf) > 0) {
+        static const char reply[] = "*377777777\r\n:0\r\n";
+        (void)!write(fd, reply, sizeof reply - 1);
+        usleep(800000); /* keep the connection open: the client must not wait for the rest */
+    }
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+/* Found by the fault suite's reply fuzzer (tests/fuzz/fuzz_reply.c, libFuzzer: out-of-memory,
+ * malloc(3022222216)): hiredis 0.14's reader allocates an array for the count an aggregate
+ * header announces, before any element arrives, so 12 bytes from a broken or hostile peer
+ * reserved 3 GB. No redsem reply has more than 3 x REDSEM_LIMIT_MAX elements: larger
+ * headers are a protocol error now, reported at once. */
+Test(faults, an_oversized_reply_header_is_a_protocol_error, TO)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    cr_assert_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(lfd, 4), 0);
+    cr_assert_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, oversized_server, &lfd), 0);
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", ntohs(sa.sin_port));
+    redsem_client *c = client_for(url, 0, 500);
+    int64_t t0 = tf_now_ms();
+    EXPECT(c, REDSEM_EPROTO, redsem_client_ping(c));
+    cr_assert_lt(tf_now_ms() - t0, 400, "waited for the announced elements");
+    cr_assert(strstr(redsem_client_errmsg(c), "377777777") != NULL, "%s",
+              redsem_client_errmsg(c));
+    redsem_client_free(c);
+    pthread_join(t, NULL);
+    close(lfd);
 }

@@ -71,9 +71,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     redsem__conn conn;
     redsem__conn_init(&conn);
     conn.fd = sv[0];
-    conn.reader = redisReaderCreate();
     conn.io_timeout_ns = 0;
-    for (int i = 0; c && conn.reader && i < 64; i++) {
+    bool have_reader = redsem__conn_reader(&conn) == REDSEM_OK; /* as redsem__conn_open */
+    for (int i = 0; c && have_reader && i < 64; i++) {
         redisReply *r = NULL;
         int err_no = 0;
         char err[256];
