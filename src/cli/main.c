@@ -127,13 +127,28 @@ int cli_exit_code(int rc)
     }
 }
 
+/* NAME as given, for a message: at most 64 bytes, anything but printable ASCII shown as '?'
+ * (a name can be huge or binary before the library rejects it, and must not write control
+ * sequences to a terminal). */
+static const char *shown_name(const char *name, char out[72])
+{
+    size_t i = 0;
+    for (; name[i] != '\0' && i < 64; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        out[i] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+    }
+    snprintf(out + i, 72 - i, "%s", name[i] != '\0' ? "..." : "");
+    return out;
+}
+
 static void prefix(const cli_opts *o)
 {
     fputs("redsem:", stderr);
     if (o != NULL && o->cmd_name != NULL)
         fprintf(stderr, " %s", o->cmd_name);
+    char shown[72];
     if (o != NULL && o->name != NULL)
-        fprintf(stderr, " %s", o->name);
+        fprintf(stderr, " %s", shown_name(o->name, shown));
     fputs(": ", stderr);
 }
 
@@ -405,10 +420,12 @@ static int parse(int argc, char **argv, cli_opts *o)
     if (rest < 1)
         return usage_error(o, "NAME is missing");
     o->name = args[0];
-    if (!valid_name(o->name))
+    if (!valid_name(o->name)) {
+        char shown[72];
         return usage_error(o, "NAME '%s': use 1 to %d printable ASCII characters other than "
                               "space, '{' and '}'",
-                           o->name, REDSEM_NAME_MAX);
+                           shown_name(o->name, shown), REDSEM_NAME_MAX);
+    }
     args++;
     rest--;
     switch (o->cmd) {

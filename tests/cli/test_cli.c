@@ -1432,3 +1432,21 @@ Test(cli, man_page_matches_help)
     cli_proc_free(&p);
     free(man);
 }
+
+/* A huge or binary NAME is refused with a short message that never echoes control bytes. */
+Test(cli, bad_name_is_shown_short_and_sanitized)
+{
+    static char huge[100 * 1024];
+    memset(huge, 'n', sizeof huge - 1);
+    const char *names[] = {huge, "esc\033[31mape", "tab\there"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        cli_proc p;
+        int code = CLI(&p, NULL, "status", names[i]);
+        cr_assert_eq(code, 64, "exited %d: %s", code, p.err);
+        expect_one_error_line(&p);
+        cr_assert_lt(strlen(p.err), 300, "a %zu-byte message", strlen(p.err));
+        cr_assert(strchr(p.err, '\033') == NULL && strchr(p.err, '\t') == NULL,
+                  "control bytes echoed: %s", p.err);
+        cli_proc_free(&p);
+    }
+}
