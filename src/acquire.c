@@ -165,3 +165,54 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
                               : (backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff_ms * 2);
     }
 }
+
+int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,
+                         const char *given_id, bool id_required, char id[REDSEM_ID_BUFSIZE])
+{
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (ret_permit == NULL)
+        return redsem__set_err(c, REDSEM_EINVAL, "ret_permit is NULL");
+    if (!redsem__valid_wait(timeout_ms))
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "timeout %lld ms: use 0 (try), 1..%lld, or REDSEM_WAIT_FOREVER",
+                               (long long)timeout_ms, REDSEM_WAIT_MAX_MS);
+    if (given_id == NULL && id_required)
+        return redsem__set_err(c, REDSEM_EINVAL, "the holder id is NULL");
+    if (given_id == NULL)
+        return redsem__new_id(id);
+    if (!redsem__valid_id(given_id))
+        return redsem__set_err(c, REDSEM_EINVAL, "a holder id is %d lower-case hex characters",
+                               REDSEM_ID_LEN);
+    memcpy(id, given_id, REDSEM_ID_BUFSIZE);
+    return REDSEM_OK;
+}
+
+int redsem__acquire_permit(const redsem__acquirer *q, int kind, const char *id,
+                           int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit)
+{
+    redsem_client *c = q->client;
+    redsem__attempt att;
+    int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
+    if (rc != REDSEM_OK)
+        return rc;
+    redsem_permit *p = redsem__permit_new(kind, c, id, &att, lease_ms);
+    if (p == NULL) {
+        /* Granted, but nowhere to keep it: give it back rather than leak it for a lease. */
+        redsem_permit tmp = {.kind = kind, .client = c};
+        if (kind == REDSEM__PERMIT_SEM)
+            tmp.sem = q->handle;
+        else
+            tmp.lock = q->handle;
+        memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
+        (void)redsem__permit_release_on(c, &tmp);
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the permit was given back)");
+    }
+    if (kind == REDSEM__PERMIT_SEM)
+        p->sem = q->handle;
+    else
+        p->lock = q->handle;
+    *ret_permit = p;
+    return REDSEM_OK;
+}

@@ -143,6 +143,15 @@ bool redsem__reply_int(const redisReply *r, long long *out)
     return true;
 }
 
+int redsem__reply_status(redsem_client *c, const redisReply *r, const char *what,
+                         long long *status)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        !redsem__reply_int(r->element[0], status))
+        return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply", what);
+    return REDSEM_OK;
+}
+
 bool redsem__reply_u64(const redisReply *r, uint64_t *out)
 {
     long long v;

@@ -167,6 +167,9 @@ int redsem__check_owner(redsem_client *c); /* EFORKED after fork */
 
 /* Reply helpers: return false if the shape is wrong. */
 bool redsem__reply_int(const struct redisReply *r, long long *out);
+/* The first element of a script's {status, ...} array reply; REDSEM_EPROTO otherwise. */
+int redsem__reply_status(redsem_client *c, const struct redisReply *r, const char *what,
+                         long long *status);
 bool redsem__reply_u64(const struct redisReply *r, uint64_t *out);
 
 /* ---------------------------------------------------------------- client */
@@ -244,6 +247,13 @@ int redsem__parse_attempt(redsem_client *c, const struct redisReply *r, redsem__
 
 int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t timeout_ms,
                          redsem__attempt *att);
+/* Before any I/O: the fork check, ret_permit, the timeout, and the holder id (given_id
+ * validated and copied, or a new random one; NULL is EINVAL when id_required). */
+int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,
+                         const char *given_id, bool id_required, char id[REDSEM_ID_BUFSIZE]);
+/* Wait for a grant and make it a permit of the given kind for q->handle. */
+int redsem__acquire_permit(const redsem__acquirer *q, int kind, const char *id,
+                           int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit);
 
 /* ---------------------------------------------------------------- permits */
 enum { REDSEM__PERMIT_SEM = 1, REDSEM__PERMIT_LOCK = 2 };
@@ -268,6 +278,8 @@ redsem_permit *redsem__permit_new(int kind, redsem_client *c, const char *id,
 /* Look up a live holder and make a permit object for it (redsem_sem_adopt / lock_adopt). */
 int redsem__adopt(redsem_client *c, int kind, void *handle, const char *id, int64_t lease_ms,
                   const char *k1, const char *k2, const char *k3, redsem_permit **ret_permit);
+/* Release one permit on the server through client c (semaphore or lock, by kind). */
+int redsem__permit_release_on(redsem_client *c, redsem_permit *p);
 /* Server-side refresh / release of one permit without touching renewal (used by the renewer
  * with its own client). */
 int redsem__permit_refresh_on(redsem_client *c, redsem_permit *p, int64_t *sent_ns);

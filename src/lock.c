@@ -92,35 +92,24 @@ static const char *lock_wait_key(void *h, const char *id, size_t *len, char *buf
     return l->k_signal;
 }
 
-static int lock_acquire(redsem_lock *l, const char *token, int64_t timeout_ms,
-                        redsem_permit **ret_permit)
+static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
+                        int64_t timeout_ms, redsem_permit **ret_permit)
 {
     if (l == NULL)
         return REDSEM_EINVAL;
     redsem_client *c = l->client;
-    int rc = redsem__check_owner(c);
+    if (l->reentrant && (token != NULL || token_required)) {
+        int rc = redsem__check_owner(c);
+        return rc != REDSEM_OK ? rc
+                               : redsem__set_err(c, REDSEM_EINVAL,
+                                                 "a reentrant lock's token is its owner identity");
+    }
+    /* a reentrant handle always acquires as its owner */
+    char id[REDSEM_ID_BUFSIZE];
+    int rc = redsem__acquire_args(c, ret_permit, timeout_ms, l->reentrant ? l->owner : token,
+                                  token_required, id);
     if (rc != REDSEM_OK)
         return rc;
-    if (ret_permit == NULL)
-        return redsem__set_err(c, REDSEM_EINVAL, "ret_permit is NULL");
-    if (!redsem__valid_wait(timeout_ms))
-        return redsem__set_err(c, REDSEM_EINVAL,
-                               "timeout %lld ms: use 0 (try), 1..%lld, or REDSEM_WAIT_FOREVER",
-                               (long long)timeout_ms, REDSEM_WAIT_MAX_MS);
-    char id[REDSEM_ID_BUFSIZE];
-    if (token != NULL) {
-        if (l->reentrant)
-            return redsem__set_err(c, REDSEM_EINVAL,
-                                   "a reentrant lock's token is its owner identity");
-        if (!redsem__valid_id(token))
-            return redsem__set_err(c, REDSEM_EINVAL, "token must be %d lower-case hex characters",
-                                   REDSEM_ID_LEN);
-        memcpy(id, token, REDSEM_ID_BUFSIZE);
-    } else if (l->reentrant) {
-        memcpy(id, l->owner, REDSEM_ID_BUFSIZE);
-    } else {
-        redsem__new_id(id);
-    }
     redsem__acquirer q = {
         .client = c,
         .handle = l,
@@ -128,40 +117,24 @@ static int lock_acquire(redsem_lock *l, const char *token, int64_t timeout_ms,
         .wait_key = lock_wait_key,
         .wait_lease_ms = 0,
     };
-    redsem__attempt att;
-    rc = redsem__acquire_loop(&q, id, timeout_ms, &att);
-    if (rc != REDSEM_OK)
-        return rc;
-    redsem_permit *p = redsem__permit_new(REDSEM__PERMIT_LOCK, c, id, &att, l->lease_ms);
-    if (p == NULL) {
-        redsem_permit tmp = {.kind = REDSEM__PERMIT_LOCK, .client = c, .lock = l};
-        memcpy(tmp.id, id, sizeof id);
-        (void)redsem__lock_release(c, l, &tmp);
-        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the lock was released)");
-    }
-    p->lock = l;
-    *ret_permit = p;
-    return REDSEM_OK;
+    return redsem__acquire_permit(&q, REDSEM__PERMIT_LOCK, id, timeout_ms, l->lease_ms,
+                                  ret_permit);
 }
 
 int redsem_lock_try_acquire(redsem_lock *l, redsem_permit **ret_permit)
 {
-    return lock_acquire(l, NULL, 0, ret_permit);
+    return lock_acquire(l, NULL, false, 0, ret_permit);
 }
 
 int redsem_lock_acquire(redsem_lock *l, int64_t timeout_ms, redsem_permit **ret_permit)
 {
-    return lock_acquire(l, NULL, timeout_ms, ret_permit);
+    return lock_acquire(l, NULL, false, timeout_ms, ret_permit);
 }
 
 int redsem_lock_acquire_as(redsem_lock *l, const char *token, int64_t timeout_ms,
                            redsem_permit **ret_permit)
 {
-    if (l != NULL && token == NULL) {
-        int rc = redsem__check_owner(l->client);
-        return rc != REDSEM_OK ? rc : redsem__set_err(l->client, REDSEM_EINVAL, "token is NULL");
-    }
-    return lock_acquire(l, token, timeout_ms, ret_permit);
+    return lock_acquire(l, token, true, timeout_ms, ret_permit);
 }
 
 int redsem_lock_adopt(redsem_lock *l, const char *token, redsem_permit **ret_permit)
@@ -186,8 +159,7 @@ int redsem__lock_refresh(redsem_client *c, redsem_lock *l, redsem_permit *p, int
     if (rc != REDSEM_OK)
         return rc;
     long long st = 0;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !redsem__reply_int(r->element[0], &st))
-        rc = redsem__set_err(c, REDSEM_EPROTO, "lock_extend: unexpected reply");
+    rc = redsem__reply_status(c, r, "lock_extend", &st);
     freeReplyObject(r);
     if (rc != REDSEM_OK)
         return rc;
@@ -211,8 +183,7 @@ int redsem__lock_release(redsem_client *c, redsem_lock *l, redsem_permit *p)
     if (rc != REDSEM_OK)
         return rc;
     long long st = 0;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !redsem__reply_int(r->element[0], &st))
-        rc = redsem__set_err(c, REDSEM_EPROTO, "lock_release: unexpected reply");
+    rc = redsem__reply_status(c, r, "lock_release", &st);
     freeReplyObject(r);
     if (rc != REDSEM_OK)
         return rc;

@@ -49,6 +49,13 @@ bool redsem_permit_held(const redsem_permit *p)
     return redsem_permit_validity_ms(p) > 0;
 }
 
+int redsem__permit_release_on(redsem_client *c, redsem_permit *p)
+{
+    if (p->kind == REDSEM__PERMIT_SEM)
+        return redsem__sem_release(c, p->sem, p);
+    return redsem__lock_release(c, p->lock, p);
+}
+
 int redsem__permit_refresh_on(redsem_client *c, redsem_permit *p, int64_t *sent_ns)
 {
     if (p->kind == REDSEM__PERMIT_SEM)
@@ -96,10 +103,7 @@ int redsem_permit_release(redsem_permit *p)
      * it was released. */
     if (p->renewal != NULL)
         redsem__renewal_detach(p);
-    if (p->kind == REDSEM__PERMIT_SEM)
-        rc = redsem__sem_release(c, p->sem, p);
-    else
-        rc = redsem__lock_release(c, p->lock, p);
+    rc = redsem__permit_release_on(c, p);
     if (rc == REDSEM_OK || rc == REDSEM_ELOST)
         atomic_store(&p->state, REDSEM__RELEASED);
     return rc;

@@ -55,11 +55,26 @@ void redsem_sem_free(redsem_sem *s)
 
 /* -------------------------------------------------------------- per-strategy attempts */
 
+/* Run an acquire script, parse its reply into att, and note the limit the server reports. */
+static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args *a,
+                        redsem__req_info *info, redsem__attempt *att)
+{
+    redsem_client *c = s->client;
+    redisReply *r = NULL;
+    int rc = redsem__eval(c, script, nkeys, a, REDSEM__REQ_RETRY, info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__parse_attempt(c, r, att, redsem__script_defs[script].name);
+    freeReplyObject(r);
+    if (rc == REDSEM_OK && att->outcome != REDSEM__ATT_GUARD_BUSY && att->limit > 0)
+        s->limit = att->limit;
+    return rc;
+}
+
 static int basic_attempt(void *h, const char *id, int mode, redsem__attempt *att,
                          redsem__req_info *info)
 {
     redsem_sem *s = h;
-    redsem_client *c = s->client;
     redsem__args a;
     redsem__args_init(&a);
     redsem__args_str(&a, s->k_meta);
@@ -71,15 +86,7 @@ static int basic_attempt(void *h, const char *id, int mode, redsem__attempt *att
     redsem__args_i64(&a, s->lease_ms);
     redsem__args_i64(&a, mode);
     redsem__args_i64(&a, s->wait_lease_ms);
-    redisReply *r = NULL;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_BASIC_ACQUIRE, 4, &a, REDSEM__REQ_RETRY, info, &r);
-    if (rc != REDSEM_OK)
-        return rc;
-    rc = redsem__parse_attempt(c, r, att, "basic_acquire");
-    freeReplyObject(r);
-    if (rc == REDSEM_OK && att->limit > 0)
-        s->limit = att->limit;
-    return rc;
+    return eval_attempt(s, REDSEM__SCRIPT_BASIC_ACQUIRE, 4, &a, info, att);
 }
 
 /* The locked strategy's guard: SET guard id NX PX guard_lease (Redis in Action 6.3.4), in a
@@ -126,7 +133,6 @@ static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
                         redsem__req_info *info)
 {
     redsem_sem *s = h;
-    redsem_client *c = s->client;
     bool locked = s->strategy == REDSEM_STRATEGY_LOCKED;
     if (locked) {
         bool taken = false;
@@ -158,14 +164,7 @@ static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     redsem__args_i64(&a, s->wait_lease_ms);
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redisReply *r = NULL;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, REDSEM__REQ_RETRY, info, &r);
-    if (rc == REDSEM_OK) {
-        rc = redsem__parse_attempt(c, r, att, "fair_acquire");
-        freeReplyObject(r);
-        if (rc == REDSEM_OK && att->outcome != REDSEM__ATT_GUARD_BUSY && att->limit > 0)
-            s->limit = att->limit;
-    }
+    int rc = eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, info, att);
     /* After a timeout or a lost connection, leave the guard to expire (guard_lease_ms): one
      * more request to a server that did not answer would double this call's time, which
      * must end one command timeout after the attempt's request was sent. */
@@ -317,74 +316,40 @@ int64_t redsem_sem_lease_ms(const redsem_sem *s)
 
 /* -------------------------------------------------------------- acquire */
 
-static int sem_acquire(redsem_sem *s, const char *holder_id, int64_t timeout_ms,
-                       redsem_permit **ret_permit)
+static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required,
+                       int64_t timeout_ms, redsem_permit **ret_permit)
 {
     if (s == NULL)
         return REDSEM_EINVAL;
-    redsem_client *c = s->client;
-    int rc = redsem__check_owner(c);
+    char id[REDSEM_ID_BUFSIZE];
+    int rc = redsem__acquire_args(s->client, ret_permit, timeout_ms, holder_id, id_required, id);
     if (rc != REDSEM_OK)
         return rc;
-    if (ret_permit == NULL)
-        return redsem__set_err(c, REDSEM_EINVAL, "ret_permit is NULL");
-    if (!redsem__valid_wait(timeout_ms))
-        return redsem__set_err(c, REDSEM_EINVAL,
-                               "timeout %lld ms: use 0 (try), 1..%lld, or REDSEM_WAIT_FOREVER",
-                               (long long)timeout_ms, REDSEM_WAIT_MAX_MS);
-    char id[REDSEM_ID_BUFSIZE];
-    if (holder_id != NULL) {
-        if (!redsem__valid_id(holder_id))
-            return redsem__set_err(c, REDSEM_EINVAL,
-                                   "holder id must be %d lower-case hex characters",
-                                   REDSEM_ID_LEN);
-        memcpy(id, holder_id, REDSEM_ID_BUFSIZE);
-    } else {
-        redsem__new_id(id);
-    }
     redsem__acquirer q = {
-        .client = c,
+        .client = s->client,
         .handle = s,
         .attempt = is_basic(s) ? basic_attempt : fair_attempt,
         .wait_key = is_basic(s) ? basic_wait_key : fair_wait_key,
         .wait_lease_ms = is_basic(s) ? 0 : s->wait_lease_ms,
     };
-    redsem__attempt att;
-    rc = redsem__acquire_loop(&q, id, timeout_ms, &att);
-    if (rc != REDSEM_OK)
-        return rc;
-    redsem_permit *p = redsem__permit_new(REDSEM__PERMIT_SEM, c, id, &att, s->lease_ms);
-    if (p == NULL) {
-        redsem_permit tmp = {.kind = REDSEM__PERMIT_SEM, .client = c, .sem = s};
-        memcpy(tmp.id, id, sizeof id);
-        (void)redsem__sem_release(c, s, &tmp);
-        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the permit was released)");
-    }
-    p->sem = s;
-    p->limit_seen = s->limit;
-    *ret_permit = p;
-    return REDSEM_OK;
+    return redsem__acquire_permit(&q, REDSEM__PERMIT_SEM, id, timeout_ms, s->lease_ms,
+                                  ret_permit);
 }
 
 int redsem_sem_try_acquire(redsem_sem *s, redsem_permit **ret_permit)
 {
-    return sem_acquire(s, NULL, 0, ret_permit);
+    return sem_acquire(s, NULL, false, 0, ret_permit);
 }
 
 int redsem_sem_acquire(redsem_sem *s, int64_t timeout_ms, redsem_permit **ret_permit)
 {
-    return sem_acquire(s, NULL, timeout_ms, ret_permit);
+    return sem_acquire(s, NULL, false, timeout_ms, ret_permit);
 }
 
 int redsem_sem_acquire_as(redsem_sem *s, const char *holder_id, int64_t timeout_ms,
                           redsem_permit **ret_permit)
 {
-    if (s != NULL && holder_id == NULL) {
-        int rc = redsem__check_owner(s->client);
-        return rc != REDSEM_OK ? rc
-                               : redsem__set_err(s->client, REDSEM_EINVAL, "holder_id is NULL");
-    }
-    return sem_acquire(s, holder_id, timeout_ms, ret_permit);
+    return sem_acquire(s, holder_id, true, timeout_ms, ret_permit);
 }
 
 int redsem_sem_adopt(redsem_sem *s, const char *holder_id, redsem_permit **ret_permit)
@@ -411,14 +376,6 @@ static void refresh_keys(const redsem_sem *s, redsem__args *a)
     }
 }
 
-/* {1} or {-1} */
-static int simple_status(redsem_client *c, const redisReply *r, const char *what, long long *st)
-{
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !redsem__reply_int(r->element[0], st))
-        return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply", what);
-    return REDSEM_OK;
-}
-
 int redsem__sem_refresh(redsem_client *c, redsem_sem *s, redsem_permit *p, int64_t *sent_ns)
 {
     redsem__args a;
@@ -434,7 +391,7 @@ int redsem__sem_refresh(redsem_client *c, redsem_sem *s, redsem_permit *p, int64
     if (rc != REDSEM_OK)
         return rc;
     long long st;
-    rc = simple_status(c, r, "refresh", &st);
+    rc = redsem__reply_status(c, r, "refresh", &st);
     freeReplyObject(r);
     if (rc != REDSEM_OK)
         return rc;
@@ -470,7 +427,7 @@ int redsem__sem_release(redsem_client *c, redsem_sem *s, redsem_permit *p)
     if (rc != REDSEM_OK)
         return rc;
     long long st;
-    rc = simple_status(c, r, "release", &st);
+    rc = redsem__reply_status(c, r, "release", &st);
     freeReplyObject(r);
     if (rc != REDSEM_OK)
         return rc;
@@ -514,7 +471,7 @@ int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
     if (rc != REDSEM_OK)
         return rc;
     long long old;
-    rc = simple_status(c, r, "set_limit", &old);
+    rc = redsem__reply_status(c, r, "set_limit", &old);
     freeReplyObject(r);
     if (rc == REDSEM_OK)
         s->limit = limit;
