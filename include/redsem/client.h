@@ -69,7 +69,8 @@ REDSEM_API REDSEM_WUR int redsem_options_new(redsem_options **ret_options);
 /**
  * redsem_options_free - free an options object. NULL is a no-op.
  *
- * Clients made from it keep their own copies and stay valid. Since: 0.1
+ * Clients made from it keep their own copies and stay valid.
+ * Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API void redsem_options_free(redsem_options *options);
 
@@ -87,7 +88,8 @@ REDSEM_API void redsem_options_free(redsem_options *options);
  *           rediss:// (TLS) is not supported and is rejected.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL or a malformed URL (the options are unchanged);
  *          REDSEM_ENOMEM.
- * Server: none (the URL is parsed now, used by redsem_client_new()). Since: 0.1
+ * Server: none (the URL is parsed now, used by redsem_client_new()).
+ * Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_url(redsem_options *options, const char *url);
 
@@ -96,7 +98,8 @@ REDSEM_API int redsem_options_set_url(redsem_options *options, const char *url);
  * excluded: getaddrinfo() has no timeout), AUTH and SELECT included.
  *
  * @ms  1 .. REDSEM_TIMEOUT_MAX_MS milliseconds. Default REDSEM_DEFAULT_CONNECT_TIMEOUT_MS.
- * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range.
+ * Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_connect_timeout_ms(redsem_options *options, int64_t ms);
 
@@ -112,7 +115,8 @@ REDSEM_API int redsem_options_set_connect_timeout_ms(redsem_options *options, in
  * separate: its waiting is not bounded by this value.
  *
  * @ms  1 .. REDSEM_TIMEOUT_MAX_MS milliseconds. Default REDSEM_DEFAULT_COMMAND_TIMEOUT_MS.
- * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range.
+ * Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, int64_t ms);
 
@@ -130,7 +134,8 @@ REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, in
  *
  * @ms  0 (never retry: fail on the first connection error) .. REDSEM_TIMEOUT_MAX_MS.
  *      Default REDSEM_DEFAULT_RETRY_MS.
- * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range.
+ * Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
 
@@ -142,7 +147,8 @@ REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
  *
  * @prefix  copied; must not be NULL; 0..256 bytes of printable ASCII (0x21..0x7e) other than
  *          '{' and '}' (which would break the hash tag). Default REDSEM_DEFAULT_KEY_PREFIX.
- * Returns: REDSEM_OK; REDSEM_EINVAL (options unchanged); REDSEM_ENOMEM. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL (options unchanged); REDSEM_ENOMEM.
+ * Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char *prefix);
 
@@ -175,7 +181,8 @@ REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,
  *             Redis' or the OS's own text (e.g. "AUTH: WRONGPASS invalid username-password
  *             pair or user is disabled."). Untouched on success.
  * @errbuf_len size of errbuf in bytes; ignored when errbuf is NULL.
- * Everything else as redsem_client_new(). Since: 0.1
+ * Everything else as redsem_client_new().
+ * Thread safety: the new client belongs to the calling thread until handed over. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_new_verbose(const redsem_options *options,
                                                     redsem_client **ret_client, char *errbuf,
@@ -185,7 +192,8 @@ REDSEM_API REDSEM_WUR int redsem_client_new_verbose(const redsem_options *option
  * redsem_client_connect - redsem_client_new() with default options and the given URL.
  *
  * @url  borrowed; NULL means REDSEM_DEFAULT_URL. Format as redsem_options_set_url().
- * Returns: as redsem_client_new(); REDSEM_EINVAL also for a malformed URL. Since: 0.1
+ * Returns: as redsem_client_new(); REDSEM_EINVAL also for a malformed URL.
+ * Thread safety: the new client belongs to the calling thread until handed over. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_connect(const char *url, redsem_client **ret_client);
 
@@ -206,7 +214,8 @@ REDSEM_API void redsem_client_free(redsem_client *client);
  * OS's (ECONNREFUSED ...). Reset to "" at the start of each call.
  *
  * @client  borrowed; NULL gives "".
- * Returns: view; valid until the next call on the same client; never NULL. Since: 0.1
+ * Returns: view; valid until the next call on the same client; never NULL.
+ * Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
 
@@ -214,7 +223,8 @@ REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
  * redsem_client_ping - round trip to the server (PING), reconnecting first if needed.
  *
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL); REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_EPERM;
- *          REDSEM_ESERVER; REDSEM_EPROTO; REDSEM_EFORKED. Since: 0.1
+ *          REDSEM_ESERVER; REDSEM_EPROTO; REDSEM_EFORKED.
+ * Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API int redsem_client_ping(redsem_client *client);
 
@@ -234,7 +244,7 @@ typedef struct redsem_client_stats {
  *
  * @client     borrowed; must not be NULL.
  * @ret_stats  borrowed; must not be NULL; filled on REDSEM_OK.
- * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API int redsem_client_get_stats(const redsem_client *client,
                                        redsem_client_stats *ret_stats);

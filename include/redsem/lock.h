@@ -37,12 +37,19 @@ typedef struct redsem_lock redsem_lock;
 REDSEM_API REDSEM_WUR int redsem_lock_open(redsem_client *client, const char *name,
                                            int64_t lease_ms, redsem_lock **ret_lock);
 
-/** redsem_lock_free - NULL is a no-op; permits from it must be freed first. Since: 0.1 */
+/**
+ * redsem_lock_free - free the handle; NULL is a no-op. Permits from it must be freed first
+ * (a held lock is not released: its lease expires on the server). Server: none.
+ * Thread safety: the client's thread. Since: 0.1
+ */
 REDSEM_API void redsem_lock_free(redsem_lock *lock);
 
 /**
  * redsem_lock_try_acquire - take the lock if it is free now; never waits.
- * Same as redsem_lock_acquire(lock, 0, ret_permit). Since: 0.1
+ *
+ * Exactly redsem_lock_acquire(lock, 0, ret_permit): arguments, ownership, return codes
+ * (REDSEM_EBUSY when another owner holds it), server requests and thread rules as
+ * documented there. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_try_acquire(redsem_lock *lock, redsem_permit **ret_permit);
 
@@ -67,7 +74,8 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire(redsem_lock *lock, int64_t timeout
  * redsem_lock_acquire_as - redsem_lock_acquire() with a caller-chosen token (REDSEM_ID_LEN
  * lower-case hex chars), idempotent per token: if the lock is already held with this token,
  * the same grant is returned with its lease renewed. Not allowed on a reentrant handle
- * (REDSEM_EINVAL): there the token is the handle's owner identity. Since: 0.1
+ * (REDSEM_EINVAL): there the token is the handle's owner identity.
+ * Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *token,
                                                  int64_t timeout_ms, redsem_permit **ret_permit);
@@ -75,7 +83,7 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *
 /**
  * redsem_lock_adopt - a local permit object for the lock's current owner token (see
  * redsem_sem_adopt()). Returns REDSEM_ELOST if the lock is not held with that token.
- * Server: one EVALSHA of holder.lua (read-only). Since: 0.1
+ * Server: one EVALSHA of holder.lua (read-only). Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_adopt(redsem_lock *lock, const char *token,
                                             redsem_permit **ret_permit);
@@ -86,7 +94,7 @@ REDSEM_API REDSEM_WUR int redsem_lock_adopt(redsem_lock *lock, const char *token
  * The status reports strategy 0 and limit 1; its holder (if any) is the owner token with
  * its fencing token and remaining lease, redsem_status_hold_count() the reentrant count.
  * Arguments and returns as redsem_sem_status(). Server: one EVALSHA of lock_status.lua.
- * Since: 0.1
+ * Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API int redsem_lock_status(redsem_lock *lock, size_t max_entries,
                                   redsem_status **ret_status);

@@ -37,7 +37,7 @@ typedef struct redsem_permit redsem_permit;
  * @permit  borrowed; NULL gives "".
  * Returns: view of 40 lower-case hex chars, NUL-terminated; valid until redsem_permit_free().
  *          Pass it to redsem_sem_acquire_as() to retry an acquire idempotently.
- * Server: none. Since: 0.1
+ * Server: none. Thread safety: immutable: any thread, while the permit exists. Since: 0.1
  */
 REDSEM_API const char *redsem_permit_id(const redsem_permit *permit);
 
@@ -45,14 +45,15 @@ REDSEM_API const char *redsem_permit_id(const redsem_permit *permit);
  * redsem_permit_token - the fencing token of this grant (see above); 0 for NULL.
  *
  * For a reentrant lock acquired again by its owner, the token of the outer grant.
- * Server: none. Since: 0.1
+ * Server: none. Thread safety: immutable: any thread, while the permit exists. Since: 0.1
  */
 REDSEM_API uint64_t redsem_permit_token(const redsem_permit *permit);
 
 /**
  * redsem_permit_deadline_ms - the validity deadline on redsem_monotonic_ms()'s clock (ms).
  *
- * Moved forward by each successful refresh. 0 for NULL. Server: none. Since: 0.1
+ * Moved forward by each successful refresh. 0 for NULL. Server: none.
+ * Thread safety: atomic: any thread, while the permit exists. Since: 0.1
  */
 REDSEM_API int64_t redsem_permit_deadline_ms(const redsem_permit *permit);
 
@@ -119,7 +120,7 @@ REDSEM_API int redsem_permit_release(redsem_permit *permit);
  *
  * Does NOT release it on the server (call redsem_permit_release() first, or let the lease
  * expire). Stops its automatic renewal, if any, waiting for a renewal in flight.
- * Since: 0.1
+ * Thread safety: the client's thread (never from a lost-lease callback). Since: 0.1
  */
 REDSEM_API void redsem_permit_free(redsem_permit *permit);
 

@@ -123,7 +123,8 @@ REDSEM_API int redsem_client_renew_stats(redsem_client *client, redsem_renew_sta
  * count; redsem_lock_status() tells the count.
  *
  * @on  true to enable; must be called before the first acquire on this handle.
- * Returns: REDSEM_OK; REDSEM_EINVAL (NULL). Server: none. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL). Server: none.
+ * Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API int redsem_lock_set_reentrant(redsem_lock *lock, bool on);
 

@@ -105,7 +105,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_open(redsem_client *client, const char *nam
 
 /**
  * redsem_sem_free - free the handle. NULL is a no-op. Permits from it must be freed first
- * (their leases are not released; they expire on the server). Server: none. Since: 0.1
+ * (their leases are not released; they expire on the server). Server: none.
+ * Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API void redsem_sem_free(redsem_sem *sem);
 
@@ -121,7 +122,7 @@ REDSEM_API void redsem_sem_free(redsem_sem *sem);
  *
  * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default the shorter of
  *      REDSEM_DEFAULT_WAIT_LEASE_MS and the semaphore's lease.
- * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_wait_lease_ms(redsem_sem *sem, int64_t ms);
 
@@ -132,23 +133,33 @@ REDSEM_API int redsem_sem_set_wait_lease_ms(redsem_sem *sem, int64_t ms);
  *      holder of the guard that dies blocks every acquire of this semaphore this long, and
  *      so does an acquire whose request timed out or lost its connection while it held the
  *      guard (it leaves the guard to expire rather than wait for the server again).
- * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_guard_lease_ms(redsem_sem *sem, int64_t ms);
 
-/** The handle's name (view, valid until redsem_sem_free()), strategy, limit, lease (ms). */
+/**
+ * Accessors of a semaphore handle. No server I/O; @sem borrowed, NULL gives "", 0, 0, 0.
+ * Thread safety: any thread that may use the handle (read-only). Since: 0.1
+ *
+ * redsem_sem_name      - the name given to redsem_sem_open(); view valid until
+ *                        redsem_sem_free().
+ * redsem_sem_strategy  - REDSEM_STRATEGY_BASIC, _FAIR or _LOCKED.
+ * redsem_sem_limit     - the limit in permits last seen on the server (a
+ *                        redsem_sem_set_limit() by anyone is picked up by the next acquire).
+ * redsem_sem_lease_ms  - this handle's lease, ms.
+ */
 REDSEM_API const char *redsem_sem_name(const redsem_sem *sem);
 REDSEM_API redsem_strategy redsem_sem_strategy(const redsem_sem *sem);
-/** The limit last seen on the server (redsem_sem_set_limit() by anyone is picked up by the
- * next acquire). */
 REDSEM_API uint32_t redsem_sem_limit(const redsem_sem *sem);
 REDSEM_API int64_t redsem_sem_lease_ms(const redsem_sem *sem);
 
 /**
  * redsem_sem_try_acquire - take a permit if one is free now; never waits.
  *
- * Same as redsem_sem_acquire(sem, 0, ret_permit).
- * Since: 0.1
+ * Exactly redsem_sem_acquire(sem, 0, ret_permit): arguments, ownership, return codes
+ * (REDSEM_EBUSY when no permit is free), server requests and thread rules as documented
+ * there. The fair and locked strategies take a ticket and leave at once if not granted
+ * (Redis in Action 6.3.2); a try never barges ahead of queued waiters. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit **ret_permit);
 
@@ -197,7 +208,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire(redsem_sem *sem, int64_t timeout_ms
  *
  * @holder_id  borrowed; must not be NULL; exactly REDSEM_ID_LEN lower-case hex chars, e.g.
  *             from redsem_id_generate() or redsem_permit_id().
- * Other arguments and returns as redsem_sem_acquire(). Since: 0.1
+ * Other arguments and returns as redsem_sem_acquire().
+ * Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *holder_id,
                                                 int64_t timeout_ms, redsem_permit **ret_permit);
@@ -215,7 +227,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *hol
  * Returns: REDSEM_OK; REDSEM_ELOST (no live permit with that identifier); REDSEM_EINVAL;
  *          REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM;
  *          REDSEM_EPROTO; REDSEM_EFORKED.
- * Server: one EVALSHA of holder.lua (read-only). Since: 0.1
+ * Server: one EVALSHA of holder.lua (read-only). Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_id,
                                            redsem_permit **ret_permit);
@@ -231,7 +243,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_i
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ECONFLICT (the server has another strategy);
  *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
  *          REDSEM_EFORKED.
- * Server: one EVALSHA of set_limit.lua. Since: 0.1
+ * Server: one EVALSHA of set_limit.lua. Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_limit(redsem_sem *sem, uint32_t limit);
 
@@ -248,7 +260,7 @@ typedef struct redsem_status redsem_status;
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER;
  *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of status.lua (no writes; works on a read-only ACL user).
- * Since: 0.1
+ * Thread safety: the client's thread. Since: 0.1
  */
 REDSEM_API int redsem_sem_status(redsem_sem *sem, size_t max_entries,
                                  redsem_status **ret_status);
@@ -270,22 +282,35 @@ REDSEM_API int redsem_sem_status(redsem_sem *sem, size_t max_entries,
 REDSEM_API int redsem_sem_inspect(redsem_client *client, const char *name, size_t max_entries,
                                   redsem_status **ret_status);
 
-/** redsem_status_free - NULL is a no-op. Since: 0.1 */
+/** redsem_status_free - free a status; NULL is a no-op.
+ * Thread safety: a status is immutable: any thread may read it until it is freed (once).
+ * Since: 0.1 */
 REDSEM_API void redsem_status_free(redsem_status *status);
 
-/** Strategy recorded on the server (0 when inspecting a lock, or when the semaphore does
- * not exist on the server: see redsem_status_exists()). */
+/**
+ * Accessors of a status (a snapshot: no server I/O). @status borrowed; NULL gives 0 / false.
+ * Thread safety: a status is immutable; any thread may read it until it is freed. Since: 0.1
+ *
+ * redsem_status_strategy       - the strategy recorded on the server; 0 for a lock, or when
+ *                                the semaphore does not exist (redsem_status_exists()).
+ * redsem_status_exists         - whether the server has a record of it at all.
+ * redsem_status_limit          - limit (permits) recorded on the server; 1 for a lock; 0 if
+ *                                it does not exist.
+ * redsem_status_holder_count   - exact number of live (unexpired) holders.
+ * redsem_status_waiter_count   - exact number of live registered or queued waiters.
+ * redsem_status_holders_listed - how many holders are listed (at most max_entries).
+ * redsem_status_waiters_listed - how many waiters are listed (at most max_entries).
+ * redsem_status_hold_count     - a lock's reentrant hold count (0 if free or not
+ *                                reentrant-held); 0 for a semaphore.
+ */
 REDSEM_API int redsem_status_strategy(const redsem_status *status);
-/** Whether the server has a record of the semaphore or lock at all. */
 REDSEM_API bool redsem_status_exists(const redsem_status *status);
-/** Limit recorded on the server (1 for a lock; 0 if it does not exist). */
 REDSEM_API uint32_t redsem_status_limit(const redsem_status *status);
-/** Exact number of live (unexpired) holders, and of live queued waiters. */
 REDSEM_API size_t redsem_status_holder_count(const redsem_status *status);
 REDSEM_API size_t redsem_status_waiter_count(const redsem_status *status);
-/** How many holders / waiters are listed (at most max_entries). */
 REDSEM_API size_t redsem_status_holders_listed(const redsem_status *status);
 REDSEM_API size_t redsem_status_waiters_listed(const redsem_status *status);
+REDSEM_API uint32_t redsem_status_hold_count(const redsem_status *status);
 
 /**
  * redsem_status_holder - the i-th listed holder (fair/locked: in ticket order; basic: by
@@ -295,7 +320,8 @@ REDSEM_API size_t redsem_status_waiters_listed(const redsem_status *status);
  * @ret_id            borrowed, may be NULL; receives a view valid until redsem_status_free().
  * @ret_token         may be NULL; the holder's fencing token.
  * @ret_remaining_ms  may be NULL; lease left, by the server's clock, ms.
- * Returns: REDSEM_OK; REDSEM_EINVAL (NULL status or i out of range). Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL status or i out of range).
+ * Thread safety: a status is immutable: any thread may read it until it is freed (once). Since: 0.1
  */
 REDSEM_API int redsem_status_holder(const redsem_status *status, size_t i, const char **ret_id,
                                     uint64_t *ret_token, int64_t *ret_remaining_ms);
@@ -305,13 +331,12 @@ REDSEM_API int redsem_status_holder(const redsem_status *status, size_t i, const
  * lease left; basic and lock waiters are registered too (unordered, by wait deadline).
  *
  * Arguments as redsem_status_holder(); ret_token receives the waiter's ticket (0 for basic
- * and lock waiters). Since: 0.1
+ * and lock waiters).
+ * Thread safety: a status is immutable: any thread may read it until it is freed (once). Since: 0.1
  */
 REDSEM_API int redsem_status_waiter(const redsem_status *status, size_t i, const char **ret_id,
                                     uint64_t *ret_ticket, int64_t *ret_remaining_ms);
 
-/** Reentrant hold count of a lock's owner (0 if free or not reentrant-held). */
-REDSEM_API uint32_t redsem_status_hold_count(const redsem_status *status);
 
 #ifdef __cplusplus
 }
