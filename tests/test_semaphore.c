@@ -377,7 +377,17 @@ STRATEGY_TEST(sem, release_wakes_a_blocked_waiter_at_once, TO)
     OK(a, redsem_sem_try_acquire(sa, &pa));
     struct waiter_arg w = {.name = name, .strategy = strategy, .limit = 1, .timeout = 10000};
     pthread_t t;
+    int64_t t0 = tf_now_ms();
     cr_assert_eq(pthread_create(&t, NULL, waiter, &w), 0);
+    /* The waiter must be queued before the release, however slowly its thread starts. */
+    int64_t queued_at = 0;
+    for (int i = 0; i < 500 && queued_at == 0; i++) {
+        if (waiters_now(sa) > 0)
+            queued_at = tf_now_ms();
+        else
+            tf_sleep_ms(2);
+    }
+    cr_assert_gt(queued_at, 0, "the waiter never queued");
     /* Long enough for the fallback backoff to have grown to ~400-800 ms: a waiter that only
      * polled would be granted hundreds of ms after the release. */
     tf_sleep_ms(900);
@@ -387,7 +397,12 @@ STRATEGY_TEST(sem, release_wakes_a_blocked_waiter_at_once, TO)
     cr_assert_eq(w.rc, REDSEM_OK, "waiter: %s", redsem_err_name(w.rc));
     int64_t handoff = w.granted_at - released_at;
     cr_assert_lt(handoff, 150, "hand-off took %lld ms", (long long)handoff);
-    cr_assert_geq(w.stats.wakeups, 1, "the waiter was not woken by a signal");
+    cr_assert_geq(w.stats.wakeups, 1,
+                  "the waiter was not woken by a signal (queued %lld ms after start, granted "
+                  "%lld ms after the release; %llu requests, %llu connects, %llu retries)",
+                  (long long)(queued_at - t0), (long long)handoff,
+                  (unsigned long long)w.stats.requests, (unsigned long long)w.stats.connects,
+                  (unsigned long long)w.stats.retries);
     redsem_permit_free(pa);
     redsem_sem_free(sa);
     redsem_client_free(a);
