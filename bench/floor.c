@@ -5,12 +5,12 @@
  * key names and values of the same length, but EVALSHA runs "return 1" instead of the real
  * script:
  *
- *   basic   acquire EVALSHA 4 keys 5 args            release EVALSHA 4 keys 1 arg
- *   fair    acquire EVALSHA 5 keys 7 args            release EVALSHA 4 keys 1 arg
+ *   basic   acquire EVALSHA 4 keys 6 args            release EVALSHA 4 keys 1 arg
+ *   fair    acquire EVALSHA 5 keys 8 args            release EVALSHA 4 keys 1 arg
  *   locked  acquire EVALSHA 1 key 2 args (guard),    release EVALSHA 4 keys 1 arg
- *                   EVALSHA 5 keys 7 args,
+ *                   EVALSHA 5 keys 8 args,
  *                   EVALSHA 1 key 1 arg
- *   lock    acquire EVALSHA 4 keys 5 args            release EVALSHA 4 keys 2 args
+ *   lock    acquire EVALSHA 4 keys 6 args            release EVALSHA 4 keys 2 args
  *
  * (the shapes of src/sem.c and src/lock.c at the time of writing). Whatever the library adds
  * on top of the floor is then its own cost: the work of the real scripts on the server and
@@ -89,6 +89,8 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
     }
     static const char *const lease = "10000", *const limit = "4", *const mode = "1",
                              *const wait_lease = "3000";
+    /* the not-after time: server microseconds, 16 digits */
+    static const char *const not_after = "1800000000000000";
     floor_cmd *a = &f->acq[0];
     switch (kind) {
     case BENCH_BASIC:
@@ -108,6 +110,7 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
             add(a, wait_lease);
             add(a, "0");
         }
+        add(a, not_after);
         f->nacq = 1;
         break;
     case BENCH_FAIR:
@@ -130,6 +133,7 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
         add(a, wait_lease);
         add(a, kind == BENCH_LOCKED ? "locked" : "fair");
         add(a, f->id);
+        add(a, not_after);
         if (kind == BENCH_LOCKED) {
             a++;
             evalsha(f, a, "1");

@@ -2,10 +2,11 @@
 -- KEYS: 1 meta (hash), 2 holders (zset id -> lease deadline, ms), 3 waiters (zset id -> wait
 --       deadline), 4 signal (list the waiters BLPOP on)
 -- ARGV: 1 id, 2 limit (used if the semaphore is new), 3 lease ms, 4 mode (0 try, 1 wait,
---       2 again, 3 last), 5 wait lease ms
--- Returns {1, token, limit} granted, or {0, ms until the earliest lease deadline (-1 none),
--- limit}.
+--       2 again, 3 last), 5 wait lease ms, 6 not after (server us; 0: none)
+-- Returns {1, token, limit, now us} granted, {0, ms until the earliest lease deadline (-1
+-- none), limit, now us}, or {-3, now us}: the request came after its not-after time.
 local now, now_us, now_us_str = clock()
+if too_late(ARGV[6], now_us) then return {-3, now_us} end
 local meta, holders, waiters, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, lease, mode = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 local tkey = 't:' .. id
@@ -29,7 +30,7 @@ if m[5] then
       expire_at(all, exp)
       redis.call('HSET', meta, 'exp', exp)
     end
-    return {1, tonumber(m[5]), limit}
+    return {1, tonumber(m[5]), limit, now_us}
   end
 end
 
@@ -59,7 +60,7 @@ if card < limit then
   end
   if exp then expire_at(all, exp) end
   if mode >= 2 then redis.call('ZREM', waiters, id) end
-  return {1, tok, limit}
+  return {1, tok, limit, now_us}
 end
 
 local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
@@ -78,4 +79,4 @@ if mode == 1 or mode == 2 then
 elseif mode == 3 then
   redis.call('ZREM', waiters, id)
 end
-return {0, next_ms, limit}
+return {0, next_ms, limit, now_us}

@@ -4,13 +4,16 @@
 --       2 owners (zset id -> ticket), 3 timeouts (zset id -> deadline, ms; same members)
 --       4 wake-up list prefix (a waiter blocks on KEYS[4] .. id), 5 guard (locked only)
 -- ARGV: 1 id, 2 limit (used if new), 3 lease ms, 4 mode (0 try, 1 wait, 2 again, 3 last),
---       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked)
+--       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked),
+--       8 not after (server us; 0: none)
 -- A request is granted iff fewer than `limit` requests rank ahead of it by ticket. Instead
 -- of the book's ZINTERSTORE over the whole set on every call, expired members are removed
 -- by score (at most 256 per call) and only when they are in the way.
--- Returns {1, token, limit} granted; {0, ms until the earliest deadline (-1 none), limit}
--- not granted; {-2} the locked strategy's guard is not held by the caller.
+-- Returns {1, token, limit, now us} granted; {0, ms until the earliest deadline (-1 none),
+-- limit, now us} not granted; {-2} the locked strategy's guard is not held by the caller;
+-- {-3, now us} the request came after its not-after time.
 local now, now_us, now_us_str = clock()
+if too_late(ARGV[8], now_us) then return {-3, now_us} end
 local meta, owners, timeouts, sigp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, lease, mode, strategy = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
 if strategy == 'locked' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return {-2} end
@@ -44,7 +47,7 @@ if m[5] then
   if d and tonumber(d) > now then
     redis.call('ZADD', timeouts, deadline_str, id)
     if exp then save_meta({}) end
-    return {1, tonumber(m[5]), limit}
+    return {1, tonumber(m[5]), limit, now_us}
   end
 end
 
@@ -88,16 +91,16 @@ if rank < limit then
     redis.call('PEXPIREAT', timeouts, m[4])
   end
   save_meta({'fence', tok_str, tkey, tok_str})
-  return {1, tok, limit}
+  return {1, tok, limit, now_us}
 end
 
 local first = redis.call('ZRANGE', timeouts, 0, 0, 'WITHSCORES')
 local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
-if mode == 0 then return {0, next_ms, limit} end
+if mode == 0 then return {0, next_ms, limit, now_us} end
 if mode == 3 then
   if not fresh then forget(meta, {owners, timeouts}, {id}) end
-  return {0, next_ms, limit}
+  return {0, next_ms, limit, now_us}
 end
 -- Queue (or stay queued) under the wait lease; a new waiter's ticket is taken now.
 if fresh then
@@ -108,4 +111,4 @@ else
   redis.call('ZADD', timeouts, now + wait_lease, id)
   if exp then save_meta({}) end
 end
-return {0, next_ms, limit}
+return {0, next_ms, limit, now_us}

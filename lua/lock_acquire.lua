@@ -3,9 +3,11 @@
 -- KEYS: 1 mutex (string: owner token), 2 lock meta (hash: fence, cur = token of the current
 --       grant, n = reentrant hold count), 3 waiters (zset token -> wait deadline), 4 signal
 -- ARGV: 1 token, 2 lease ms, 3 mode (0 try, 1 wait, 2 again, 3 last), 4 wait lease ms,
---       5 reentrant ('1' or '0')
--- Returns {1, fencing token, hold count} granted, {0, ms the current lease has left, 1}.
+--       5 reentrant ('1' or '0'), 6 not after (server us; 0: none)
+-- Returns {1, fencing token, hold count, now us} granted, {0, ms the current lease has left,
+-- 1, now us}, or {-3, now us}: the request came after its not-after time.
 local now, now_us, now_us_str = clock()
+if too_late(ARGV[6], now_us) then return {-3, now_us} end
 local mutex, lmeta, waiters, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, lease, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local m = redis.call('HMGET', lmeta, 'fence', 'cur', 'n')
@@ -14,7 +16,7 @@ if redis.call('SET', mutex, token, 'NX', 'PX', lease) then
   redis.call('HSET', lmeta, 'fence', f_str, 'cur', f_str, 'n', '1')
   redis.call('PEXPIRE', lmeta, lease + IDLE)
   if mode >= 2 then redis.call('ZREM', waiters, token) end
-  return {1, f, 1}
+  return {1, f, 1, now_us}
 end
 if redis.call('GET', mutex) == token then
   -- the same owner: reentrant acquire, or an idempotent retry of a lost reply
@@ -23,7 +25,7 @@ if redis.call('GET', mutex) == token then
   redis.call('PEXPIRE', lmeta, lease + IDLE)
   if ARGV[5] == '1' then n = redis.call('HINCRBY', lmeta, 'n', 1) end
   if mode >= 2 then redis.call('ZREM', waiters, token) end
-  return {1, tonumber(m[2]) or 0, n}
+  return {1, tonumber(m[2]) or 0, n, now_us}
 end
 local left = redis.call('PTTL', mutex)
 if mode == 1 or mode == 2 then
@@ -38,4 +40,4 @@ if mode == 1 or mode == 2 then
 elseif mode == 3 then
   redis.call('ZREM', waiters, token)
 end
-return {0, left, 1}
+return {0, left, 1, now_us}

@@ -27,6 +27,15 @@ local function clock()
   return math.floor(us / 1000), us, t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 end
 
+-- @fn too_late
+-- An acquire carries the latest server time (us) at which it may still run: the client's
+-- command timeout, translated to the server's clock. A request that a stalled server only
+-- executes later (the client gave up on it and reported an unknown outcome) must not grant.
+local function too_late(not_after, now_us)
+  local na = tonumber(not_after) or 0
+  return na > 0 and now_us > na
+end
+
 -- @fn next_token
 -- Fencing tokens and tickets: max(last + 1, server clock in microseconds). Strictly
 -- increasing per semaphore, and still increasing after the counter's key expired or the

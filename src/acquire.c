@@ -28,10 +28,20 @@ int redsem__parse_attempt(redsem_client *c, const redisReply *r, redsem__attempt
         att->outcome = REDSEM__ATT_GUARD_BUSY;
         return REDSEM_OK;
     }
+    if (st == REDSEM__ATT_TOO_LATE) {
+        if (r->elements < 2 || !redsem__reply_int(r->element[1], &a) || a <= 0)
+            return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply values", what);
+        att->outcome = REDSEM__ATT_TOO_LATE;
+        att->server_us = a;
+        return REDSEM_OK;
+    }
     if (r->elements < 3 || !redsem__reply_int(r->element[1], &a) ||
         !redsem__reply_int(r->element[2], &b) || (st != 0 && st != 1) || b < 0 ||
         b > UINT32_MAX)
         return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply values", what);
+    long long now_us = 0;
+    if (r->elements >= 4 && redsem__reply_int(r->element[3], &now_us) && now_us > 0)
+        att->server_us = now_us;
     if (st == 1) {
         att->outcome = REDSEM__ATT_GRANTED;
         att->token = (uint64_t)a;
@@ -94,6 +104,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
     int mode = blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
     int64_t backoff_ms = BACKOFF_MIN_MS;
     int64_t guard_backoff_us = 0; /* locked: pause after finding the guard busy */
+    int too_late = 0;             /* consecutive refusals for coming after the not-after time */
     bool registered = false;
     char keybuf[1024];
     size_t keylen = 0;
@@ -110,6 +121,18 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             att->sent_ns = info.sent_ns;
             return REDSEM_OK;
         }
+        if (att->outcome == REDSEM__ATT_TOO_LATE) {
+            /* The server ran the request after the time we had given it: our estimate of its
+             * clock was off (a clock step, a long idle drift) or it was stalled. The attempt
+             * recorded the server's clock from the reply: try again, a few times at most. */
+            if (++too_late > 2)
+                return redsem__set_err(c, REDSEM_ETIMEDOUT,
+                                       "the server ran the acquire after its deadline, "
+                                       "%d times in a row (stalled, or its clock jumps)",
+                                       too_late);
+            continue;
+        }
+        too_late = 0;
         if (!blocking)
             return redsem__set_err(c, REDSEM_EBUSY, "no permit free (limit %u)", att->limit);
         if (att->outcome == REDSEM__ATT_BUSY) {

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -254,6 +255,53 @@ static int handshake_cmd(redsem_client *c, const redsem__args *a, const char *wh
     return rc;
 }
 
+void redsem__note_server_clock(redsem_client *c, int64_t server_us, int64_t recv_ns)
+{
+    if (server_us <= 0 || recv_ns <= 0)
+        return;
+    /* The reply left the server before we read it: this underestimates the offset by the
+     * reply's one-way latency, which the not-after margin covers. */
+    c->clock_offset_us = server_us - recv_ns / 1000;
+    c->clock_offset_known = true;
+}
+
+int64_t redsem__not_after_us(const redsem_client *c)
+{
+    if (!c->clock_offset_known)
+        return 0;
+    /* margin: the offset's error (one-way latency) and the drift of the two clocks between
+     * measurements (NTP slews at most 0.05 %) */
+    int64_t margin_us = 100000;
+    return redsem__now_ns() / 1000 + c->clock_offset_us + c->command_timeout_ms * 1000 +
+           margin_us;
+}
+
+/* TIME on the client's first connection, so that its first acquire can carry a not-after
+ * time (later acquire replies keep the estimate fresh; it stays valid across reconnects to
+ * the same server). A TIME that gets no reply fails the connect: the connection would be out
+ * of step. An error reply (an ACL without TIME) just leaves the offset unknown. */
+static int measure_clock(redsem_client *c, int64_t deadline_ns, char *err, size_t errlen)
+{
+    if (c->clock_offset_known)
+        return REDSEM_OK;
+    static const char cmd[] = "*1\r\n$4\r\nTIME\r\n";
+    int64_t dl = redsem__now_ns() + c->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (deadline_ns < dl)
+        dl = deadline_ns;
+    redisReply *r = NULL;
+    bool written;
+    int rc = raw_roundtrip(c, cmd, sizeof cmd - 1, dl, &r, &written, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING)
+        redsem__note_server_clock(c, strtoll(r->element[0]->str, NULL, 10) * 1000000 +
+                                         strtoll(r->element[1]->str, NULL, 10),
+                                  redsem__now_ns());
+    freeReplyObject(r);
+    return REDSEM_OK;
+}
+
 /* Connect, AUTH, SELECT. On failure the connection is closed and err says why. */
 static int connect_client(redsem_client *c, bool *retryable, char *err, size_t errlen)
 {
@@ -280,6 +328,8 @@ static int connect_client(redsem_client *c, bool *retryable, char *err, size_t e
         redsem__args_i64(&a, c->ep.db);
         rc = handshake_cmd(c, &a, "SELECT", deadline, err, errlen);
     }
+    if (rc == REDSEM_OK)
+        rc = measure_clock(c, deadline, err, errlen);
     if (rc != REDSEM_OK) {
         /* Authentication and SELECT refusals are configuration errors: retrying won't help. */
         *retryable = rc == REDSEM_ECONN;
@@ -326,6 +376,7 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
         info = &dummy;
     info->maybe_applied = false;
     info->sent_ns = 0;
+    info->recv_ns = 0;
 
     char *cmd = NULL;
     int len = redisFormatCommandArgv(&cmd, a->n, (const char **)a->v, a->len);
@@ -369,6 +420,7 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
         }
         if (rc == REDSEM_OK) {
             info->sent_ns = sent;
+            info->recv_ns = redsem__now_ns();
             *ret_reply = r;
             break;
         }

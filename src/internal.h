@@ -138,6 +138,7 @@ void redsem__args_i64(redsem__args *a, int64_t v);
 typedef struct redsem__req_info {
     bool maybe_applied; /* a copy was fully written and its reply never came */
     int64_t sent_ns;    /* when the copy that got the reply was written (start of write) */
+    int64_t recv_ns;    /* when its reply was read */
 } redsem__req_info;
 
 /* One request/reply. Connects first if needed. *ret_reply is set on REDSEM_OK only and may
@@ -199,6 +200,11 @@ struct redsem_client {
     char errmsg[512];
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled */
     int64_t deadline_cap_ns;  /* if non-zero, no request (nor its retries) outlives this */
+    /* The server's clock (TIME, us) minus our CLOCK_MONOTONIC (us), as last measured: from
+     * TIME at connect, then from every acquire reply. Used only to tell the server until when
+     * an acquire may still run (its "not after"), never to judge a lease. */
+    int64_t clock_offset_us;
+    bool clock_offset_known;
 };
 
 /* Open a client (used for the caller's client and for the renewer's own connection). */
@@ -218,7 +224,12 @@ enum {
 };
 extern const char *const redsem__mode_names[4];
 
-enum { REDSEM__ATT_GRANTED = 1, REDSEM__ATT_BUSY = 0, REDSEM__ATT_GUARD_BUSY = -2 };
+enum {
+    REDSEM__ATT_GRANTED = 1,
+    REDSEM__ATT_BUSY = 0,
+    REDSEM__ATT_GUARD_BUSY = -2,
+    REDSEM__ATT_TOO_LATE = -3 /* the server ran it after its not-after time: nothing done */
+};
 
 typedef struct redsem__attempt {
     int outcome;       /* REDSEM__ATT_* */
@@ -227,6 +238,7 @@ typedef struct redsem__attempt {
     int64_t next_ms;   /* busy: ms until the earliest lease deadline, -1 unknown */
     uint32_t holds;    /* lock: reentrant hold count */
     int64_t sent_ns;   /* granted: when the granting request was sent */
+    int64_t server_us; /* the server's clock when it ran the script (0 if not reported) */
 } redsem__attempt;
 
 /* What the generic waiting loop needs from a semaphore strategy or the lock. */
@@ -241,7 +253,14 @@ typedef struct redsem__acquirer {
     int64_t wait_lease_ms; /* > 0: renew registration at least every third of it */
 } redsem__acquirer;
 
-/* Parse the {status, a, b} reply of an acquire script into att. */
+/* The latest server time (us) at which an acquire sent now may still run: now + the command
+ * timeout + a margin for the offset's error, on the server's clock; 0 (no limit) until the
+ * client has measured the offset. */
+int64_t redsem__not_after_us(const redsem_client *c);
+/* Record the server's clock as seen in a reply read at recv_ns. */
+void redsem__note_server_clock(redsem_client *c, int64_t server_us, int64_t recv_ns);
+
+/* Parse the {status, a, b, now} reply of an acquire script into att. */
 int redsem__parse_attempt(redsem_client *c, const struct redisReply *r, redsem__attempt *att,
                           const char *what);
 

@@ -72,12 +72,15 @@ static int lock_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     redsem__args_i64(&a, mode);
     redsem__args_i64(&a, REDSEM_DEFAULT_WAIT_LEASE_MS);
     redsem__args_str(&a, l->reentrant ? "1" : "0");
+    redsem__args_i64(&a, redsem__not_after_us(c));
     redisReply *r = NULL;
     int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_ACQUIRE, 4, &a, REDSEM__REQ_RETRY, info, &r);
     if (rc != REDSEM_OK)
         return rc;
     rc = redsem__parse_attempt(c, r, att, "lock_acquire");
     freeReplyObject(r);
+    if (rc == REDSEM_OK)
+        redsem__note_server_clock(c, att->server_us, info->recv_ns);
     att->limit = 1;
     return rc;
 }

@@ -66,6 +66,8 @@ static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args
         return rc;
     rc = redsem__parse_attempt(c, r, att, redsem__script_defs[script].name);
     freeReplyObject(r);
+    if (rc == REDSEM_OK)
+        redsem__note_server_clock(c, att->server_us, info->recv_ns);
     if (rc == REDSEM_OK && att->outcome != REDSEM__ATT_GUARD_BUSY && att->limit > 0)
         s->limit = att->limit;
     return rc;
@@ -86,6 +88,7 @@ static int basic_attempt(void *h, const char *id, int mode, redsem__attempt *att
     redsem__args_i64(&a, s->lease_ms);
     redsem__args_i64(&a, mode);
     redsem__args_i64(&a, s->wait_lease_ms);
+    redsem__args_i64(&a, redsem__not_after_us(s->client));
     return eval_attempt(s, REDSEM__SCRIPT_BASIC_ACQUIRE, 4, &a, info, att);
 }
 
@@ -164,6 +167,7 @@ static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     redsem__args_i64(&a, s->wait_lease_ms);
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
+    redsem__args_i64(&a, redsem__not_after_us(s->client));
     int rc = eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, info, att);
     /* After a timeout or a lost connection, leave the guard to expire (guard_lease_ms): one
      * more request to a server that did not answer would double this call's time, which

@@ -111,8 +111,10 @@ REDSEM_API int redsem_options_set_connect_timeout_ms(redsem_options *options, in
  * be re-opened by the next call. It is discarded abortively (a TCP reset): bytes the server
  * has not received yet (a network partition) are dropped, never delivered later. Bytes the
  * server already received (a server stalled by a long command, a fork, SIGSTOP) are still
- * executed when it resumes: see docs/guarantees.md. A blocking acquire's own timeout is
- * separate: its waiting is not bounded by this value.
+ * executed when it resumes; an acquire among them grants nothing if it runs later than this
+ * timeout + 100 ms after it was sent, by the server's clock (its "not-after" time: see
+ * docs/guarantees.md). A blocking acquire's own timeout is separate: its waiting is not
+ * bounded by this value.
  *
  * @ms  1 .. REDSEM_TIMEOUT_MAX_MS milliseconds. Default REDSEM_DEFAULT_COMMAND_TIMEOUT_MS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range.
@@ -168,7 +170,9 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *          (AUTH refused: WRONGPASS, NOAUTH, NOPERM); REDSEM_ESERVER (SELECT refused or other
  *          error reply); REDSEM_EPROTO. On failure no client exists, so the detail is not
  *          available through redsem_client_errmsg(); use redsem_client_new_verbose() for it.
- * Server: connect, then AUTH and SELECT as the URL asks.
+ * Server: connect, then AUTH and SELECT as the URL asks, then TIME once (the server's clock,
+ *         from which acquires get their not-after time; a TIME refused by an ACL is ignored,
+ *         one that gets no reply within the command timeout fails with REDSEM_ETIMEDOUT).
  * Thread safety: the new client belongs to the calling thread until handed over. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,

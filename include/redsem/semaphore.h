@@ -182,8 +182,10 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *              Must not be NULL. Written only on REDSEM_OK.
  * Returns: REDSEM_OK; REDSEM_EBUSY (no permit free, or none became free in time: expected);
  *          REDSEM_EUNKNOWN (the reply of a request that could have granted a permit was
- *          lost: a permit may be held in this holder's name until its lease expires; retry
- *          with redsem_sem_acquire_as() and the same identifier to find out, idempotently);
+ *          lost: a permit may have been granted in this holder's name within the command
+ *          timeout + 100 ms, by the server's clock, and is then held until its lease
+ *          expires; retry with redsem_sem_acquire_as() and the same identifier to find out,
+ *          idempotently);
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER
  *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed);
  *          REDSEM_EPERM (NOPERM ...); REDSEM_ECONFLICT (the semaphore was re-created with

@@ -117,7 +117,26 @@ static void start(cli_proc *p, const char *const *env, const char *const *args, 
     posix_spawn_file_actions_addopen(&fa, 2, p->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     char **envp = merged_env(env);
     p->started_ms = redsem_monotonic_ms();
-    int err = posix_spawn(&p->pid, argv[0], &fa, NULL, (char *const *)argv, envp);
+    /* Default dispositions and no blocked signals for redsem and, through it, for the
+     * commands it runs, whatever the test runner inherited: under nohup(1), say, SIGHUP is
+     * ignored, and a forwarded SIGHUP would then rightly leave the command running. */
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    sigset_t dfl, none;
+    sigemptyset(&dfl);
+    sigaddset(&dfl, SIGHUP);
+    sigaddset(&dfl, SIGINT);
+    sigaddset(&dfl, SIGQUIT);
+    sigaddset(&dfl, SIGTERM);
+    sigaddset(&dfl, SIGUSR1);
+    sigaddset(&dfl, SIGUSR2);
+    sigaddset(&dfl, SIGPIPE);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&at, &dfl);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    int err = posix_spawn(&p->pid, argv[0], &fa, &at, (char *const *)argv, envp);
+    posix_spawnattr_destroy(&at);
     posix_spawn_file_actions_destroy(&fa);
     free(envp);
     free(argv);
