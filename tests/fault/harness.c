@@ -502,7 +502,7 @@ void fh_quiescence(fh_run *r)
     for (size_t i = 0; i < keys->elements; i++) {
         redisReply *t = redisCommand(rc, "PTTL %b", keys->element[i]->str,
                                      (size_t)keys->element[i]->len);
-        if (t->integer < 0) {
+        if (t->integer == -1) { /* -2: it expired since KEYS, which is fine */
             fprintf(stderr, "  key without TTL: %s (PTTL %lld)\n", keys->element[i]->str,
                     t->integer);
             nokttl++;
