@@ -22,7 +22,9 @@ static void use(redsem_client *c, redisReply *r)
     redsem__attempt att;
     int rc = redsem__parse_attempt(c, r, &att, "fuzz");
     if (rc == REDSEM_OK && att.outcome != REDSEM__ATT_GRANTED && att.outcome != REDSEM__ATT_BUSY &&
-        att.outcome != REDSEM__ATT_GUARD_BUSY)
+        att.outcome != REDSEM__ATT_GUARD_BUSY && att.outcome != REDSEM__ATT_TOO_LATE)
+        abort();
+    if (rc == REDSEM_OK && att.outcome == REDSEM__ATT_TOO_LATE && att.server_us <= 0)
         abort();
     redsem_status *st = NULL;
     if (redsem__status_from_reply(c, r, &st) == REDSEM_OK) {
