@@ -35,14 +35,19 @@ static void restart(fw_kind kind, int mode)
     for (int i = 0; i < workers; i++)
         fh_spawn(&r, NULL, args);
     fw_sleep_ns(1200 * 1000000LL);
-    /* who holds at the kill */
+    /* who holds at the kill: kill while somebody does (the lock can be between holders at
+     * any given instant, and slow workers may not have started yet) */
     int held[FW_MAX_SLOTS], nheld = 0;
     uint64_t tok[FW_MAX_SLOTS];
-    for (int i = 0; i < r.nslots; i++)
-        if (atomic_load(&r.sh->slot[i].active) && atomic_load(&r.sh->slot[i].wrote)) {
-            held[nheld] = i;
-            tok[nheld++] = atomic_load(&r.sh->slot[i].token);
-        }
+    for (int tries = 0; nheld == 0 && tries < 500; tries++) {
+        for (int i = 0; i < r.nslots; i++)
+            if (atomic_load(&r.sh->slot[i].active) && atomic_load(&r.sh->slot[i].wrote)) {
+                held[nheld] = i;
+                tok[nheld++] = atomic_load(&r.sh->slot[i].token);
+            }
+        if (nheld == 0)
+            fw_sleep_ns(10 * 1000000LL);
+    }
     fh_fault(&r, "server-kill", true);
     ts_server_kill(&r.srv);
     if (mode == AFTER_LEASE)
