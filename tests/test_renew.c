@@ -127,10 +127,15 @@ STRATEGY_TEST(renew, cut_off_renewer_fires_lost_before_validity_ends, TO)
     cr_assert_not(redsem_permit_held(p));
     cr_assert_eq(redsem_permit_validity_ms(p), 0);
     /* The renewal in flight when the server stopped runs when it resumes. Resume only once
-     * the old lease is surely over on the server (deadline + drift + a margin), so that this
-     * renewal meets an expired entry: it must not re-create it. */
-    while (tf_now_ms() < deadline + lease / 100 + 2 + 50)
+     * the old lease is surely over on the server, so that this renewal meets an expired
+     * entry: it must not re-create it. "Surely over" is a lease after the pause, not after
+     * the holder's validity deadline: a renewal that the server ran just before it stopped,
+     * but whose reply it never sent, extended the entry without the holder knowing (the
+     * holder then rightly gives the permit up early; the server frees it a lease after that
+     * renewal). */
+    while (tf_now_ms() < paused_at + lease + lease / 100 + 2 + 50)
         tf_sleep_ms(5);
+    cr_assert_geq(tf_now_ms(), deadline + lease / 100 + 2 + 50);
     ts_server_pause(&srv, false);
     tf_sleep_ms(50);
     redsem_client *o = client_for(srv.url, 1000, 0);

@@ -121,9 +121,31 @@ Test(kill, locked_while_holding_the_guard, .timeout = 200)
         fh_kill(&r, victim);
         /* every acquire waits for the guard: the next grant to anyone ends the stall */
         uint64_t before = atomic_load(&r.sh->acquisitions);
+        bool dumped = false;
         while (atomic_load(&r.sh->acquisitions) == before &&
-               fw_now_ns() - t < (GUARD_MS + 3000) * 1000000LL)
+               fw_now_ns() - t < (GUARD_MS + 3000) * 1000000LL) {
+            if (!dumped && fw_now_ns() - t > (GUARD_MS + 150) * 1000000LL) {
+                /* late: show why (the queue by ticket and by deadline, against the server's
+                 * clock, and the guard) */
+                dumped = true;
+                static const char *const what[] = {"TIME", "PTTL %s:lock",
+                                                   "ZRANGE %s:owners 0 -1 WITHSCORES",
+                                                   "ZRANGE %s:timeouts 0 -1 WITHSCORES"};
+                char key[300];
+                snprintf(key, sizeof key, "redsem:{%s}", r.name);
+                for (size_t q = 0; q < sizeof what / sizeof what[0]; q++) {
+                    redisReply *d = redisCommand(rc, what[q], key);
+                    fprintf(stderr, "  late grant, %s:", what[q]);
+                    if (d && d->type == REDIS_REPLY_INTEGER)
+                        fprintf(stderr, " %lld", d->integer);
+                    for (size_t e = 0; d && d->type == REDIS_REPLY_ARRAY && e < d->elements; e++)
+                        fprintf(stderr, " %.*s", (int)d->element[e]->len, d->element[e]->str);
+                    fprintf(stderr, "\n");
+                    freeReplyObject(d);
+                }
+            }
             fw_sleep_ns(200000);
+        }
         int64_t ms = (fw_now_ns() - t) / 1000000;
         fprintf(stderr, "  guard kill %d: next grant after %lld ms\n", done, (long long)ms);
         cr_expect_leq(ms, GUARD_MS + 250, "guard kill %d: next grant after %lld ms", done,
