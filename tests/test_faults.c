@@ -14,21 +14,6 @@
 
 #define TO .timeout = 90
 
-static redsem_client *client_for(const char *url, int64_t retry_ms, int64_t cmd_timeout_ms)
-{
-    redsem_options *o = NULL;
-    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_retry_ms(o, retry_ms), REDSEM_OK);
-    if (cmd_timeout_ms > 0)
-        cr_assert_eq(redsem_options_set_command_timeout_ms(o, cmd_timeout_ms), REDSEM_OK);
-    redsem_client *c = NULL;
-    char err[256] = "";
-    int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
-    redsem_options_free(o);
-    cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
-    return c;
-}
 
 /* ---------------------------------------------------------------- SCRIPT FLUSH */
 
@@ -85,7 +70,7 @@ STRATEGY_TEST(faults, restart_gives_a_clear_error_then_recovers, TO)
 {
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
-    redsem_client *c = client_for(srv.url, 200, 0);
+    redsem_client *c = tf_client_for(srv.url, 200, 0);
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, "restart", strategy, 1, 5000, &s));
     redsem_permit *p = NULL;
@@ -137,7 +122,7 @@ STRATEGY_TEST(faults, retry_window_rides_out_a_short_outage, TO)
 {
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
-    redsem_client *c = client_for(srv.url, 3000, 0);
+    redsem_client *c = tf_client_for(srv.url, 3000, 0);
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, "outage", strategy, 1, 5000, &s));
     ts_server_kill(&srv);
@@ -310,7 +295,7 @@ Test(faults, select_database_from_the_url, TO)
 {
     char url[512];
     snprintf(url, sizeof url, "%s?db=5", tf_url());
-    redsem_client *c = client_for(url, 0, 0);
+    redsem_client *c = tf_client_for(url, 0, 0);
     const char *name = tf_name("db5");
     redsem_lock *l = NULL;
     OK(c, redsem_lock_open(c, name, 5000, &l));
@@ -382,7 +367,7 @@ Test(faults, killed_connection_reconnects_on_the_next_call, TO)
 {
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
-    redsem_client *c = client_for(srv.url, 0, 0);
+    redsem_client *c = tf_client_for(srv.url, 0, 0);
     OK(c, redsem_client_ping(c));
     cr_assert_eq(ts_command(&srv, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes",
                             NULL),
@@ -397,7 +382,7 @@ Test(faults, killed_connection_reconnects_on_the_next_call, TO)
     cr_assert_eq(st.connects, 2);
     redsem_client_free(c);
     /* with a retry window the killed connection is invisible */
-    c = client_for(srv.url, 1000, 0);
+    c = tf_client_for(srv.url, 1000, 0);
     OK(c, redsem_client_ping(c));
     ts_command(&srv, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes", NULL);
     OK(c, redsem_client_ping(c));
@@ -409,7 +394,7 @@ Test(faults, stalled_server_times_out_by_the_command_timeout, TO)
 {
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
-    redsem_client *c = client_for(srv.url, 0, 300);
+    redsem_client *c = tf_client_for(srv.url, 0, 300);
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, "stall", REDSEM_STRATEGY_FAIR, 1, 5000, &s));
     redsem_permit *p = NULL;
@@ -452,7 +437,7 @@ Test(faults, server_loading_its_data_is_waited_for_within_the_retry_window, TO)
                             "for i=1,5000 do redis.call('SET','k'..i,'v') end return 1", "0",
                             NULL),
                  0, "%s", out);
-    redsem_client *c = client_for(srv.url, 4000, 0);
+    redsem_client *c = tf_client_for(srv.url, 4000, 0);
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, "loading", REDSEM_STRATEGY_BASIC, 1, 5000, &s));
     redsem_permit *p = NULL;
@@ -510,8 +495,8 @@ static void killed_wait_leaves_the_queue(redsem_strategy strategy)
 {
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
-    redsem_client *h = client_for(srv.url, 1000, 0);
-    redsem_client *c = client_for(srv.url, 0, 0);
+    redsem_client *h = tf_client_for(srv.url, 1000, 0);
+    redsem_client *c = tf_client_for(srv.url, 0, 0);
     redsem_sem *hs = NULL, *s = NULL;
     OK(h, redsem_sem_open(h, "killedwait", strategy, 1, 5000, &hs));
     OK(c, redsem_sem_open(c, "killedwait", strategy, 1, 5000, &s));
@@ -557,7 +542,7 @@ Test(faults, a_refused_script_load_is_eperm_not_unknown, TO)
     char url[512];
     snprintf(url, sizeof url, "unix://noload:pw@%s", srv.sock);
     for (int i = 0; i < 20; i++) {
-        redsem_client *c = client_for(url, 0, 0);
+        redsem_client *c = tf_client_for(url, 0, 0);
         redsem_lock *l = NULL;
         OK(c, redsem_lock_open(c, "noload", 1000, &l));
         redsem_permit *p = NULL;

@@ -10,19 +10,6 @@
 
 #define TO .timeout = 90
 
-static redsem_client *client_for(const char *url, int64_t retry_ms, int64_t cmd_timeout_ms)
-{
-    redsem_options *o = NULL;
-    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_retry_ms(o, retry_ms), REDSEM_OK);
-    if (cmd_timeout_ms > 0)
-        cr_assert_eq(redsem_options_set_command_timeout_ms(o, cmd_timeout_ms), REDSEM_OK);
-    redsem_client *c = NULL;
-    cr_assert_eq(redsem_client_new(o, &c), REDSEM_OK);
-    redsem_options_free(o);
-    return c;
-}
 
 struct lost_record {
     atomic_int calls;
@@ -104,7 +91,7 @@ STRATEGY_TEST(renew, cut_off_renewer_fires_lost_before_validity_ends, TO)
 {
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
-    redsem_client *c = client_for(srv.url, 1000, 2000);
+    redsem_client *c = tf_client_for(srv.url, 1000, 2000);
     redsem_sem *s = NULL;
     int64_t lease = 600;
     OK(c, redsem_sem_open(c, "cutoff", strategy, 1, lease, &s));
@@ -138,7 +125,7 @@ STRATEGY_TEST(renew, cut_off_renewer_fires_lost_before_validity_ends, TO)
     cr_assert_geq(tf_now_ms(), deadline + lease / 100 + 2 + 50);
     ts_server_pause(&srv, false);
     tf_sleep_ms(50);
-    redsem_client *o = client_for(srv.url, 1000, 0);
+    redsem_client *o = tf_client_for(srv.url, 1000, 0);
     redsem_sem *so = NULL;
     OK(o, redsem_sem_open(o, "cutoff", strategy, 1, lease, &so));
     redsem_permit *z = NULL;
@@ -248,7 +235,7 @@ Test(reentrant, same_owner_reenters_and_the_count_lives_on_the_server, TO)
 {
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
-    redsem_client *a = client_for(srv.url, 1000, 0), *b = client_for(srv.url, 1000, 0);
+    redsem_client *a = tf_client_for(srv.url, 1000, 0), *b = tf_client_for(srv.url, 1000, 0);
     redsem_lock *l = NULL, *other = NULL, *same_client_other_handle = NULL;
     OK(a, redsem_lock_open(a, "re", 5000, &l));
     OK(a, redsem_lock_set_reentrant(l, true));

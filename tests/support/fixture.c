@@ -73,19 +73,26 @@ const char *tf_name(const char *base)
     return b;
 }
 
-redsem_client *tf_client_retry(int64_t retry_ms)
+redsem_client *tf_client_for(const char *url, int64_t retry_ms, int64_t cmd_timeout_ms)
 {
     redsem_options *o = NULL;
     cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_url(o, tf_url()), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
     if (retry_ms >= 0)
         cr_assert_eq(redsem_options_set_retry_ms(o, retry_ms), REDSEM_OK);
+    if (cmd_timeout_ms > 0)
+        cr_assert_eq(redsem_options_set_command_timeout_ms(o, cmd_timeout_ms), REDSEM_OK);
     redsem_client *c = NULL;
     char err[256] = "";
     int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
     redsem_options_free(o);
-    cr_assert_eq(rc, REDSEM_OK, "connect %s: %s %s", tf_url(), redsem_err_name(rc), err);
+    cr_assert_eq(rc, REDSEM_OK, "connect %s: %s %s", url, redsem_err_name(rc), err);
     return c;
+}
+
+redsem_client *tf_client_retry(int64_t retry_ms)
+{
+    return tf_client_for(tf_url(), retry_ms, 0);
 }
 
 redsem_client *tf_client(void)

@@ -19,6 +19,8 @@ const char *tf_sock(void);  /* its socket path */
 /* A unique semaphore/lock name for this test process: "<base>-<pid>-<n>". */
 const char *tf_name(const char *base);
 /* A client connected to the suite's server, with the given retry window (ms, -1 default). */
+/* a client of any server; retry_ms < 0 and cmd_timeout_ms <= 0 keep the defaults */
+redsem_client *tf_client_for(const char *url, int64_t retry_ms, int64_t cmd_timeout_ms);
 redsem_client *tf_client_retry(int64_t retry_ms);
 redsem_client *tf_client(void);
 /* The suite's server as a ts_server (for ts_command). */
