@@ -1,4 +1,10 @@
-/* redsem - the transport: one non-blocking socket, hiredis' protocol reader, poll deadlines.
+/* redsem - the transport: one socket, hiredis' protocol reader, per-call deadlines.
+ *
+ * The socket is connected non-blocking (connect is bounded by poll), then switched to
+ * blocking mode with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout: an ordinary
+ * request's reply is read with one blocking recv. Every write, and every read that has a
+ * deadline of its own (BLPOP, connect-time requests), uses MSG_DONTWAIT and polls until
+ * that deadline, so no call outlives the deadline its caller gave.
  *
  * Why not hiredis' blocking redisContext: hiredis 0.14 writes with write(2), which raises
  * SIGPIPE on a reset connection (a library must never kill its host process), and its
@@ -263,22 +269,33 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadl
 int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
                        int *err_no)
 {
+    /* deadline 0: an ordinary request, bounded by the command timeout like its read */
+    if (deadline_ns == 0)
+        deadline_ns = redsem__now_ns() + c->io_timeout_ns;
     size_t off = 0;
     while (off < len) {
-        /* Blocking send bounded by SO_SNDTIMEO; MSG_NOSIGNAL: never raise SIGPIPE. */
-        ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL);
+        /* MSG_DONTWAIT: a full send buffer (a stalled server) waits in poll, bounded by the
+         * call's deadline, not by SO_SNDTIMEO. MSG_NOSIGNAL: never raise SIGPIPE. */
+        ssize_t n = send(c->fd, buf + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
             off += (size_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return REDSEM__IO_TIMEOUT;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int w = wait_fd(c->fd, POLLOUT, deadline_ns);
+            if (w == 0)
+                return REDSEM__IO_TIMEOUT;
+            if (w < 0) {
+                *err_no = errno;
+                return REDSEM__IO_CLOSED;
+            }
+            continue;
+        }
         *err_no = n < 0 ? errno : EPIPE;
         return REDSEM__IO_CLOSED;
     }
-    (void)deadline_ns;
     return REDSEM__IO_OK;
 }
 
