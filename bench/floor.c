@@ -8,8 +8,7 @@
  *   basic   acquire EVALSHA 4 keys 6 args            release EVALSHA 4 keys 1 arg
  *   fair    acquire EVALSHA 5 keys 8 args            release EVALSHA 4 keys 1 arg
  *   locked  acquire EVALSHA 1 key 2 args (guard),    release EVALSHA 4 keys 1 arg
- *                   EVALSHA 5 keys 8 args,
- *                   EVALSHA 1 key 1 arg
+ *                   EVALSHA 5 keys 8 args (it also deletes the guard)
  *   lock    acquire EVALSHA 4 keys 6 args            release EVALSHA 4 keys 2 args
  *
  * (the shapes of src/sem.c and src/lock.c at the time of writing). Whatever the library adds
@@ -134,13 +133,7 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
         add(a, kind == BENCH_LOCKED ? "locked" : "fair");
         add(a, f->id);
         add(a, not_after);
-        if (kind == BENCH_LOCKED) {
-            a++;
-            evalsha(f, a, "1");
-            add(a, f->keys[4]);
-            add(a, f->id);
-        }
-        f->nacq = kind == BENCH_LOCKED ? 3 : 1;
+        f->nacq = kind == BENCH_LOCKED ? 2 : 1;
         break;
     default:
         bench_die("floor: unknown kind %d", kind);

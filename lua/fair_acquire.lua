@@ -12,11 +12,18 @@
 -- Returns {1, token, limit, now us} granted; {0, ms until the earliest deadline (-1 none),
 -- limit, now us} not granted; {-2} the locked strategy's guard is not held by the caller;
 -- {-3, now us} the request came after its not-after time.
+-- locked: the guard is checked first and deleted at once (the compare-and-delete that the
+-- book runs after the acquire): the script is atomic, so nothing can run between the
+-- deletion and the rest of the script, and the caller gets the grant one round trip sooner.
+local strategy = ARGV[6]
+if strategy == 'locked' then
+  if redis.call('GET', KEYS[5]) ~= ARGV[7] then return {-2} end
+  redis.call('DEL', KEYS[5])
+end
 local now, now_us, now_us_str = clock()
 if too_late(ARGV[8], now_us) then return {-3, now_us} end
 local meta, owners, timeouts, sigp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local id, lease, mode, strategy = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
-if strategy == 'locked' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return {-2} end
+local id, lease, mode = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 local tkey = 't:' .. id
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end

@@ -1,5 +1,5 @@
-/* redsem - options, the client handle, requests with reconnect/retry, scripts (EVALSHA with
- * NOSCRIPT reload), BLPOP waits and error reporting. */
+/* redsem - options, the client handle, requests with reconnect/retry, scripts (EVAL on first
+ * use, then EVALSHA; NOSCRIPT answered with EVAL), BLPOP waits and error reporting. */
 #include <errno.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -452,71 +452,52 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
 
 #define REDSEM__NOSCRIPT_RETRIES 5
 
-static int load_script(redsem_client *c, int script)
-{
-    const redsem__script_def *d = &redsem__script_defs[script];
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, "SCRIPT");
-    redsem__args_str(&a, "LOAD");
-    redsem__args_mem(&a, d->text, d->len);
-    redisReply *r = NULL;
-    int rc = redsem__request(c, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
-    if (rc != REDSEM_OK)
-        return rc;
-    c->stats.script_loads++;
-    if (r->type == REDIS_REPLY_ERROR) {
-        char what[64];
-        snprintf(what, sizeof what, "SCRIPT LOAD %s", d->name);
-        rc = redsem__error_reply(c, r, what);
-    } else if (r->type != REDIS_REPLY_STRING || r->len != 40) {
-        rc = redsem__set_err(c, REDSEM_EPROTO, "SCRIPT LOAD %s: unexpected reply", d->name);
-    } else {
-        memcpy(c->sha[script], r->str, 40);
-        c->sha[script][40] = '\0';
-        c->sha_known[script] = true;
-    }
-    freeReplyObject(r);
-    return rc;
-}
-
+/* Every script's SHA1 is known at build time (tools/embed-lua.c). A script this client has
+ * not run yet goes out as EVAL with its body, which runs it and caches it on the server in
+ * the same round trip; after that, EVALSHA. A NOSCRIPT reply (SCRIPT FLUSH, a restart, a
+ * failover to a server that never saw it) is answered with EVAL of the body: one more round
+ * trip only when the server really lost the script, never a SCRIPT LOAD. NOSCRIPT means the
+ * script did not run, so sending it again is safe whatever the call. */
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka, int flags,
                  redsem__req_info *info, redisReply **ret_reply)
 {
-    int rc;
-    /* A failure before the script's own request (loading it) applied nothing. */
-    if (info != NULL) {
-        info->maybe_applied = false;
-        info->sent_ns = 0;
-    }
+    const redsem__script_def *d = &redsem__script_defs[script];
     for (int attempt = 0;; attempt++) {
-        /* The SHA the server returned is kept per client and reused on later connections;
-         * after a restart, failover or SCRIPT FLUSH the server answers NOSCRIPT and the script
-         * is loaded again and the call retried, once. */
-        if (!c->sha_known[script] && (rc = load_script(c, script)) != REDSEM_OK)
-            return rc;
+        bool body = !c->script_sent[script];
         redsem__args a;
         redsem__args_init(&a);
-        redsem__args_str(&a, "EVALSHA");
-        redsem__args_mem(&a, c->sha[script], 40);
+        if (body) {
+            redsem__args_str(&a, "EVAL");
+            redsem__args_mem(&a, d->text, d->len);
+        } else {
+            redsem__args_str(&a, "EVALSHA");
+            redsem__args_mem(&a, d->sha, 40);
+        }
         redsem__args_i64(&a, nkeys);
         for (int i = 0; i < ka->n; i++)
             redsem__args_mem(&a, ka->v[i], ka->len[i]);
         redisReply *r = NULL;
-        rc = redsem__request(c, &a, flags, 0, &r, info);
+        int rc = redsem__request(c, &a, flags, 0, &r, info);
         if (rc != REDSEM_OK)
             return rc;
-        /* Each NOSCRIPT gets one load and one retry; a server whose cache is flushed again
+        if (body)
+            c->stats.script_loads++;
+        /* Each NOSCRIPT gets one retry with the body; a server whose cache is flushed again
          * between the two (SCRIPT FLUSH in a loop) gets a few more, then the error. */
-        if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0 &&
+        if (!body && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0 &&
             attempt < REDSEM__NOSCRIPT_RETRIES) {
             freeReplyObject(r);
             c->stats.noscript++;
-            c->sha_known[script] = false;
+            c->script_sent[script] = false;
             continue;
         }
+        /* The server has compiled and cached the script (an error reply from inside the
+         * script leaves it cached too); a compile error could only come from a broken build
+         * and is reported below each time. */
+        if (r->type != REDIS_REPLY_ERROR || strncmp(r->str, "ERR Error compiling", 19) != 0)
+            c->script_sent[script] = true;
         if (r->type == REDIS_REPLY_ERROR) {
-            rc = redsem__error_reply(c, r, redsem__script_defs[script].name);
+            rc = redsem__error_reply(c, r, d->name);
             freeReplyObject(r);
             return rc;
         }

@@ -110,6 +110,8 @@ void redsem__conn_close(redsem__conn *c);
 /* Close with a RST (SO_LINGER 0): unsent and unacknowledged bytes are discarded, so a request
  * abandoned after a failure can never be delivered later. */
 void redsem__conn_abort(redsem__conn *c);
+/* Write all of buf before deadline_ns (0: now + the command timeout); a full send buffer
+ * waits in poll. REDSEM__IO_OK, _TIMEOUT (part may have been written) or _CLOSED. */
 int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
                        int *err_no);
 /* deadline_ns == 0: an ordinary request, bounded by the socket's own receive timeout (one
@@ -147,7 +149,8 @@ typedef struct redsem__req_info {
 int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t deadline_ns,
                     struct redisReply **ret_reply, redsem__req_info *info);
 
-/* EVALSHA of one embedded script with NOSCRIPT handling (one load, one retry); error replies
+/* Run one embedded script: EVAL with its body on this client's first use, EVALSHA after,
+ * EVAL again after NOSCRIPT (one more round trip only then); error replies
  * are classified into codes with the text in errmsg. On REDSEM_OK *ret_reply is a non-error
  * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *keys_and_args,
@@ -194,8 +197,8 @@ struct redsem_client {
     pid_t pid; /* owner process */
     redsem__conn conn;
     bool connected;
-    char sha[REDSEM__SCRIPT_COUNT][41];
-    bool sha_known[REDSEM__SCRIPT_COUNT];
+    /* script i was sent with its body (EVAL) and has not been reported missing since */
+    bool script_sent[REDSEM__SCRIPT_COUNT];
     redsem_client_stats stats;
     char errmsg[512];
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled */

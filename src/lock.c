@@ -167,8 +167,10 @@ int redsem__lock_refresh(redsem_client *c, redsem_lock *l, redsem_permit *p, int
     if (rc != REDSEM_OK)
         return rc;
     if (st != 1)
-        return redsem__set_err(c, REDSEM_ELOST, "lock '%s' is no longer held by %s", l->name,
-                               p->id);
+        return redsem__set_err(c, REDSEM_ELOST,
+                               "lock '%s' is no longer held by %s, or had less than the refresh "
+                               "margin (%lld ms) left when the refresh reached the server",
+                               l->name, p->id, (long long)redsem__refresh_margin_ms(p->lease_ms));
     *sent_ns = info.sent_ns;
     return REDSEM_OK;
 }

@@ -115,23 +115,6 @@ static int take_guard(redsem_sem *s, const char *id, bool *taken)
     return rc;
 }
 
-static void drop_guard(redsem_sem *s, const char *id)
-{
-    redsem_client *c = s->client;
-    char saved[sizeof c->errmsg];
-    memcpy(saved, c->errmsg, sizeof saved);
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, s->k_guard);
-    redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redisReply *r = NULL;
-    /* Best effort: if this fails the guard expires after guard_lease_ms. */
-    if (redsem__eval(c, REDSEM__SCRIPT_GUARD_RELEASE, 1, &a, REDSEM__REQ_RETRY, NULL, &r) ==
-        REDSEM_OK)
-        freeReplyObject(r);
-    memcpy(c->errmsg, saved, sizeof saved);
-}
-
 static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
                         redsem__req_info *info)
 {
@@ -168,13 +151,11 @@ static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
     redsem__args_i64(&a, redsem__not_after_us(s->client));
-    int rc = eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, info, att);
-    /* After a timeout or a lost connection, leave the guard to expire (guard_lease_ms): one
-     * more request to a server that did not answer would double this call's time, which
-     * must end one command timeout after the attempt's request was sent. */
-    if (locked && rc != REDSEM_ETIMEDOUT && rc != REDSEM_ECONN)
-        drop_guard(s, id);
-    return rc;
+    /* locked: fair_acquire.lua deletes the guard as soon as it has checked it. If the script
+     * did not run (a timeout, a lost connection, a refusal), the guard expires after
+     * guard_lease_ms: one more request to a server that did not answer would double this
+     * call's time, which must end one command timeout after the attempt's request was sent. */
+    return eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, info, att);
 }
 
 static const char *basic_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)
@@ -401,8 +382,10 @@ int redsem__sem_refresh(redsem_client *c, redsem_sem *s, redsem_permit *p, int64
         return rc;
     if (st != 1)
         return redsem__set_err(c, REDSEM_ELOST,
-                               "lease lost: holder %s of '%s' expired or was released", p->id,
-                               s->name);
+                               "lease lost: holder %s of '%s' had expired, was released, or had "
+                               "less than the refresh margin (%lld ms) left when the refresh "
+                               "reached the server",
+                               p->id, s->name, (long long)redsem__refresh_margin_ms(p->lease_ms));
     *sent_ns = info.sent_ns;
     return REDSEM_OK;
 }

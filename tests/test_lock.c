@@ -189,3 +189,41 @@ Test(lock, invalid_arguments_are_einval, TO)
     redsem_lock_free(l);
     redsem_client_free(c);
 }
+
+/* A fresh client's first lock acquire and refresh are one request each, like a warm
+ * client's, on a server that has never seen the scripts (each script's first call is one
+ * EVAL carrying its body; no SCRIPT LOAD round trip). A private server: SCRIPT FLUSH must not
+ * disturb the suite's other tests. */
+Test(lock, a_fresh_client_pays_no_extra_round_trip, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    for (int round = 0; round < 3; round++) {
+        if (round == 2)
+            cr_assert_eq(ts_command(&srv, NULL, 0, "SCRIPT", "FLUSH", NULL), 0);
+        redsem_client *c = tf_client_for(url, -1, 0);
+        redsem_lock *l = open_lock(c, "fresh", 10000);
+        for (int warm = 0; warm < 2; warm++) {
+            redsem_client_stats st0, st1, st2;
+            redsem_permit *p = NULL;
+            OK(c, redsem_client_get_stats(c, &st0));
+            OK(c, redsem_lock_try_acquire(l, &p));
+            OK(c, redsem_client_get_stats(c, &st1));
+            OK(c, redsem_permit_refresh(p));
+            OK(c, redsem_client_get_stats(c, &st2));
+            OK(c, redsem_permit_release(p));
+            redsem_permit_free(p);
+            cr_assert_eq(st1.requests - st0.requests, 1, "round %d, %s client: acquire took "
+                         "%llu requests", round, warm ? "warm" : "fresh",
+                         (unsigned long long)(st1.requests - st0.requests));
+            cr_assert_eq(st2.requests - st1.requests, 1, "round %d, %s client: refresh took "
+                         "%llu requests", round, warm ? "warm" : "fresh",
+                         (unsigned long long)(st2.requests - st1.requests));
+        }
+        redsem_lock_free(l);
+        redsem_client_free(c);
+    }
+    ts_server_stop(&srv);
+}

@@ -689,3 +689,64 @@ Test(sem, expired_queued_waiter_queues_again_locked, TO)
 {
     expired_waiter_requeues(REDSEM_STRATEGY_LOCKED);
 }
+
+/* ---------------------------------------------------------------- round trips */
+
+/* Requests one try-acquire + refresh + release cycle sends, by the client's counter. */
+static void cycle_requests(redsem_client *c, redsem_sem *s, uint64_t *acq, uint64_t *ref)
+{
+    redsem_client_stats st0, st1, st2;
+    redsem_permit *p = NULL;
+    OK(c, redsem_client_get_stats(c, &st0));
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_client_get_stats(c, &st1));
+    OK(c, redsem_permit_refresh(p));
+    OK(c, redsem_client_get_stats(c, &st2));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    *acq = st1.requests - st0.requests;
+    *ref = st2.requests - st1.requests;
+}
+
+/* A fresh client's first acquire and first refresh cost the round trips of a warm client's,
+ * whether the server has the scripts cached or not (each script's first call is one EVAL
+ * carrying its body; no SCRIPT LOAD round trip). And a locked acquire is two requests, the
+ * guard and the script that checks and deletes it: the grant's reply is the last one, so
+ * the caller's validity is not shortened by a trailing guard release. A private server: the
+ * SCRIPT FLUSH must not disturb the suite's other tests. */
+STRATEGY_TEST(sem, a_fresh_client_pays_no_extra_round_trip, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    uint64_t want_acq = strategy == REDSEM_STRATEGY_LOCKED ? 2 : 1;
+    redsem_client *warm = tf_client_for(url, -1, 0);
+    redsem_sem *ws = open_sem(warm, "fresh", strategy, 1, 10000);
+    uint64_t acq, ref, wacq, wref;
+    cycle_requests(warm, ws, &acq, &ref); /* the client's first calls, on a cold server */
+    cr_assert_eq(acq, want_acq, "first acquire on a cold server: %llu requests",
+                 (unsigned long long)acq);
+    cr_assert_eq(ref, 1, "first refresh on a cold server: %llu requests", (unsigned long long)ref);
+    cycle_requests(warm, ws, &wacq, &wref);
+    cr_assert_eq(wacq, want_acq, "warm acquire: %llu requests", (unsigned long long)wacq);
+    cr_assert_eq(wref, 1, "warm refresh: %llu requests", (unsigned long long)wref);
+    for (int flushed = 0; flushed < 2; flushed++) {
+        if (flushed)
+            cr_assert_eq(ts_command(&srv, NULL, 0, "SCRIPT", "FLUSH", NULL), 0);
+        redsem_client *fresh = tf_client_for(url, -1, 0);
+        redsem_sem *fs = open_sem(fresh, "fresh", strategy, 1, 10000);
+        cycle_requests(fresh, fs, &acq, &ref);
+        cr_assert_eq(acq, wacq, "%s server: a fresh client's first acquire took %llu requests, "
+                     "a warm one's %llu", flushed ? "flushed" : "warm",
+                     (unsigned long long)acq, (unsigned long long)wacq);
+        cr_assert_eq(ref, wref, "%s server: a fresh client's first refresh took %llu requests, "
+                     "a warm one's %llu", flushed ? "flushed" : "warm",
+                     (unsigned long long)ref, (unsigned long long)wref);
+        redsem_sem_free(fs);
+        redsem_client_free(fresh);
+    }
+    redsem_sem_free(ws);
+    redsem_client_free(warm);
+    ts_server_stop(&srv);
+}

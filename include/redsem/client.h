@@ -236,8 +236,9 @@ REDSEM_API int redsem_client_ping(redsem_client *client);
 typedef struct redsem_client_stats {
     uint64_t requests;     /* requests written to Redis (each EVALSHA, SET, BLPOP ... once) */
     uint64_t connects;     /* successful connections, the first one included */
-    uint64_t script_loads; /* SCRIPT LOAD requests */
-    uint64_t noscript;     /* NOSCRIPT replies seen (each followed by one load and one retry) */
+    uint64_t script_loads; /* EVALs carrying a script's body: its first use, and each retry
+                              after NOSCRIPT (redsem never sends SCRIPT LOAD) */
+    uint64_t noscript;     /* NOSCRIPT replies seen (each followed by one EVAL of the body) */
     uint64_t retries;      /* requests re-sent after a connection-level failure */
     uint64_t wakeups;      /* blocking waits ended by a wake-up signal */
     uint64_t reserved[8];  /* zero; room for later counters without an ABI break */

@@ -82,13 +82,25 @@ REDSEM_API bool redsem_permit_held(const redsem_permit *permit);
  * expired: an expired or released entry is never re-created (Redis in Action 6.3.3 notes the
  * refresh race; redsem reports it as lost instead).
  *
+ * The refresh margin: a refresh applies only if the lease still has at least
+ * lease/100 + 2 ms + e + min(e + 5 ms, lease/10) left on the server when the script runs,
+ * where e = min(lease/50, 25 ms) is how early the renewer reports a loss (57 ms for a 1 s
+ * lease, 157 ms for 10 s, 37 ms for 600 ms). So that a refresh delayed in a stalled server's
+ * socket cannot revive a lease that its holder was already told is lost (docs/design.md
+ * section 10). Seen from the holder: a refresh made with V ms of validity left fails with
+ * REDSEM_ELOST if V < e + min(e + 5 ms, lease/10) + the time the request takes to reach
+ * the server (45 ms + that delay for a 1 s lease). A fresh client's first refresh costs one
+ * round trip, like any other (the script's body travels with it).
+ *
  * @permit  borrowed; must not be NULL.
  * Returns: REDSEM_OK (validity moved to: send time + lease - drift); REDSEM_ELOST (expired,
- *          released, or taken over: the permit is marked lost and stays lost); REDSEM_ESTATE
+ *          released, taken over, or less than the refresh margin left when the refresh ran
+ *          on the server: the permit is marked lost and stays lost); REDSEM_ESTATE
  *          (already released or found lost); REDSEM_EINVAL; REDSEM_ECONN; REDSEM_ETIMEDOUT
  *          (the validity deadline is then unchanged); REDSEM_ESERVER; REDSEM_EPERM;
  *          REDSEM_EPROTO; REDSEM_EFORKED.
- * Server: one EVALSHA (refresh.lua or lock_extend.lua) on the permit's client.
+ * Server: one EVALSHA (refresh.lua or lock_extend.lua; EVAL with the body on the client's
+ *         first call of that script) on the permit's client.
  * Thread safety: the permit's client's thread. Since: 0.1
  */
 REDSEM_API int redsem_permit_refresh(redsem_permit *permit);

@@ -190,10 +190,10 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed);
  *          REDSEM_EPERM (NOPERM ...); REDSEM_ECONFLICT (the semaphore was re-created with
  *          another strategy); REDSEM_EPROTO; REDSEM_EFORKED.
- * Server: per attempt one EVALSHA of basic_acquire.lua or fair_acquire.lua (locked: also
- *         guard_acquire.lua, SET NX PX of the guard, before, and the compare-and-delete
- *         guard_release.lua after; a busy guard is retried after 100 us doubling to 5 ms,
- *         jittered); while
+ * Server: per attempt one EVALSHA of basic_acquire.lua or fair_acquire.lua (EVAL with the
+ *         script's body on the client's first call of it; locked: also guard_acquire.lua,
+ *         SET NX PX of the guard, before; fair_acquire.lua checks the guard and deletes it;
+ *         a busy guard is retried after 100 us doubling to 5 ms, jittered); while
  *         waiting, BLPOP on the semaphore's wake-up list (basic) or the waiter's own list
  *         (fair, locked).
  * Thread safety: the client's thread. Since: 0.1
