@@ -4,7 +4,8 @@
  * is not granted registers (basic, lock: in a waiters set; fair, locked: in the queue, keeping
  * its ticket) and blocks on a Redis list with BLPOP. Releases push to that list, so a waiter
  * wakes as soon as a permit is handed over; the script also says when the earliest lease
- * expires, and the wait never lasts past that; a jittered backoff (50 ms doubling to 1 s)
+ * expires, and the wait never lasts past that, by the server's timeout or, on an idle server
+ * whose timeouts fire late, by our own clock; a jittered backoff (50 ms doubling to 1 s)
  * bounds the wait in case a wake-up was lost. No fixed sleeps. */
 #include <string.h>
 
@@ -172,16 +173,30 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         }
         guard_backoff_us = 0;
         int64_t wait = redsem__rand_between(backoff_ms * 3 / 4, backoff_ms);
-        if (att->next_ms >= 0 && att->next_ms + 1 < wait)
-            wait = att->next_ms + 1;
+        if (att->next_ms >= 0 && att->next_ms < wait)
+            wait = att->next_ms;
         if (q->wait_lease_ms > 0 && q->wait_lease_ms / 3 < wait)
             wait = q->wait_lease_ms / 3;
         if (left_ms < wait)
             wait = left_ms;
+        /* Expiry takeover. The earliest lease ends next_ms after the script ran (server ms,
+         * rounded down), so by our clock before info.recv_ns + next_ms. Redis fires a BLPOP
+         * timeout only when its event loop wakes: on an idle server at its next tick, up to
+         * 1000/hz ms late (100 ms at the default hz 10). So the wait is also cut on our side,
+         * 2 ms after that end (the rounding and a margin): a reply still missing then is
+         * abandoned with its connection (the next attempt reconnects, one connect on an
+         * already loaded path), and the next attempt runs within a few ms of the expiry. A
+         * busy server answers the BLPOP itself first, and nothing is cut. */
+        int64_t cut = deadline;
+        if (att->next_ms >= 0) {
+            int64_t expiry = info.recv_ns + (att->next_ms + 2) * REDSEM__NS_PER_MS;
+            if (expiry < cut)
+                cut = expiry;
+        }
         if (wkey == NULL)
             wkey = q->wait_key(q->handle, id, &keylen, keybuf, sizeof keybuf);
         bool signaled = false;
-        rc = redsem__blpop(c, wkey, keylen, wait, deadline, &signaled);
+        rc = redsem__blpop(c, wkey, keylen, wait, cut, &signaled);
         if (rc != REDSEM_OK)
             return leave_after_fault(q, id, att, rc);
         backoff_ms = signaled ? BACKOFF_MIN_MS

@@ -227,3 +227,40 @@ Test(lock, a_fresh_client_pays_no_extra_round_trip, TO)
     }
     ts_server_stop(&srv);
 }
+
+/* A lock holder that never releases: the waiter is granted when the lease ends on the
+ * server, not when an idle server's event loop next wakes (hz 1: once a second). Why the
+ * bounds are what they are: see sem::an_expired_lease_is_taken_over_at_once. */
+Test(lock, an_expired_lease_is_taken_over_at_once, TO)
+{
+    static const char *const hz1[] = {"--hz", "1", NULL};
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, hz1, false), 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    redsem_client *h = tf_client_for(url, -1, 0), *w = tf_client_for(url, -1, 0);
+    const int64_t lease = 300;
+    for (int round = 0; round < 3; round++) {
+        char name[32];
+        snprintf(name, sizeof name, "takeover-%d", round);
+        redsem_lock *hl = open_lock(h, name, lease), *wl = open_lock(w, name, lease);
+        redsem_permit *hp = NULL, *wp = NULL;
+        OK(h, redsem_lock_try_acquire(hl, &hp)); /* never released */
+        OK(w, redsem_lock_acquire(wl, 5000, &wp));
+        int64_t end_ms = (int64_t)(redsem_permit_token(hp) / 1000) + lease;
+        int64_t late_us = (int64_t)redsem_permit_token(wp) - end_ms * 1000;
+        cr_assert_geq(late_us, 0, "round %d: granted %lld us BEFORE the holder's lease ended",
+                      round, (long long)-late_us);
+        cr_assert_lt(late_us, 100000,
+                     "round %d: granted %lld ms after the holder's lease ended (server clock)",
+                     round, (long long)(late_us / 1000));
+        OK(w, redsem_permit_release(wp));
+        redsem_permit_free(wp);
+        redsem_permit_free(hp);
+        redsem_lock_free(hl);
+        redsem_lock_free(wl);
+    }
+    redsem_client_free(h);
+    redsem_client_free(w);
+    ts_server_stop(&srv);
+}

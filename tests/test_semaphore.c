@@ -750,3 +750,54 @@ STRATEGY_TEST(sem, a_fresh_client_pays_no_extra_round_trip, TO)
     redsem_client_free(warm);
     ts_server_stop(&srv);
 }
+
+/* ---------------------------------------------------------------- expiry takeover */
+
+/* A holder that never releases (it crashed): the waiter must be granted when the lease ends
+ * on the server, not when the server's event loop next wakes up. Redis fires a BLPOP timeout
+ * only on a wake-up of its loop; an idle server with hz 1 wakes once a second, so a waiter
+ * that relied on the server's timeout would be granted 0-1000 ms after the expiry (uniformly:
+ * it fails the 100 ms bound below 9 times in 10, three rounds 999 in 1000). Both instants are
+ * read on the server's clock: a fencing token is the server's clock in us at the grant, and
+ * the lease ends at the holder's grant (ms) + lease. The 100 ms bound is 50 times the library's
+ * own 2 ms margin, for a loaded machine; the waiter must never be granted before the end. */
+STRATEGY_TEST(sem, an_expired_lease_is_taken_over_at_once, TO)
+{
+    static const char *const hz1[] = {"--hz", "1", NULL};
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, hz1, false), 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    redsem_client *h = tf_client_for(url, -1, 0), *w = tf_client_for(url, -1, 0);
+    const int64_t lease = 300;
+    for (int round = 0; round < 3; round++) {
+        char name[32];
+        snprintf(name, sizeof name, "takeover-%d", round);
+        redsem_sem *hs = open_sem(h, name, strategy, 1, lease);
+        redsem_sem *ws = open_sem(w, name, strategy, 1, lease);
+        redsem_permit *hp = NULL, *wp = NULL;
+        OK(h, redsem_sem_try_acquire(hs, &hp)); /* never released */
+        redsem_client_stats st0, st1;
+        OK(w, redsem_client_get_stats(w, &st0));
+        OK(w, redsem_sem_acquire(ws, 5000, &wp));
+        OK(w, redsem_client_get_stats(w, &st1));
+        int64_t end_ms = (int64_t)(redsem_permit_token(hp) / 1000) + lease;
+        int64_t late_us = (int64_t)redsem_permit_token(wp) - end_ms * 1000;
+        cr_assert_geq(late_us, 0, "round %d: granted %lld us BEFORE the holder's lease ended",
+                      round, (long long)-late_us);
+        cr_assert_lt(late_us, 100000,
+                     "round %d: granted %lld ms after the holder's lease ended (server clock; "
+                     "%llu requests, %llu connects): the wait ended on the server's tick",
+                     round, (long long)(late_us / 1000),
+                     (unsigned long long)(st1.requests - st0.requests),
+                     (unsigned long long)(st1.connects - st0.connects));
+        OK(w, redsem_permit_release(wp));
+        redsem_permit_free(wp);
+        redsem_permit_free(hp);
+        redsem_sem_free(hs);
+        redsem_sem_free(ws);
+    }
+    redsem_client_free(h);
+    redsem_client_free(w);
+    ts_server_stop(&srv);
+}
