@@ -61,8 +61,8 @@ int redsem__parse_attempt(redsem_client *c, const redisReply *r, redsem__attempt
 
 static int unknown(redsem_client *c, const char *id, int rc)
 {
-    char detail[sizeof c->errmsg];
-    memcpy(detail, c->errmsg, sizeof detail);
+    char detail[sizeof c->ctx.errmsg];
+    memcpy(detail, c->ctx.errmsg, sizeof detail);
     return redsem__set_err(c, REDSEM_EUNKNOWN,
                            "%s (%s); the request may have been applied: holder %s may hold a "
                            "permit until its lease expires; acquire again with that id to "
@@ -82,8 +82,8 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
     redsem_client *c = q->client;
     if (rc != REDSEM_ECONN)
         return rc;
-    char saved[sizeof c->errmsg];
-    memcpy(saved, c->errmsg, sizeof saved);
+    char saved[sizeof c->ctx.errmsg];
+    memcpy(saved, c->ctx.errmsg, sizeof saved);
     redsem__req_info info;
     int rc2 = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
     if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
@@ -92,7 +92,7 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
     }
     if (rc2 != REDSEM_OK && info.maybe_applied)
         return unknown(c, id, rc2);
-    memcpy(c->errmsg, saved, sizeof saved);
+    memcpy(c->ctx.errmsg, saved, sizeof saved);
     return rc;
 }
 
@@ -227,7 +227,7 @@ int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t t
     return REDSEM_OK;
 }
 
-int redsem__acquire_permit(const redsem__acquirer *q, int kind, const char *id,
+int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
                            int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit)
 {
     redsem_client *c = q->client;
@@ -235,22 +235,14 @@ int redsem__acquire_permit(const redsem__acquirer *q, int kind, const char *id,
     int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
     if (rc != REDSEM_OK)
         return rc;
-    redsem_permit *p = redsem__permit_new(kind, c, id, &att, lease_ms);
+    redsem_permit *p = redsem__permit_new(kind, q->handle, c, id, &att, lease_ms);
     if (p == NULL) {
         /* Granted, but nowhere to keep it: give it back rather than leak it for a lease. */
-        redsem_permit tmp = {.kind = kind, .client = c};
-        if (kind == REDSEM__PERMIT_SEM)
-            tmp.sem = q->handle;
-        else
-            tmp.lock = q->handle;
+        redsem_permit tmp = {.kind = kind, .handle = q->handle, .client = c};
         memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
-        (void)redsem__permit_release_on(c, &tmp);
+        (void)kind->release(c, q->handle, &tmp);
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the permit was given back)");
     }
-    if (kind == REDSEM__PERMIT_SEM)
-        p->sem = q->handle;
-    else
-        p->lock = q->handle;
     *ret_permit = p;
     return REDSEM_OK;
 }

@@ -1,180 +1,36 @@
-/* redsem - private declarations shared by the library's source files. Not API. */
+/* redsem - the object layer: the client handle, semaphores, locks, permits, renewal and
+ * status, above the topology (topo/topo.h), the node (node/node.h), the protocol
+ * (proto/resp.h), the connection (net/net.h) and the base (base/base.h). A file includes
+ * its own layer's header; no header includes one above it. Not API. */
 #ifndef REDSEM_INTERNAL_H
 #define REDSEM_INTERNAL_H
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <sys/types.h>
 
-#include "redsem/redsem.h"
-#include "lua_scripts.h"
+#include "topo/topo.h"
 
-struct redisReply;
-struct redisReadTask;
-struct redisReplyObjectFunctions;
-
-/* ---------------------------------------------------------------- allocation (alloc.c) */
-/* Every allocation of the library goes through these, so that an allocator hook can be
- * added in one place later (STYLE 2.6). redsem__calloc checks n * size for overflow. */
-void *redsem__malloc(size_t size);
-void *redsem__calloc(size_t n, size_t size);
-void *redsem__realloc(void *p, size_t size);
-char *redsem__strdup(const char *s);
-char *redsem__memdup0(const void *p, size_t len); /* copy + NUL */
-void redsem__free(void *p);
-
-/* ---------------------------------------------------------------- time (util.c) */
-#define REDSEM__NS_PER_MS 1000000LL
-#define REDSEM__FOREVER INT64_MAX
-int64_t redsem__now_ns(void); /* CLOCK_MONOTONIC */
-int64_t redsem__deadline_after_ms(int64_t ms); /* now + ms, saturating; ms < 0 => forever */
-/* Sleep until min(now + ns, deadline); returns early on EINTR only. */
-void redsem__sleep_ns(int64_t ns);
-/* Uniform random integer in [lo, hi] (libsodium). */
-int64_t redsem__rand_between(int64_t lo, int64_t hi);
-/* Validity deadline: sent + lease - (lease/100 + 2 ms). */
-int64_t redsem__validity_deadline(int64_t sent_ns, int64_t lease_ms);
-/* The renewer declares a permit lost this long before its validity deadline:
- * min(lease/50, 25 ms), at least 1 ms. */
-int64_t redsem__lost_early_ms(int64_t lease_ms);
-/* A refresh applies only while the lease has at least this left on the server: the drift
- * margin, the early warning, and a slack of min(early + 5 ms, lease/10) (see util.c). */
-int64_t redsem__refresh_margin_ms(int64_t lease_ms);
-
-/* ---------------------------------------------------------------- validation (util.c) */
-bool redsem__valid_name(const char *name);
-bool redsem__valid_prefix(const char *prefix);
-bool redsem__valid_id(const char *id);
-bool redsem__valid_lease(int64_t ms);
-bool redsem__valid_wait(int64_t ms);
-int redsem__new_id(char out[REDSEM_ID_BUFSIZE]);
-
-/* ---------------------------------------------------------------- URL (url.c) */
-enum { REDSEM__EP_TCP = 1, REDSEM__EP_UNIX = 2 };
-typedef struct redsem__endpoint {
-    int kind;
-    char *host;     /* TCP: name or address, brackets removed */
-    int port;       /* TCP */
-    char *path;     /* UNIX */
-    char *user;     /* NULL: none */
-    char *password; /* NULL: none */
-    long db;
-} redsem__endpoint;
-
-#define REDSEM__URL_MAX 4096
-/* Parse url into ep (all strings owned by ep). Returns REDSEM_OK, REDSEM_EINVAL (with a
- * reason in err) or REDSEM_ENOMEM. ep is untouched on failure. */
-int redsem__url_parse(const char *url, redsem__endpoint *ep, char *err, size_t errlen);
-int redsem__endpoint_copy(redsem__endpoint *dst, const redsem__endpoint *src);
-void redsem__endpoint_clear(redsem__endpoint *ep);
-
-/* ---------------------------------------------------------------- transport (conn.c) */
-/* A socket plus a hiredis protocol reader. hiredis formats requests and parses replies;
- * the socket I/O is ours so that writes never raise SIGPIPE (MSG_NOSIGNAL) and every wait
- * has a precise deadline (poll), which hiredis 0.14's blocking context cannot give. */
-typedef struct redsem__conn {
-    int fd; /* -1 when closed; a blocking socket with SO_RCVTIMEO/SO_SNDTIMEO */
-    void *reader; /* redisReader* */
-    int64_t io_timeout_ns; /* the SO_RCVTIMEO/SO_SNDTIMEO set on fd: the command timeout */
-    /* hiredis' reply constructors with the array one capped (see redsem__conn_reader) */
-    struct redisReplyObjectFunctions *fns;
-    void *(*create_array)(const struct redisReadTask *task, int elements);
-    long long oversized; /* the element count of a refused aggregate header */
-} redsem__conn;
-
-/* No redsem reply holds more elements than a status listing REDSEM_LIMIT_MAX holders. */
-#define REDSEM__MAX_REPLY_ELEMENTS (3 * (long long)REDSEM_LIMIT_MAX)
-
-enum {
-    REDSEM__IO_OK = 0,
-    REDSEM__IO_TIMEOUT = 1, /* deadline passed */
-    REDSEM__IO_CLOSED = 2,  /* EOF, reset, refused: the connection is gone */
-    REDSEM__IO_PROTO = 3,   /* unparsable reply */
-    REDSEM__IO_NOMEM = 4
-};
-
-void redsem__conn_init(redsem__conn *c);
-/* Create c->reader: hiredis' reader, whose array constructor refuses an aggregate header of
- * more than REDSEM__MAX_REPLY_ELEMENTS (hiredis 0.14 allocates the announced count before
- * any element arrives). REDSEM_OK or REDSEM_ENOMEM. */
-int redsem__conn_reader(redsem__conn *c);
-/* Returns REDSEM_OK, REDSEM_ECONN, REDSEM_ETIMEDOUT or REDSEM_ENOMEM; *retryable says whether
- * trying again may help (refused: yes; name not found: no). */
-int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,
-                      int64_t io_timeout_ms, bool *retryable, char *err, size_t errlen);
-void redsem__conn_close(redsem__conn *c);
-/* Close with a RST (SO_LINGER 0): unsent and unacknowledged bytes are discarded, so a request
- * abandoned after a failure can never be delivered later. */
-void redsem__conn_abort(redsem__conn *c);
-/* Write all of buf before deadline_ns (0: now + the command timeout); a full send buffer
- * waits in poll. REDSEM__IO_OK, _TIMEOUT (part may have been written) or _CLOSED. */
-int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
-                       int *err_no);
-/* deadline_ns == 0: an ordinary request, bounded by the socket's own receive timeout (one
- * blocking recv, no poll: the common path costs two system calls per request, as hiredis'
- * blocking context does); otherwise poll until deadline_ns. */
-int redsem__conn_read(redsem__conn *c, struct redisReply **ret, int64_t deadline_ns,
-                      int *err_no, char *err, size_t errlen);
-
-/* ---------------------------------------------------------------- requests (client.c) */
-#define REDSEM__MAX_ARGS 24
-typedef struct redsem__args {
-    int n;
-    const char *v[REDSEM__MAX_ARGS];
-    size_t len[REDSEM__MAX_ARGS];
-    char num[REDSEM__MAX_ARGS][24];
-} redsem__args;
-void redsem__args_init(redsem__args *a);
-void redsem__args_str(redsem__args *a, const char *s);
-void redsem__args_mem(redsem__args *a, const char *s, size_t len);
-void redsem__args_i64(redsem__args *a, int64_t v);
-
-/* Request flags. */
-#define REDSEM__REQ_RETRY 0x1 /* re-send after a connection-level failure (idempotent) */
-
-/* Outcome detail of a request, for callers that must tell "not applied" from "maybe". */
-typedef struct redsem__req_info {
-    bool maybe_applied; /* a copy was fully written and its reply never came */
-    int64_t sent_ns;    /* when the copy that got the reply was written (start of write) */
-    int64_t recv_ns;    /* when its reply was read */
-} redsem__req_info;
-
-/* One request/reply. Connects first if needed. *ret_reply is set on REDSEM_OK only and may
- * be an error reply (the caller classifies it). deadline_ns bounds the reply wait; 0 means
- * now + command timeout. */
+/* ---------------------------------------------------------------- routed calls (client.c) */
+/* The object layer's requests, each sent to the node that serves its key (topo/topo.h). */
 int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t deadline_ns,
                     struct redisReply **ret_reply, redsem__req_info *info);
-
-/* Run one embedded script: EVAL with its body on this client's first use, EVALSHA after,
- * EVAL again after NOSCRIPT (one more round trip only then); error replies
- * are classified into codes with the text in errmsg. On REDSEM_OK *ret_reply is a non-error
- * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *keys_and_args,
                  int flags, redsem__req_info *info, struct redisReply **ret_reply);
-
-/* Map an error reply to a code and record it. */
-int redsem__error_reply(redsem_client *c, const struct redisReply *r, const char *what);
-
-/* BLPOP key for up to wait_ms (server side), giving up at hard_deadline_ns (the connection
- * is then discarded). Returns REDSEM_OK with *signaled, or a fault. */
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                   int64_t hard_deadline_ns, bool *signaled);
+/* The not-after time for an acquire on key (node.h), and a server clock seen in its reply. */
+int64_t redsem__not_after_us(redsem_client *c, const char *key);
+void redsem__note_server_clock(redsem_client *c, const char *key, int64_t server_us,
+                               int64_t recv_ns);
 
 int redsem__set_err(redsem_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void redsem__clear_err(redsem_client *c);
 int redsem__check_owner(redsem_client *c); /* EFORKED after fork */
-
-/* Reply helpers: return false if the shape is wrong. */
-bool redsem__reply_int(const struct redisReply *r, long long *out);
 /* The first element of a script's {status, ...} array reply; REDSEM_EPROTO otherwise. */
 int redsem__reply_status(redsem_client *c, const struct redisReply *r, const char *what,
                          long long *status);
-bool redsem__reply_u64(const struct redisReply *r, uint64_t *out);
 
 /* ---------------------------------------------------------------- client */
 struct redsem_options {
@@ -187,7 +43,19 @@ struct redsem_options {
 
 typedef struct redsem__renewer redsem__renewer;
 
+/* ---------------------------------------------------------------- renewal (renew.c) */
+/* Installed in the client by renew.c when it starts the client's renewer, so that client.c
+ * and permit.c stop renewal without calling up into renew.c. */
+typedef struct redsem__renew_ops {
+    void (*stop)(redsem_client *c);      /* stop and free the renewer (client_free) */
+    void (*detach)(redsem_permit *p);    /* stop renewing p, waiting for one in flight */
+} redsem__renew_ops;
+
+
 struct redsem_client {
+    redsem__ctx ctx; /* errors, counters, deadline cap: shared with every node */
+    redsem__topo topo;
+    /* the settings it was made with (the renewer's own client copies them) */
     redsem__endpoint ep;
     int64_t connect_timeout_ms;
     int64_t command_timeout_ms;
@@ -195,19 +63,8 @@ struct redsem_client {
     char *prefix;
     size_t prefix_len;
     pid_t pid; /* owner process */
-    redsem__conn conn;
-    bool connected;
-    /* script i was sent with its body (EVAL) and has not been reported missing since */
-    bool script_sent[REDSEM__SCRIPT_COUNT];
-    redsem_client_stats stats;
-    char errmsg[512];
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled */
-    int64_t deadline_cap_ns;  /* if non-zero, no request (nor its retries) outlives this */
-    /* The server's clock (TIME, us) minus our CLOCK_MONOTONIC (us), as last measured: from
-     * TIME at connect, then from every acquire reply. Used only to tell the server until when
-     * an acquire may still run (its "not after"), never to judge a lease. */
-    int64_t clock_offset_us;
-    bool clock_offset_known;
+    const redsem__renew_ops *renew_ops; /* set with renewer */
 };
 
 /* Open a client (used for the caller's client and for the renewer's own connection). */
@@ -219,6 +76,17 @@ int redsem__client_options(const redsem_client *c, redsem_options **ret);
 char *redsem__key(const redsem_client *c, const char *name, const char *suffix);
 
 /* ---------------------------------------------------------------- acquire machinery */
+/* What a permit needs from the object that granted it, a semaphore (sem.c) or a lock
+ * (lock.c): they hand their table to the permits they make, so that permit.c and renew.c
+ * never call up into sem.c or lock.c. */
+typedef struct redsem__kind {
+    const char *name; /* "sem" or "lock": holder.lua's argument */
+    /* Server-side refresh / release of one permit through client c (the renewer passes its
+     * own client), without touching renewal. */
+    int (*refresh)(redsem_client *c, void *handle, redsem_permit *p, int64_t *sent_ns);
+    int (*release)(redsem_client *c, void *handle, redsem_permit *p);
+} redsem__kind;
+
 enum {
     REDSEM__MODE_TRY = 0,   /* new request, leave if not granted */
     REDSEM__MODE_WAIT = 1,  /* new request, stay (register / queue) if not granted */
@@ -256,13 +124,6 @@ typedef struct redsem__acquirer {
     int64_t wait_lease_ms; /* > 0: renew registration at least every third of it */
 } redsem__acquirer;
 
-/* The latest server time (us) at which an acquire sent now may still run: now + the command
- * timeout + a margin for the offset's error, on the server's clock; 0 (no limit) until the
- * client has measured the offset. */
-int64_t redsem__not_after_us(const redsem_client *c);
-/* Record the server's clock as seen in a reply read at recv_ns. */
-void redsem__note_server_clock(redsem_client *c, int64_t server_us, int64_t recv_ns);
-
 /* Parse the {status, a, b, now} reply of an acquire script into att. */
 int redsem__parse_attempt(redsem_client *c, const struct redisReply *r, redsem__attempt *att,
                           const char *what);
@@ -274,18 +135,17 @@ int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t ti
 int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,
                          const char *given_id, bool id_required, char id[REDSEM_ID_BUFSIZE]);
 /* Wait for a grant and make it a permit of the given kind for q->handle. */
-int redsem__acquire_permit(const redsem__acquirer *q, int kind, const char *id,
+int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
                            int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit);
 
 /* ---------------------------------------------------------------- permits */
-enum { REDSEM__PERMIT_SEM = 1, REDSEM__PERMIT_LOCK = 2 };
 enum { REDSEM__HELD = 0, REDSEM__RELEASED = 1, REDSEM__LOST = 2 };
 
+
 struct redsem_permit {
-    int kind;
+    const redsem__kind *kind;
+    void *handle; /* the redsem_sem or redsem_lock it came from */
     redsem_client *client;
-    redsem_sem *sem;   /* kind SEM */
-    redsem_lock *lock; /* kind LOCK */
     char id[REDSEM_ID_BUFSIZE];
     uint64_t token;
     int64_t lease_ms;
@@ -295,16 +155,12 @@ struct redsem_permit {
     void *renewal;               /* renewer entry, NULL if not renewed */
 };
 
-redsem_permit *redsem__permit_new(int kind, redsem_client *c, const char *id,
-                                  const redsem__attempt *att, int64_t lease_ms);
+redsem_permit *redsem__permit_new(const redsem__kind *kind, void *handle, redsem_client *c,
+                                  const char *id, const redsem__attempt *att, int64_t lease_ms);
 /* Look up a live holder and make a permit object for it (redsem_sem_adopt / lock_adopt). */
-int redsem__adopt(redsem_client *c, int kind, void *handle, const char *id, int64_t lease_ms,
-                  const char *k1, const char *k2, const char *k3, redsem_permit **ret_permit);
-/* Release one permit on the server through client c (semaphore or lock, by kind). */
-int redsem__permit_release_on(redsem_client *c, redsem_permit *p);
-/* Server-side refresh / release of one permit without touching renewal (used by the renewer
- * with its own client). */
-int redsem__permit_refresh_on(redsem_client *c, redsem_permit *p, int64_t *sent_ns);
+int redsem__adopt(redsem_client *c, const redsem__kind *kind, void *handle, const char *id,
+                  int64_t lease_ms, const char *k1, const char *k2, const char *k3,
+                  redsem_permit **ret_permit);
 
 /* ---------------------------------------------------------------- semaphore / lock */
 struct redsem_sem {
@@ -329,14 +185,7 @@ struct redsem_lock {
     char *k_mutex, *k_meta, *k_waiters, *k_signal;
 };
 
-int redsem__sem_refresh(redsem_client *c, redsem_sem *s, redsem_permit *p, int64_t *sent_ns);
-int redsem__sem_release(redsem_client *c, redsem_sem *s, redsem_permit *p);
-int redsem__lock_refresh(redsem_client *c, redsem_lock *l, redsem_permit *p, int64_t *sent_ns);
-int redsem__lock_release(redsem_client *c, redsem_lock *l, redsem_permit *p);
 
-/* ---------------------------------------------------------------- renewal (renew.c) */
-void redsem__renewer_stop(redsem_client *c);
-void redsem__renewal_detach(redsem_permit *p);
 
 /* ---------------------------------------------------------------- status */
 typedef struct redsem__entry {

@@ -5,6 +5,11 @@
 
 #include "internal.h"
 
+/* The permits of a lock refresh and release through these (see redsem__kind). */
+static int lock_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sent_ns);
+static int lock_release(redsem_client *c, void *h, redsem_permit *p);
+static const redsem__kind lock_kind = {"lock", lock_refresh, lock_release};
+
 void redsem_lock_free(redsem_lock *l)
 {
     if (l == NULL)
@@ -72,7 +77,7 @@ static int lock_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     redsem__args_i64(&a, mode);
     redsem__args_i64(&a, REDSEM_DEFAULT_WAIT_LEASE_MS);
     redsem__args_str(&a, l->reentrant ? "1" : "0");
-    redsem__args_i64(&a, redsem__not_after_us(c));
+    redsem__args_i64(&a, redsem__not_after_us(c, l->k_mutex));
     redisReply *r = NULL;
     int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_ACQUIRE, 4, &a, REDSEM__REQ_RETRY, info, &r);
     if (rc != REDSEM_OK)
@@ -80,7 +85,7 @@ static int lock_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     rc = redsem__parse_attempt(c, r, att, "lock_acquire");
     freeReplyObject(r);
     if (rc == REDSEM_OK)
-        redsem__note_server_clock(c, att->server_us, info->recv_ns);
+        redsem__note_server_clock(c, l->k_mutex, att->server_us, info->recv_ns);
     att->limit = 1;
     return rc;
 }
@@ -120,7 +125,7 @@ static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
         .wait_key = lock_wait_key,
         .wait_lease_ms = 0,
     };
-    return redsem__acquire_permit(&q, REDSEM__PERMIT_LOCK, id, timeout_ms, l->lease_ms,
+    return redsem__acquire_permit(&q, &lock_kind, id, timeout_ms, l->lease_ms,
                                   ret_permit);
 }
 
@@ -144,12 +149,13 @@ int redsem_lock_adopt(redsem_lock *l, const char *token, redsem_permit **ret_per
 {
     if (l == NULL)
         return REDSEM_EINVAL;
-    return redsem__adopt(l->client, REDSEM__PERMIT_LOCK, l, token, l->lease_ms, l->k_mutex,
+    return redsem__adopt(l->client, &lock_kind, l, token, l->lease_ms, l->k_mutex,
                          l->k_mutex, l->k_meta, ret_permit);
 }
 
-int redsem__lock_refresh(redsem_client *c, redsem_lock *l, redsem_permit *p, int64_t *sent_ns)
+static int lock_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sent_ns)
 {
+    redsem_lock *l = h;
     redsem__args a;
     redsem__args_init(&a);
     lock_keys(l, &a, 2);
@@ -175,8 +181,9 @@ int redsem__lock_refresh(redsem_client *c, redsem_lock *l, redsem_permit *p, int
     return REDSEM_OK;
 }
 
-int redsem__lock_release(redsem_client *c, redsem_lock *l, redsem_permit *p)
+static int lock_release(redsem_client *c, void *h, redsem_permit *p)
 {
+    redsem_lock *l = h;
     redsem__args a;
     redsem__args_init(&a);
     lock_keys(l, &a, 4);
@@ -222,4 +229,12 @@ int redsem_lock_status(redsem_lock *l, size_t max_entries, redsem_status **ret_s
     rc = redsem__status_from_reply(c, r, ret_status);
     freeReplyObject(r);
     return rc;
+}
+
+int redsem_lock_set_reentrant(redsem_lock *l, bool on)
+{
+    if (l == NULL)
+        return REDSEM_EINVAL;
+    l->reentrant = on;
+    return REDSEM_OK;
 }

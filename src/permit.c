@@ -5,13 +5,14 @@
 
 #include "internal.h"
 
-redsem_permit *redsem__permit_new(int kind, redsem_client *c, const char *id,
-                                  const redsem__attempt *att, int64_t lease_ms)
+redsem_permit *redsem__permit_new(const redsem__kind *kind, void *handle, redsem_client *c,
+                                  const char *id, const redsem__attempt *att, int64_t lease_ms)
 {
     redsem_permit *p = redsem__calloc(1, sizeof *p);
     if (p == NULL)
         return NULL;
     p->kind = kind;
+    p->handle = handle;
     p->client = c;
     memcpy(p->id, id, REDSEM_ID_BUFSIZE);
     p->token = att->token;
@@ -49,20 +50,6 @@ bool redsem_permit_held(const redsem_permit *p)
     return redsem_permit_validity_ms(p) > 0;
 }
 
-int redsem__permit_release_on(redsem_client *c, redsem_permit *p)
-{
-    if (p->kind == REDSEM__PERMIT_SEM)
-        return redsem__sem_release(c, p->sem, p);
-    return redsem__lock_release(c, p->lock, p);
-}
-
-int redsem__permit_refresh_on(redsem_client *c, redsem_permit *p, int64_t *sent_ns)
-{
-    if (p->kind == REDSEM__PERMIT_SEM)
-        return redsem__sem_refresh(c, p->sem, p, sent_ns);
-    return redsem__lock_refresh(c, p->lock, p, sent_ns);
-}
-
 int redsem_permit_refresh(redsem_permit *p)
 {
     if (p == NULL)
@@ -76,7 +63,7 @@ int redsem_permit_refresh(redsem_permit *p)
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s was already %s", p->id,
                                st == REDSEM__RELEASED ? "released" : "found lost");
     int64_t sent = 0;
-    rc = redsem__permit_refresh_on(c, p, &sent);
+    rc = p->kind->refresh(c, p->handle, p, &sent);
     if (rc == REDSEM_OK) {
         int64_t d = redsem__validity_deadline(sent, p->lease_ms);
         /* never move the deadline back (a concurrent renewal may have moved it further) */
@@ -102,8 +89,8 @@ int redsem_permit_release(redsem_permit *p)
     /* Stop renewal first, waiting for a renewal in flight: a lease is never extended after
      * it was released. */
     if (p->renewal != NULL)
-        redsem__renewal_detach(p);
-    rc = redsem__permit_release_on(c, p);
+        c->renew_ops->detach(p);
+    rc = p->kind->release(c, p->handle, p);
     if (rc == REDSEM_OK || rc == REDSEM_ELOST)
         atomic_store(&p->state, REDSEM__RELEASED);
     return rc;
@@ -114,12 +101,13 @@ void redsem_permit_free(redsem_permit *p)
     if (p == NULL)
         return;
     if (p->renewal != NULL)
-        redsem__renewal_detach(p);
+        p->client->renew_ops->detach(p);
     redsem__free(p);
 }
 
-int redsem__adopt(redsem_client *c, int kind, void *handle, const char *id, int64_t lease_ms,
-                  const char *k1, const char *k2, const char *k3, redsem_permit **ret_permit)
+int redsem__adopt(redsem_client *c, const redsem__kind *kind, void *handle, const char *id,
+                  int64_t lease_ms, const char *k1, const char *k2, const char *k3,
+                  redsem_permit **ret_permit)
 {
     int rc = redsem__check_owner(c);
     if (rc != REDSEM_OK)
@@ -134,7 +122,7 @@ int redsem__adopt(redsem_client *c, int kind, void *handle, const char *id, int6
     redsem__args_str(&a, k2);
     redsem__args_str(&a, k3);
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redsem__args_str(&a, kind == REDSEM__PERMIT_LOCK ? "lock" : "sem");
+    redsem__args_str(&a, kind->name);
     redisReply *r = NULL;
     redsem__req_info info;
     rc = redsem__eval(c, REDSEM__SCRIPT_HOLDER, 3, &a, REDSEM__REQ_RETRY, &info, &r);
@@ -152,15 +140,11 @@ int redsem__adopt(redsem_client *c, int kind, void *handle, const char *id, int6
         return redsem__set_err(c, REDSEM_ELOST, "%s holds no live permit", id);
     redsem__attempt att = {.outcome = REDSEM__ATT_GRANTED, .token = (uint64_t)tok,
                            .sent_ns = info.sent_ns};
-    redsem_permit *p = redsem__permit_new(kind, c, id, &att, lease_ms);
+    redsem_permit *p = redsem__permit_new(kind, handle, c, id, &att, lease_ms);
     if (p == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     /* validity from what the server says is left, not from our own lease setting */
     atomic_store(&p->deadline_ns, redsem__validity_deadline(info.sent_ns, left));
-    if (kind == REDSEM__PERMIT_LOCK)
-        p->lock = handle;
-    else
-        p->sem = handle;
     *ret_permit = p;
     return REDSEM_OK;
 }

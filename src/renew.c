@@ -165,10 +165,10 @@ static void *renewer_main(void *arg)
                 r->stats.max_lateness_ms = late;
             pthread_mutex_unlock(&r->mu);
             /* Never wait for a reply past the moment the holder must be told. */
-            r->conn->deadline_cap_ns = lost_at;
+            r->conn->ctx.deadline_cap_ns = lost_at;
             int64_t sent = 0;
-            int rc = redsem__permit_refresh_on(r->conn, p, &sent);
-            r->conn->deadline_cap_ns = 0;
+            int rc = p->kind->refresh(r->conn, p->handle, p, &sent);
+            r->conn->ctx.deadline_cap_ns = 0;
             pthread_mutex_lock(&r->mu);
             if (rc == REDSEM_OK) {
                 r->stats.renewals++;
@@ -201,6 +201,10 @@ static void *renewer_main(void *arg)
 }
 
 /* ------------------------------------------------------------------ start / stop */
+
+static void renewer_stop(redsem_client *c);
+static void renewal_detach(redsem_permit *p);
+static const redsem__renew_ops renew_ops = {renewer_stop, renewal_detach};
 
 static int renewer_start(redsem_client *c)
 {
@@ -244,10 +248,11 @@ static int renewer_start(redsem_client *c)
                                strerror(prc));
     }
     c->renewer = r;
+    c->renew_ops = &renew_ops;
     return REDSEM_OK;
 }
 
-void redsem__renewer_stop(redsem_client *c)
+static void renewer_stop(redsem_client *c)
 {
     redsem__renewer *r = c->renewer;
     c->renewer = NULL;
@@ -271,7 +276,7 @@ void redsem__renewer_stop(redsem_client *c)
     redsem__free(r);
 }
 
-void redsem__renewal_detach(redsem_permit *p)
+static void renewal_detach(redsem_permit *p)
 {
     renew_entry *e = p->renewal;
     redsem__renewer *r = p->client->renewer;
@@ -344,7 +349,7 @@ int redsem_permit_stop_renewal(redsem_permit *p)
     if (rc != REDSEM_OK)
         return rc;
     if (p->renewal != NULL)
-        redsem__renewal_detach(p);
+        renewal_detach(p);
     return REDSEM_OK;
 }
 
@@ -362,10 +367,3 @@ int redsem_client_renew_stats(redsem_client *c, redsem_renew_stats *st)
     return REDSEM_OK;
 }
 
-int redsem_lock_set_reentrant(redsem_lock *l, bool on)
-{
-    if (l == NULL)
-        return REDSEM_EINVAL;
-    l->reentrant = on;
-    return REDSEM_OK;
-}

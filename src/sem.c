@@ -5,28 +5,6 @@
 
 #include "internal.h"
 
-static const char *const strategy_names[] = {"lock", "basic", "fair", "locked"};
-
-const char *redsem_strategy_name(int strategy)
-{
-    if (strategy >= 0 && strategy <= 3)
-        return strategy_names[strategy];
-    return "?";
-}
-
-int redsem_strategy_parse(const char *name, redsem_strategy *ret_strategy)
-{
-    if (name == NULL || ret_strategy == NULL)
-        return REDSEM_EINVAL;
-    for (int s = REDSEM_STRATEGY_BASIC; s <= REDSEM_STRATEGY_LOCKED; s++) {
-        if (strcmp(name, strategy_names[s]) == 0) {
-            *ret_strategy = (redsem_strategy)s;
-            return REDSEM_OK;
-        }
-    }
-    return REDSEM_EINVAL;
-}
-
 static bool is_basic(const redsem_sem *s)
 {
     return s->strategy == REDSEM_STRATEGY_BASIC;
@@ -53,6 +31,11 @@ void redsem_sem_free(redsem_sem *s)
     redsem__free(s);
 }
 
+/* The permits of a semaphore refresh and release through these (see redsem__kind). */
+static int sem_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sent_ns);
+static int sem_release(redsem_client *c, void *h, redsem_permit *p);
+static const redsem__kind sem_kind = {"sem", sem_refresh, sem_release};
+
 /* -------------------------------------------------------------- per-strategy attempts */
 
 /* Run an acquire script, parse its reply into att, and note the limit the server reports. */
@@ -67,7 +50,7 @@ static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args
     rc = redsem__parse_attempt(c, r, att, redsem__script_defs[script].name);
     freeReplyObject(r);
     if (rc == REDSEM_OK)
-        redsem__note_server_clock(c, att->server_us, info->recv_ns);
+        redsem__note_server_clock(c, s->k_meta, att->server_us, info->recv_ns);
     if (rc == REDSEM_OK && att->outcome != REDSEM__ATT_GUARD_BUSY && att->limit > 0)
         s->limit = att->limit;
     return rc;
@@ -88,7 +71,7 @@ static int basic_attempt(void *h, const char *id, int mode, redsem__attempt *att
     redsem__args_i64(&a, s->lease_ms);
     redsem__args_i64(&a, mode);
     redsem__args_i64(&a, s->wait_lease_ms);
-    redsem__args_i64(&a, redsem__not_after_us(s->client));
+    redsem__args_i64(&a, redsem__not_after_us(s->client, s->k_meta));
     return eval_attempt(s, REDSEM__SCRIPT_BASIC_ACQUIRE, 4, &a, info, att);
 }
 
@@ -150,7 +133,7 @@ static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     redsem__args_i64(&a, s->wait_lease_ms);
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redsem__args_i64(&a, redsem__not_after_us(s->client));
+    redsem__args_i64(&a, redsem__not_after_us(s->client, s->k_meta));
     /* locked: fair_acquire.lua deletes the guard as soon as it has checked it. If the script
      * did not run (a timeout, a lost connection, a refusal), the guard expires after
      * guard_lease_ms: one more request to a server that did not answer would double this
@@ -317,7 +300,7 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required,
         .wait_key = is_basic(s) ? basic_wait_key : fair_wait_key,
         .wait_lease_ms = is_basic(s) ? 0 : s->wait_lease_ms,
     };
-    return redsem__acquire_permit(&q, REDSEM__PERMIT_SEM, id, timeout_ms, s->lease_ms,
+    return redsem__acquire_permit(&q, &sem_kind, id, timeout_ms, s->lease_ms,
                                   ret_permit);
 }
 
@@ -341,7 +324,7 @@ int redsem_sem_adopt(redsem_sem *s, const char *holder_id, redsem_permit **ret_p
 {
     if (s == NULL)
         return REDSEM_EINVAL;
-    return redsem__adopt(s->client, REDSEM__PERMIT_SEM, s, holder_id, s->lease_ms, s->k_meta,
+    return redsem__adopt(s->client, &sem_kind, s, holder_id, s->lease_ms, s->k_meta,
                          is_basic(s) ? s->k_holders : s->k_timeouts, s->k_meta, ret_permit);
 }
 
@@ -361,8 +344,9 @@ static void refresh_keys(const redsem_sem *s, redsem__args *a)
     }
 }
 
-int redsem__sem_refresh(redsem_client *c, redsem_sem *s, redsem_permit *p, int64_t *sent_ns)
+static int sem_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sent_ns)
 {
+    redsem_sem *s = h;
     redsem__args a;
     redsem__args_init(&a);
     refresh_keys(s, &a);
@@ -390,8 +374,9 @@ int redsem__sem_refresh(redsem_client *c, redsem_sem *s, redsem_permit *p, int64
     return REDSEM_OK;
 }
 
-int redsem__sem_release(redsem_client *c, redsem_sem *s, redsem_permit *p)
+static int sem_release(redsem_client *c, void *h, redsem_permit *p)
 {
+    redsem_sem *s = h;
     redsem__args a;
     redsem__args_init(&a);
     int script;

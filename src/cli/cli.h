@@ -83,6 +83,8 @@ int cli_parse_duration(const char *text, int64_t max_ms, int64_t *ret_ms);
  * status for rc. what (may be NULL) names the step that failed when it is not obvious. */
 int cli_fail(const cli_opts *o, const char *what, int rc, const char *detail);
 /* Print "redsem: CMD NAME: MESSAGE" (printf-style) on stderr. */
+/* NAME as given, for a message: at most 64 bytes, anything but printable ASCII as '?'. */
+const char *cli_shown_name(const char *name, char out[72]);
 void cli_msg(const cli_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The exit status for a library status code. */
 int cli_exit_code(int rc);

@@ -2,7 +2,7 @@
  * library's transport (redsem__conn_read over a socketpair, hiredis' reader underneath);
  * every reply it yields goes through the interpreters of acquire replies
  * (redsem__parse_attempt), of status replies (redsem__status_from_reply), of error replies
- * (redsem__error_reply) and the integer helpers. Malformed or hostile replies must give a
+ * (redsem__node_error_reply) and the integer helpers. Malformed or hostile replies must give a
  * code (REDSEM_EPROTO ...), never a crash, a leak or an out-of-bounds access.
  *   fuzz-reply [-max_total_time=60] CORPUS_DIR SEED_DIR */
 #include <stdint.h>
@@ -41,7 +41,8 @@ static void use(redsem_client *c, redisReply *r)
         redsem_status_free(st);
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        int code = redsem__error_reply(c, r, "fuzz");
+        redsem__node n = {.ctx = &c->ctx}; /* only its error text is used */
+        int code = redsem__node_error_reply(&n, r, "fuzz");
         if (code != REDSEM_ESERVER && code != REDSEM_EPERM && code != REDSEM_ECONFLICT)
             abort();
     }

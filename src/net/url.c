@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "net/net.h"
 
 #define SUN_PATH_MAX 107 /* sizeof(sockaddr_un.sun_path) - 1 on Linux */
 

@@ -24,7 +24,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "internal.h"
+#include "net/net.h"
 
 void redsem__conn_init(redsem__conn *c)
 {

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "base/base.h"
 
 int64_t redsem__now_ns(void)
 {

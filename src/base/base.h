@@ -1,0 +1,63 @@
+/* redsem - the base layer: allocation, clocks, randomness, validation, identifiers, and the
+ * error text buffer. Includes nothing of redsem's but the public headers. Not API. */
+#ifndef REDSEM_BASE_H
+#define REDSEM_BASE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "redsem/redsem.h"
+
+/* ---------------------------------------------------------------- allocation (alloc.c) */
+/* Every allocation of the library goes through these, so that an allocator hook can be
+ * added in one place later (STYLE 2.6). redsem__calloc checks n * size for overflow. */
+void *redsem__malloc(size_t size);
+void *redsem__calloc(size_t n, size_t size);
+void *redsem__realloc(void *p, size_t size);
+char *redsem__strdup(const char *s);
+char *redsem__memdup0(const void *p, size_t len); /* copy + NUL */
+void redsem__free(void *p);
+
+/* ---------------------------------------------------------------- time (util.c) */
+#define REDSEM__NS_PER_MS 1000000LL
+#define REDSEM__FOREVER INT64_MAX
+int64_t redsem__now_ns(void); /* CLOCK_MONOTONIC */
+int64_t redsem__deadline_after_ms(int64_t ms); /* now + ms, saturating; ms < 0 => forever */
+/* Sleep until min(now + ns, deadline); returns early on EINTR only. */
+void redsem__sleep_ns(int64_t ns);
+/* Uniform random integer in [lo, hi] (libsodium). */
+int64_t redsem__rand_between(int64_t lo, int64_t hi);
+/* Validity deadline: sent + lease - (lease/100 + 2 ms). */
+int64_t redsem__validity_deadline(int64_t sent_ns, int64_t lease_ms);
+/* The renewer declares a permit lost this long before its validity deadline:
+ * min(lease/50, 25 ms), at least 1 ms. */
+int64_t redsem__lost_early_ms(int64_t lease_ms);
+/* A refresh applies only while the lease has at least this left on the server: the drift
+ * margin, the early warning, and a slack of min(early + 5 ms, lease/10) (see util.c). */
+int64_t redsem__refresh_margin_ms(int64_t lease_ms);
+
+/* ---------------------------------------------------------------- validation (util.c) */
+bool redsem__valid_name(const char *name);
+bool redsem__valid_prefix(const char *prefix);
+bool redsem__valid_id(const char *id);
+bool redsem__valid_lease(int64_t ms);
+bool redsem__valid_wait(int64_t ms);
+int redsem__new_id(char out[REDSEM_ID_BUFSIZE]);
+
+/* ---------------------------------------------------------------- per-client context */
+#define REDSEM__ERRMSG_LEN 512
+/* What every layer of one client shares: the text of the last error, the counters, and a cap
+ * on how long any request may run. The client owns it; each node it connects points to it. */
+typedef struct redsem__ctx {
+    char errmsg[REDSEM__ERRMSG_LEN];
+    redsem_client_stats stats;
+    int64_t deadline_cap_ns; /* if non-zero, no request (nor its retries) outlives this */
+} redsem__ctx;
+
+/* Format the error text into ctx (may be NULL) and return code. */
+int redsem__ctx_err(redsem__ctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif /* REDSEM_BASE_H */

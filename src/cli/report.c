@@ -1,0 +1,82 @@
+/* redsem(1): reporting: messages on stderr and the exit code of each library status. Below
+ * main.c, commands.c, run.c and session.c, which all report through it. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "cli.h"
+
+int cli_exit_code(int rc)
+{
+    switch (rc) {
+    case REDSEM_OK:
+        return CLI_EXIT_OK;
+    case REDSEM_EBUSY:
+        return CLI_EXIT_TEMPFAIL;
+    case REDSEM_ELOST:
+        return CLI_EXIT_LOST;
+    case REDSEM_EUNKNOWN:
+    case REDSEM_ECONN:
+    case REDSEM_ETIMEDOUT:
+        return CLI_EXIT_UNAVAILABLE;
+    case REDSEM_EINVAL:
+        return CLI_EXIT_USAGE;
+    case REDSEM_ESERVER:
+    case REDSEM_EPROTO:
+        return CLI_EXIT_PROTOCOL;
+    case REDSEM_EPERM:
+        return CLI_EXIT_NOPERM;
+    case REDSEM_ECONFLICT:
+        return CLI_EXIT_CONFIG;
+    default: /* ENOMEM, EFORKED, ESTATE, unknown */
+        return CLI_EXIT_SOFTWARE;
+    }
+}
+
+/* NAME as given, for a message: at most 64 bytes, anything but printable ASCII shown as '?'
+ * (a name can be huge or binary before the library rejects it, and must not write control
+ * sequences to a terminal). */
+const char *cli_shown_name(const char *name, char out[72])
+{
+    size_t i = 0;
+    for (; name[i] != '\0' && i < 64; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        out[i] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+    }
+    snprintf(out + i, 72 - i, "%s", name[i] != '\0' ? "..." : "");
+    return out;
+}
+
+static void prefix(const cli_opts *o)
+{
+    fputs("redsem:", stderr);
+    if (o != NULL && o->cmd_name != NULL)
+        fprintf(stderr, " %s", o->cmd_name);
+    char shown[72];
+    if (o != NULL && o->name != NULL)
+        fprintf(stderr, " %s", cli_shown_name(o->name, shown));
+    fputs(": ", stderr);
+}
+
+void cli_msg(const cli_opts *o, const char *fmt, ...)
+{
+    prefix(o);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+int cli_fail(const cli_opts *o, const char *what, int rc, const char *detail)
+{
+    prefix(o);
+    if (what != NULL && *what)
+        fprintf(stderr, "%s: ", what);
+    fputs(redsem_strerror(rc), stderr);
+    if (detail != NULL && *detail)
+        fprintf(stderr, ": %s", detail);
+    if (rc == REDSEM_ECONFLICT)
+        fputs(" (every command on one NAME must use the same --strategy and --limit)", stderr);
+    fputc('\n', stderr);
+    return cli_exit_code(rc);
+}

@@ -1,0 +1,80 @@
+/* redsem - the connection layer: endpoints (URLs) and the transport of one connection (a
+ * socket with hiredis' protocol reader, per-call deadlines). Below the node; knows nothing of
+ * requests, scripts or clients. Not API. */
+#ifndef REDSEM_NET_H
+#define REDSEM_NET_H
+
+#include "base/base.h"
+
+struct redisReply;
+struct redisReadTask;
+struct redisReplyObjectFunctions;
+
+/* ---------------------------------------------------------------- URL (url.c) */
+enum { REDSEM__EP_TCP = 1, REDSEM__EP_UNIX = 2 };
+typedef struct redsem__endpoint {
+    int kind;
+    char *host;     /* TCP: name or address, brackets removed */
+    int port;       /* TCP */
+    char *path;     /* UNIX */
+    char *user;     /* NULL: none */
+    char *password; /* NULL: none */
+    long db;
+} redsem__endpoint;
+
+#define REDSEM__URL_MAX 4096
+/* Parse url into ep (all strings owned by ep). Returns REDSEM_OK, REDSEM_EINVAL (with a
+ * reason in err) or REDSEM_ENOMEM. ep is untouched on failure. */
+int redsem__url_parse(const char *url, redsem__endpoint *ep, char *err, size_t errlen);
+int redsem__endpoint_copy(redsem__endpoint *dst, const redsem__endpoint *src);
+void redsem__endpoint_clear(redsem__endpoint *ep);
+
+/* ---------------------------------------------------------------- transport (socket.c) */
+/* A socket plus a hiredis protocol reader. hiredis formats requests and parses replies;
+ * the socket I/O is ours so that writes never raise SIGPIPE (MSG_NOSIGNAL) and every wait
+ * has a precise deadline (poll), which hiredis 0.14's blocking context cannot give. */
+typedef struct redsem__conn {
+    int fd; /* -1 when closed; a blocking socket with SO_RCVTIMEO/SO_SNDTIMEO */
+    void *reader; /* redisReader* */
+    int64_t io_timeout_ns; /* the SO_RCVTIMEO/SO_SNDTIMEO set on fd: the command timeout */
+    /* hiredis' reply constructors with the array one capped (see redsem__conn_reader) */
+    struct redisReplyObjectFunctions *fns;
+    void *(*create_array)(const struct redisReadTask *task, int elements);
+    long long oversized; /* the element count of a refused aggregate header */
+} redsem__conn;
+
+/* No redsem reply holds more elements than a status listing REDSEM_LIMIT_MAX holders. */
+#define REDSEM__MAX_REPLY_ELEMENTS (3 * (long long)REDSEM_LIMIT_MAX)
+
+enum {
+    REDSEM__IO_OK = 0,
+    REDSEM__IO_TIMEOUT = 1, /* deadline passed */
+    REDSEM__IO_CLOSED = 2,  /* EOF, reset, refused: the connection is gone */
+    REDSEM__IO_PROTO = 3,   /* unparsable reply */
+    REDSEM__IO_NOMEM = 4
+};
+
+void redsem__conn_init(redsem__conn *c);
+/* Create c->reader: hiredis' reader, whose array constructor refuses an aggregate header of
+ * more than REDSEM__MAX_REPLY_ELEMENTS (hiredis 0.14 allocates the announced count before
+ * any element arrives). REDSEM_OK or REDSEM_ENOMEM. */
+int redsem__conn_reader(redsem__conn *c);
+/* Returns REDSEM_OK, REDSEM_ECONN, REDSEM_ETIMEDOUT or REDSEM_ENOMEM; *retryable says whether
+ * trying again may help (refused: yes; name not found: no). */
+int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,
+                      int64_t io_timeout_ms, bool *retryable, char *err, size_t errlen);
+void redsem__conn_close(redsem__conn *c);
+/* Close with a RST (SO_LINGER 0): unsent and unacknowledged bytes are discarded, so a request
+ * abandoned after a failure can never be delivered later. */
+void redsem__conn_abort(redsem__conn *c);
+/* Write all of buf before deadline_ns (0: now + the command timeout); a full send buffer
+ * waits in poll. REDSEM__IO_OK, _TIMEOUT (part may have been written) or _CLOSED. */
+int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
+                       int *err_no);
+/* deadline_ns == 0: an ordinary request, bounded by the socket's own receive timeout (one
+ * blocking recv, no poll: the common path costs two system calls per request, as hiredis'
+ * blocking context does); otherwise poll until deadline_ns. */
+int redsem__conn_read(redsem__conn *c, struct redisReply **ret, int64_t deadline_ns,
+                      int *err_no, char *err, size_t errlen);
+
+#endif /* REDSEM_NET_H */

@@ -1,0 +1,334 @@
+/* redsem - one Redis server as seen by one client: its connection and handshake, requests
+ * with reconnect and idempotent retry, the server's clock offset, BLPOP, and the
+ * classification of error replies. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "node/node.h"
+
+int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint *ep,
+                      int64_t connect_timeout_ms, int64_t command_timeout_ms, int64_t retry_ms)
+{
+    memset(n, 0, sizeof *n);
+    n->ctx = ctx;
+    redsem__conn_init(&n->conn);
+    n->connect_timeout_ms = connect_timeout_ms;
+    n->command_timeout_ms = command_timeout_ms;
+    n->retry_ms = retry_ms;
+    return redsem__endpoint_copy(&n->ep, ep);
+}
+
+void redsem__node_close(redsem__node *n)
+{
+    redsem__conn_close(&n->conn);
+    n->connected = false;
+    redsem__endpoint_clear(&n->ep);
+}
+
+int redsem__node_error_reply(redsem__node *n, const redisReply *r, const char *what)
+{
+    const char *s = r->str ? r->str : "";
+    int code = REDSEM_ESERVER;
+    if (strncmp(s, "NOPERM", 6) == 0 || strncmp(s, "NOAUTH", 6) == 0 ||
+        strncmp(s, "WRONGPASS", 9) == 0)
+        code = REDSEM_EPERM;
+    else if (strncmp(s, "CONFLICT", 8) == 0)
+        code = REDSEM_ECONFLICT;
+    return redsem__ctx_err(n->ctx, code, "%s: %.*s", what, (int)(r->len < 400 ? r->len : 400), s);
+}
+
+/* Give a connection up after a failure. Abortive: a request that is still unacknowledged
+ * (a partition) is discarded by the kernel instead of being retransmitted and applied when
+ * the network heals, long after the caller was told its outcome was unknown. */
+static void drop_connection(redsem__node *n)
+{
+    redsem__conn_abort(&n->conn);
+    n->connected = false;
+}
+
+/* One request on the raw connection, no reconnect, no retry. */
+static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
+                         redisReply **ret, bool *written, char *err, size_t errlen)
+{
+    int err_no = 0;
+    *written = false;
+    int io = redsem__conn_write(&n->conn, cmd, len, deadline_ns, &err_no);
+    if (io == REDSEM__IO_OK) {
+        *written = true;
+        n->ctx->stats.requests++;
+        io = redsem__conn_read(&n->conn, ret, deadline_ns, &err_no, err, errlen);
+    }
+    switch (io) {
+    case REDSEM__IO_OK:
+        return REDSEM_OK;
+    case REDSEM__IO_TIMEOUT:
+        snprintf(err, errlen, "no reply from Redis within the deadline");
+        return REDSEM_ETIMEDOUT;
+    case REDSEM__IO_CLOSED:
+        snprintf(err, errlen, "connection lost: %s",
+                 err_no ? strerror(err_no) : "closed by the server");
+        return REDSEM_ECONN;
+    case REDSEM__IO_NOMEM:
+        return REDSEM_ENOMEM;
+    default:
+        return REDSEM_EPROTO;
+    }
+}
+
+static int handshake_cmd(redsem__node *n, const redsem__args *a, const char *what,
+                         int64_t deadline_ns, char *err, size_t errlen)
+{
+    char *cmd = NULL;
+    int len = redsem__args_format(a, &cmd);
+    if (len < 0)
+        return REDSEM_ENOMEM;
+    redisReply *r = NULL;
+    bool written;
+    int rc = raw_roundtrip(n, cmd, (size_t)len, deadline_ns, &r, &written, err, errlen);
+    redisFreeCommand(cmd);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR) {
+        rc = redsem__node_error_reply(n, r, what);
+        snprintf(err, errlen, "%s", n->ctx->errmsg);
+    } else if (r->type != REDIS_REPLY_STATUS) {
+        snprintf(err, errlen, "%s: unexpected reply type %d", what, r->type);
+        rc = REDSEM_EPROTO;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+void redsem__node_note_server_clock(redsem__node *n, int64_t server_us, int64_t recv_ns)
+{
+    if (server_us <= 0 || recv_ns <= 0)
+        return;
+    /* The reply left the server before we read it: this underestimates the offset by the
+     * reply's one-way latency, which the not-after margin covers. */
+    n->clock_offset_us = server_us - recv_ns / 1000;
+    n->clock_offset_known = true;
+}
+
+int64_t redsem__node_not_after_us(const redsem__node *n)
+{
+    if (!n->clock_offset_known)
+        return 0;
+    /* margin: the offset's error (one-way latency) and the drift of the two clocks between
+     * measurements (NTP slews at most 0.05 %) */
+    int64_t margin_us = 100000;
+    return redsem__now_ns() / 1000 + n->clock_offset_us + n->command_timeout_ms * 1000 +
+           margin_us;
+}
+
+/* TIME on the client's first connection, so that its first acquire can carry a not-after
+ * time (later acquire replies keep the estimate fresh; it stays valid across reconnects to
+ * the same server). A TIME that gets no reply fails the connect: the connection would be out
+ * of step. An error reply (an ACL without TIME) just leaves the offset unknown. */
+static int measure_clock(redsem__node *n, int64_t deadline_ns, char *err, size_t errlen)
+{
+    if (n->clock_offset_known)
+        return REDSEM_OK;
+    static const char cmd[] = "*1\r\n$4\r\nTIME\r\n";
+    int64_t dl = redsem__now_ns() + n->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (deadline_ns < dl)
+        dl = deadline_ns;
+    redisReply *r = NULL;
+    bool written;
+    int rc = raw_roundtrip(n, cmd, sizeof cmd - 1, dl, &r, &written, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING)
+        redsem__node_note_server_clock(n, strtoll(r->element[0]->str, NULL, 10) * 1000000 +
+                                         strtoll(r->element[1]->str, NULL, 10),
+                                  redsem__now_ns());
+    freeReplyObject(r);
+    return REDSEM_OK;
+}
+
+/* Connect, AUTH, SELECT. On failure the connection is closed and err says why. */
+int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t errlen)
+{
+    int64_t deadline = redsem__deadline_after_ms(n->connect_timeout_ms);
+    if (n->ctx->deadline_cap_ns && n->ctx->deadline_cap_ns < deadline)
+        deadline = n->ctx->deadline_cap_ns;
+    drop_connection(n);
+    int rc = redsem__conn_open(&n->conn, &n->ep, deadline, n->command_timeout_ms, retryable,
+                               err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
+    redsem__args a;
+    if (n->ep.password != NULL) {
+        redsem__args_init(&a);
+        redsem__args_str(&a, "AUTH");
+        if (n->ep.user != NULL)
+            redsem__args_str(&a, n->ep.user);
+        redsem__args_str(&a, n->ep.password);
+        rc = handshake_cmd(n, &a, "AUTH", deadline, err, errlen);
+    }
+    if (rc == REDSEM_OK && n->ep.db != 0) {
+        redsem__args_init(&a);
+        redsem__args_str(&a, "SELECT");
+        redsem__args_i64(&a, n->ep.db);
+        rc = handshake_cmd(n, &a, "SELECT", deadline, err, errlen);
+    }
+    if (rc == REDSEM_OK)
+        rc = measure_clock(n, deadline, err, errlen);
+    if (rc != REDSEM_OK) {
+        /* Authentication and SELECT refusals are configuration errors: retrying won't help. */
+        *retryable = rc == REDSEM_ECONN;
+        drop_connection(n);
+        return rc;
+    }
+    n->connected = true;
+    n->ctx->stats.connects++;
+    return REDSEM_OK;
+}
+
+/* "-LOADING Redis is loading the dataset in memory": a restarted server reading its RDB or AOF
+ * file; it executes nothing until it is done. */
+static bool loading_reply(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_ERROR && r->str != NULL && strncmp(r->str, "LOADING", 7) == 0;
+}
+
+static int64_t retry_deadline(const redsem__node *n, int64_t now)
+{
+    int64_t until = now + n->retry_ms * REDSEM__NS_PER_MS;
+    if (n->ctx->deadline_cap_ns && n->ctx->deadline_cap_ns < until)
+        until = n->ctx->deadline_cap_ns;
+    return until;
+}
+
+/* Jittered exponential backoff, 5 ms doubling to 100 ms, never past retry_until. */
+static void nap_before_retry(redsem__node *n, int64_t *backoff, int64_t retry_until)
+{
+    int64_t now = redsem__now_ns();
+    int64_t nap = redsem__rand_between(*backoff / 2, *backoff);
+    if (nap > retry_until - now)
+        nap = retry_until - now;
+    redsem__sleep_ns(nap);
+    *backoff = *backoff * 2 > 100 * REDSEM__NS_PER_MS ? 100 * REDSEM__NS_PER_MS : *backoff * 2;
+    n->ctx->stats.retries++;
+}
+
+int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int64_t deadline_ns,
+                    redisReply **ret_reply, redsem__req_info *info)
+{
+    redsem__req_info dummy;
+    if (info == NULL)
+        info = &dummy;
+    info->maybe_applied = false;
+    info->sent_ns = 0;
+    info->recv_ns = 0;
+
+    char *cmd = NULL;
+    int len = redsem__args_format(a, &cmd);
+    if (len < 0)
+        return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting a request");
+
+    int64_t retry_until = 0, backoff = 5 * REDSEM__NS_PER_MS;
+    int rc;
+    char err[256];
+    for (;;) {
+        bool retryable = true;
+        if (!n->connected) {
+            rc = redsem__node_connect(n, &retryable, err, sizeof err);
+            if (rc != REDSEM_OK) {
+                redsem__ctx_err(n->ctx, rc, "%s", err);
+                if (rc == REDSEM_ECONN && retryable)
+                    goto retry;
+                break;
+            }
+        }
+        int64_t sent = redsem__now_ns();
+        /* 0: an ordinary request, bounded by the socket's timeout (the command timeout) */
+        int64_t dl = deadline_ns;
+        if (n->ctx->deadline_cap_ns && (dl == 0 || n->ctx->deadline_cap_ns < dl))
+            dl = n->ctx->deadline_cap_ns;
+        bool written = false;
+        redisReply *r = NULL;
+        rc = raw_roundtrip(n, cmd, (size_t)len, dl, &r, &written, err, sizeof err);
+        if (rc == REDSEM_OK && loading_reply(r) && (flags & REDSEM__REQ_RETRY) &&
+            n->retry_ms > 0) {
+            /* A restarted server loading its data refuses every command, executing nothing:
+             * wait for it within the retry window, on the same connection. */
+            int64_t now = redsem__now_ns();
+            if (retry_until == 0)
+                retry_until = retry_deadline(n, now);
+            if (now < retry_until) {
+                freeReplyObject(r);
+                nap_before_retry(n, &backoff, retry_until);
+                continue;
+            }
+        }
+        if (rc == REDSEM_OK) {
+            info->sent_ns = sent;
+            info->recv_ns = redsem__now_ns();
+            *ret_reply = r;
+            break;
+        }
+        drop_connection(n);
+        if (written)
+            info->maybe_applied = true;
+        redsem__ctx_err(n->ctx, rc, "%s", err);
+        if (rc != REDSEM_ECONN)
+            break; /* timeouts are not retried: the server may be stalled */
+    retry:
+        if (!(flags & REDSEM__REQ_RETRY) || n->retry_ms == 0) {
+            rc = REDSEM_ECONN;
+            break;
+        }
+        int64_t now = redsem__now_ns();
+        if (retry_until == 0)
+            retry_until = retry_deadline(n, now);
+        if (now >= retry_until) {
+            rc = REDSEM_ECONN;
+            break;
+        }
+        nap_before_retry(n, &backoff, retry_until);
+    }
+    redisFreeCommand(cmd);
+    return rc;
+}
+
+int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t wait_ms,
+                  int64_t hard_deadline_ns, bool *signaled)
+{
+    *signaled = false;
+    if (wait_ms < 1)
+        wait_ms = 1;
+    /* The server's BLPOP timeout only fires on its event-loop tick (hz 10: up to 100 ms
+     * late), so precision comes from our socket deadline: at hard_deadline_ns the request is
+     * abandoned and the connection discarded (the next request reconnects). */
+    int64_t soft = redsem__now_ns() + (wait_ms + n->command_timeout_ms) * REDSEM__NS_PER_MS;
+    int64_t dl = hard_deadline_ns < soft ? hard_deadline_ns : soft;
+    char secs[32];
+    snprintf(secs, sizeof secs, "%lld.%03lld", (long long)(wait_ms / 1000),
+             (long long)(wait_ms % 1000));
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, "BLPOP");
+    redsem__args_mem(&a, key, keylen);
+    redsem__args_str(&a, secs);
+    redisReply *r = NULL;
+    int rc = redsem__node_request(n, &a, REDSEM__REQ_RETRY, dl, &r, NULL);
+    if (rc == REDSEM_ETIMEDOUT && dl == hard_deadline_ns) {
+        n->ctx->errmsg[0] = '\0';
+        return REDSEM_OK; /* our own deadline, not a fault */
+    }
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = redsem__node_error_reply(n, r, "BLPOP");
+    else if (r->type == REDIS_REPLY_ARRAY) {
+        *signaled = true;
+        n->ctx->stats.wakeups++;
+    }
+    freeReplyObject(r);
+    return rc;
+}
