@@ -26,6 +26,7 @@ int bench_kind_acquire_trips(int kind);
 
 /* ---------------------------------------------------------------- options */
 #define BENCH_MAX_LIST 16
+#define BENCH_NWORKLOADS_MAX 8
 
 enum { AFF_SPLIT = 0, AFF_SAME = 1, AFF_NONE = 2 };
 
@@ -34,7 +35,7 @@ typedef struct bench_opts {
     bool unix_socket;      /* private server: use its unix socket instead of TCP loopback */
     int affinity;          /* AFF_* */
     const char *json_path; /* NULL: no JSON */
-    bool workloads[6];     /* indexed by BENCH_W_* */
+    bool workloads[BENCH_NWORKLOADS_MAX]; /* indexed by BENCH_W_* */
     bool kinds[BENCH_NKINDS];
     long pairs;   /* uncontended pairs per strategy (all rounds together) */
     int rounds;   /* interleaved rounds (floor, strategy) */
@@ -64,7 +65,8 @@ enum {
     BENCH_W_SCALE = 3,
     BENCH_W_FLOOR = 4,
     BENCH_W_RENEWAL = 5,
-    BENCH_NWORKLOADS = 6
+    BENCH_W_TAKEOVER = 6,
+    BENCH_NWORKLOADS = 7
 };
 
 /* ---------------------------------------------------------------- run context */
@@ -181,6 +183,7 @@ void bench_run_threads(bench_ctx *ctx);
 void bench_run_contended(bench_ctx *ctx);
 void bench_run_scale(bench_ctx *ctx);
 void bench_run_renewal(bench_ctx *ctx);
+void bench_run_takeover(bench_ctx *ctx);
 
 /* Table helpers: a fixed-width row printer that also works as the header. */
 void bench_rule(int width);

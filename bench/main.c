@@ -22,7 +22,7 @@
 #include "server.h"
 
 static const char *const workload_names[BENCH_NWORKLOADS] = {
-    "uncontended", "threads", "contended", "scale", "floor", "renewal"};
+    "uncontended", "threads", "contended", "scale", "floor", "renewal", "takeover"};
 
 static void usage(FILE *out)
 {
@@ -40,7 +40,8 @@ static void usage(FILE *out)
         "                       allowed); client-side cost then shows (= --affinity same)\n"
         "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
         "                       same, or none\n"
-        "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,floor, or\n"
+        "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,takeover,\n"
+        "                       floor, or"
         "                       all (default all; floor alone runs only the floor loops)\n"
         "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
@@ -239,7 +240,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             /* "floor" alone: just the floor loops; with others it changes nothing (the
              * floors run inside every workload anyway) */
             bool only_floor = w[BENCH_W_FLOOR] && !w[0] && !w[1] && !w[2] && !w[3] &&
-                              !w[BENCH_W_RENEWAL];
+                              !w[BENCH_W_RENEWAL] && !w[BENCH_W_TAKEOVER];
             if (!only_floor)
                 w[BENCH_W_FLOOR] = false;
             memcpy(o->workloads, w, sizeof w);
@@ -503,6 +504,23 @@ static void print_targets(const bench_ctx *ctx)
             target(what, v, "<= 2", v <= 2, NULL);
         }
     }
+    json_t *tk = json_object_get(root, "takeover");
+    if (tk) {
+        size_t i;
+        json_t *r;
+        json_array_foreach(tk, i, r)
+        {
+            const char *n = json_string_value(json_object_get(r, "strategy"));
+            json_t *late = json_object_get(r, "late");
+            char what[96];
+            double p99 = json_number_value(json_object_get(late, "p99_us")) / 1e3;
+            double mx = json_number_value(json_object_get(late, "max_us")) / 1e3;
+            snprintf(what, sizeof what, "takeover %s p99 after the lease's end (ms)", n);
+            target(what, p99, "<= 5", p99 <= 5, NULL);
+            snprintf(what, sizeof what, "takeover %s max after the lease's end (ms)", n);
+            target(what, mx, "<= 20", mx <= 20, NULL);
+        }
+    }
     json_t *c = json_object_get(json_object_get(root, "contended"), "runs");
     if (c && o->limit == 4 && o->hold_min_ms == 1 && o->hold_max_ms == 5) {
         for (int k = 0; k < 3; k++) {
@@ -695,6 +713,8 @@ int main(int argc, char **argv)
         bench_run_scale(&ctx);
     if (o.workloads[BENCH_W_RENEWAL])
         bench_run_renewal(&ctx);
+    if (o.workloads[BENCH_W_TAKEOVER])
+        bench_run_takeover(&ctx);
     bench_cleanup(&ctx, NULL);
 
     double elapsed = (double)(bench_now_ns() - ctx.t0_ns) / 1e9;

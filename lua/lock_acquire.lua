@@ -27,7 +27,10 @@ if redis.call('GET', mutex) == token then
   if mode >= 2 then redis.call('ZREM', waiters, token) end
   return {1, tonumber(m[2]) or 0, n, now_us}
 end
+-- PTTL counts from the current ms; the key is gone only once the clock passes its expiry
+-- ms, up to 1 ms later: report the time until then, like the semaphores' deadlines.
 local left = redis.call('PTTL', mutex)
+if left >= 0 then left = left + 1 end
 if mode == 1 or mode == 2 then
   -- A read first: a foreign key of another type at the wake-up list fails with WRONGTYPE
   -- before any write (and the first write stays ZADD, refused when out of memory).

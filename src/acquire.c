@@ -179,17 +179,19 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             wait = q->wait_lease_ms / 3;
         if (left_ms < wait)
             wait = left_ms;
-        /* Expiry takeover. The earliest lease ends next_ms after the script ran (server ms,
-         * rounded down), so by our clock before info.recv_ns + next_ms. Redis fires a BLPOP
-         * timeout only when its event loop wakes: on an idle server at its next tick, up to
-         * 1000/hz ms late (100 ms at the default hz 10). So the wait is also cut on our side,
-         * 2 ms after that end (the rounding and a margin): a reply still missing then is
-         * abandoned with its connection (the next attempt reconnects, one connect on an
-         * already loaded path), and the next attempt runs within a few ms of the expiry. A
-         * busy server answers the BLPOP itself first, and nothing is cut. */
+        /* Expiry takeover. The earliest lease ends next_ms after the script's clock rounded
+         * down to the ms (deadlines are whole ms), that is next_ms ms - (server_us mod 1000)
+         * us after the script ran, so by our clock before info.recv_ns + that. Redis fires a
+         * BLPOP timeout only when its event loop wakes: on an idle server at its next tick, up
+         * to 1000/hz ms late (100 ms at the default hz 10). So the wait is also cut on our
+         * side, 0.2 ms after that end: a reply still missing then is abandoned with its
+         * connection (the next attempt reconnects: one connect), and the next attempt runs
+         * within about a millisecond of the expiry. A busy server answers the BLPOP itself
+         * first, and nothing is cut. */
         int64_t cut = deadline;
         if (att->next_ms >= 0) {
-            int64_t expiry = info.recv_ns + (att->next_ms + 2) * REDSEM__NS_PER_MS;
+            int64_t left_us = att->next_ms * 1000 - (att->server_us > 0 ? att->server_us % 1000 : 0);
+            int64_t expiry = info.recv_ns + (left_us + 200) * 1000;
             if (expiry < cut)
                 cut = expiry;
         }
