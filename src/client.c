@@ -130,18 +130,17 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     c->command_timeout_ms = o->command_timeout_ms;
     c->retry_ms = o->retry_ms;
     c->prefix = redsem__strdup(o->prefix);
-    if (c->prefix == NULL || redsem__endpoint_copy(&c->ep, &o->ep) != REDSEM_OK) {
+    if (c->prefix == NULL || redsem__endpoint_copy(&c->ep, &o->ep) != REDSEM_OK ||
+        redsem__tls_opts_copy(&c->tls, &o->tls) != REDSEM_OK) {
         redsem_client_free(c);
         snprintf(err, errlen, "out of memory");
         return REDSEM_ENOMEM;
     }
     c->prefix_len = strlen(c->prefix);
-    int rc = redsem__topo_init(&c->topo, &c->ctx, &c->ep, c->connect_timeout_ms,
-                               c->command_timeout_ms, c->retry_ms);
+    redsem__node_cfg cfg = {c->connect_timeout_ms, c->command_timeout_ms, c->retry_ms, &c->tls};
+    int rc = redsem__topo_init(&c->topo, &c->ctx, &c->ep, &cfg, err, errlen);
     if (rc == REDSEM_OK)
         rc = redsem__topo_connect(&c->topo, err, errlen);
-    else
-        snprintf(err, errlen, "out of memory");
     if (rc != REDSEM_OK) {
         redsem_client_free(c);
         return rc;
@@ -201,7 +200,8 @@ int redsem__client_options(const redsem_client *c, redsem_options **ret)
     o->command_timeout_ms = c->command_timeout_ms;
     o->retry_ms = c->retry_ms;
     o->prefix = redsem__strdup(c->prefix);
-    if (o->prefix == NULL || redsem__endpoint_copy(&o->ep, &c->ep) != REDSEM_OK) {
+    if (o->prefix == NULL || redsem__endpoint_copy(&o->ep, &c->ep) != REDSEM_OK ||
+        redsem__tls_opts_copy(&o->tls, &c->tls) != REDSEM_OK) {
         redsem_options_free(o);
         return REDSEM_ENOMEM;
     }
@@ -217,6 +217,7 @@ void redsem_client_free(redsem_client *c)
         c->renew_ops->stop(c);
     redsem__topo_close(&c->topo);
     redsem__endpoint_clear(&c->ep);
+    redsem__tls_opts_clear(&c->tls);
     redsem__free(c->prefix);
     redsem__free(c);
 }

@@ -35,6 +35,7 @@ int redsem__reply_status(redsem_client *c, const struct redisReply *r, const cha
 /* ---------------------------------------------------------------- client */
 struct redsem_options {
     redsem__endpoint ep;
+    redsem__tls_opts tls;
     int64_t connect_timeout_ms;
     int64_t command_timeout_ms;
     int64_t retry_ms;
@@ -57,6 +58,7 @@ struct redsem_client {
     redsem__topo topo;
     /* the settings it was made with (the renewer's own client copies them) */
     redsem__endpoint ep;
+    redsem__tls_opts tls;
     int64_t connect_timeout_ms;
     int64_t command_timeout_ms;
     int64_t retry_ms;

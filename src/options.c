@@ -28,6 +28,7 @@ void redsem_options_free(redsem_options *o)
     if (o == NULL)
         return;
     redsem__endpoint_clear(&o->ep);
+    redsem__tls_opts_clear(&o->tls);
     redsem__free(o->prefix);
     redsem__free(o);
 }
@@ -77,5 +78,53 @@ int redsem_options_set_key_prefix(redsem_options *o, const char *prefix)
         return REDSEM_ENOMEM;
     redsem__free(o->prefix);
     o->prefix = p;
+    return REDSEM_OK;
+}
+
+/* Replace *field with a copy of value (NULL clears it); an empty string is EINVAL. */
+static int set_str(char **field, const char *value)
+{
+    if (value != NULL && value[0] == '\0')
+        return REDSEM_EINVAL;
+    char *copy = NULL;
+    if (value != NULL && (copy = redsem__strdup(value)) == NULL)
+        return REDSEM_ENOMEM;
+    redsem__free(*field);
+    *field = copy;
+    return REDSEM_OK;
+}
+
+int redsem_options_set_tls_ca(redsem_options *o, const char *ca_file, const char *ca_dir)
+{
+    if (o == NULL || (ca_file && !*ca_file) || (ca_dir && !*ca_dir))
+        return REDSEM_EINVAL;
+    int rc = set_str(&o->tls.ca_file, ca_file);
+    return rc == REDSEM_OK ? set_str(&o->tls.ca_dir, ca_dir) : rc;
+}
+
+int redsem_options_set_tls_cert(redsem_options *o, const char *cert_file, const char *key_file)
+{
+    if (o == NULL || (cert_file == NULL && key_file != NULL) || (cert_file && !*cert_file) ||
+        (key_file && !*key_file))
+        return REDSEM_EINVAL;
+    int rc = set_str(&o->tls.cert_file, cert_file);
+    return rc == REDSEM_OK ? set_str(&o->tls.key_file, key_file) : rc;
+}
+
+int redsem_options_set_tls_server_name(redsem_options *o, const char *name)
+{
+    if (o == NULL || (name != NULL && strnlen(name, 254) > 253))
+        return REDSEM_EINVAL;
+    for (const char *p = name; p && *p; p++)
+        if (*p <= 0x20 || *p >= 0x7f)
+            return REDSEM_EINVAL;
+    return set_str(&o->tls.server_name, name);
+}
+
+int redsem_options_set_tls_insecure_skip_verify(redsem_options *o, bool skip)
+{
+    if (o == NULL)
+        return REDSEM_EINVAL;
+    o->tls.insecure = skip;
     return REDSEM_OK;
 }

@@ -7,7 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "net/net.h"
 
 /* A unix socket that is listened on and never read: the kernel completes the connect (the
  * backlog holds it), then the client's send buffer and the peer's receive buffer fill up. */
@@ -38,7 +38,7 @@ Test(conn, a_write_honours_the_call_deadline, .timeout = 60)
     redsem__conn_init(&c);
     bool retryable = false;
     char err[256] = "";
-    int rc = redsem__conn_open(&c, &ep, redsem__now_ns() + 5000 * REDSEM__NS_PER_MS, 30000,
+    int rc = redsem__conn_open(&c, &ep, NULL, redsem__now_ns() + 5000 * REDSEM__NS_PER_MS, 30000,
                                &retryable, err, sizeof err);
     cr_assert_eq(rc, REDSEM_OK, "connect: %s", err);
     size_t len = 64u << 20; /* more than any socket buffer */

@@ -90,13 +90,17 @@ static const char *const good_urls[] = {
     "unix://:pw@/tmp/redis.sock",
     "unix://user:pw@/tmp/redis.sock?db=1",
     "unix:///tmp/with%20space.sock",
+    "rediss://localhost",
+    "rediss://user:pw@redis.example.com:6380/2",
+    "rediss://[::1]:6380",
 };
 
 static const char *const bad_urls[] = {
     "",
     "localhost:6379",
     "http://localhost",
-    "rediss://localhost",
+    "rediss://",
+    "rediss://host:0",
     "redis://",
     "redis://:6379",
     "redis://host:0",
@@ -254,4 +258,30 @@ Test(null, accessors_and_destructors_tolerate_null)
     cr_assert_eq(redsem_status_holder(NULL, 0, NULL, NULL, NULL), REDSEM_EINVAL);
     cr_assert_eq(redsem_status_waiter(NULL, 0, NULL, NULL, NULL), REDSEM_EINVAL);
     cr_assert_eq(redsem_monotonic_ms() > 0, 1);
+}
+
+Test(options, tls_settings)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_tls_ca(NULL, "/x", NULL), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_tls_ca(o, "", NULL), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_tls_ca(o, NULL, ""), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_tls_ca(o, "/etc/ca.pem", NULL), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_tls_ca(o, NULL, NULL), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_tls_cert(o, NULL, "/k.pem"), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_tls_cert(o, "", NULL), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_tls_cert(o, "/c.pem", "/k.pem"), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_tls_cert(o, NULL, NULL), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_tls_server_name(o, ""), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_tls_server_name(o, "a b"), REDSEM_EINVAL);
+    char longname[300];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    cr_assert_eq(redsem_options_set_tls_server_name(o, longname), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_tls_server_name(o, "redis.example.com"), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_tls_server_name(o, NULL), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_tls_insecure_skip_verify(NULL, true), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_tls_insecure_skip_verify(o, true), REDSEM_OK);
+    redsem_options_free(o);
 }

@@ -6,7 +6,7 @@
 # Runs apt-get as root, through sudo when not root.
 set -eu
 packages="gcc libc6-dev meson ninja-build pkg-config libhiredis-dev libsodium-dev libcriterion-dev libjansson-dev libssl-dev
-redis-server gnuplot-nox jq valgrind iptables iproute2 util-linux procps clang libclang-rt-14-dev"
+redis-server openssl gnuplot-nox jq valgrind iptables iproute2 util-linux procps clang libclang-rt-14-dev"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

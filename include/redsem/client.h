@@ -85,13 +85,67 @@ REDSEM_API void redsem_options_free(redsem_options *options);
  *           1..65535 (default 6379); db is 0..2147483647 (default 0). user and password may
  *           be percent-encoded (%40 for '@'). With a password and no user, AUTH password is
  *           sent; with both, AUTH user password (Redis 6 ACL). db != 0 sends SELECT db.
- *           rediss:// (TLS) is not supported and is rejected.
+ *             rediss://[user[:password]@]host[:port][/db]
+ *           is the same over TLS (OpenSSL), verified by default: the server's chain against
+ *           the CA of redsem_options_set_tls_ca() (or the system's CA certificates) and its
+ *           name, the URL's host or redsem_options_set_tls_server_name(), against the
+ *           certificate's subject alternative names (as an IP address when it is one).
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL or a malformed URL (the options are unchanged);
  *          REDSEM_ENOMEM.
  * Server: none (the URL is parsed now, used by redsem_client_new()).
  * Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_url(redsem_options *options, const char *url);
+
+/**
+ * redsem_options_set_tls_ca - the CA certificates that verify a rediss:// server.
+ *
+ * @ca_file  copied; a PEM file of one or more CA certificates, or NULL.
+ * @ca_dir   copied; a directory of hashed CA certificates (c_rehash), or NULL.
+ *           Both NULL (the default): the system's CA certificates (OpenSSL's default paths).
+ *           Files are read by redsem_client_new(), which fails with REDSEM_EINVAL and the
+ *           file's name and OpenSSL's reason if one cannot be read.
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL options, or an empty string); REDSEM_ENOMEM.
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.2
+ */
+REDSEM_API int redsem_options_set_tls_ca(redsem_options *options, const char *ca_file,
+                                         const char *ca_dir);
+
+/**
+ * redsem_options_set_tls_cert - a client certificate and key for mutual TLS
+ * (redis-server --tls-auth-clients yes).
+ *
+ * @cert_file  copied; PEM certificate (chain), or NULL for none (the default).
+ * @key_file   copied; PEM private key, or NULL when it is in cert_file. Read, and checked
+ *             against the certificate, by redsem_client_new() (REDSEM_EINVAL if not).
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL options, a key without a certificate, or an
+ *          empty string); REDSEM_ENOMEM.
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.2
+ */
+REDSEM_API int redsem_options_set_tls_cert(redsem_options *options, const char *cert_file,
+                                           const char *key_file);
+
+/**
+ * redsem_options_set_tls_server_name - the name sent as SNI and verified against the server's
+ * certificate, when it differs from the URL's host (connecting by address to a server whose
+ * certificate names it, for instance).
+ *
+ * @name  copied; a DNS name or an IP address, 1..253 bytes; NULL: the URL's host (default).
+ * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM.
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.2
+ */
+REDSEM_API int redsem_options_set_tls_server_name(redsem_options *options, const char *name);
+
+/**
+ * redsem_options_set_tls_insecure_skip_verify - accept ANY server certificate: no chain and
+ * no name check. The connection is encrypted but not authenticated: anyone in the path can
+ * impersonate the server. For test setups only; never in production.
+ *
+ * @skip  true to skip verification; false (the default) to verify.
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options.
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.2
+ */
+REDSEM_API int redsem_options_set_tls_insecure_skip_verify(redsem_options *options, bool skip);
 
 /**
  * redsem_options_set_connect_timeout_ms - bound on establishing one connection (name lookup

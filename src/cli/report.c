@@ -24,6 +24,7 @@ int cli_exit_code(int rc)
     case REDSEM_EPROTO:
         return CLI_EXIT_PROTOCOL;
     case REDSEM_EPERM:
+    case REDSEM_ETLS:
         return CLI_EXIT_NOPERM;
     case REDSEM_ECONFLICT:
         return CLI_EXIT_CONFIG;

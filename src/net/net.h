@@ -4,6 +4,8 @@
 #ifndef REDSEM_NET_H
 #define REDSEM_NET_H
 
+#include <sys/types.h>
+
 #include "base/base.h"
 
 struct redisReply;
@@ -20,6 +22,7 @@ typedef struct redsem__endpoint {
     char *user;     /* NULL: none */
     char *password; /* NULL: none */
     long db;
+    bool tls;       /* rediss:// */
 } redsem__endpoint;
 
 #define REDSEM__URL_MAX 4096
@@ -28,6 +31,22 @@ typedef struct redsem__endpoint {
 int redsem__url_parse(const char *url, redsem__endpoint *ep, char *err, size_t errlen);
 int redsem__endpoint_copy(redsem__endpoint *dst, const redsem__endpoint *src);
 void redsem__endpoint_clear(redsem__endpoint *ep);
+
+/* ---------------------------------------------------------------- TLS settings (tls.c) */
+typedef struct redsem__tls_opts {
+    char *ca_file;     /* NULL: the system's CA certificates (unless ca_dir) */
+    char *ca_dir;      /* NULL: none */
+    char *cert_file;   /* client certificate (mutual TLS); NULL: none */
+    char *key_file;    /* its key; NULL: in cert_file */
+    char *server_name; /* SNI and verification; NULL: the URL's host */
+    bool insecure;     /* skip verification of the chain and of the name (tests only) */
+} redsem__tls_opts;
+void redsem__tls_opts_clear(redsem__tls_opts *t);
+int redsem__tls_opts_copy(redsem__tls_opts *dst, const redsem__tls_opts *src);
+/* An OpenSSL client context (SSL_CTX *) for o, or NULL with the reason in err (a file that
+ * cannot be read, a key that does not match its certificate). */
+void *redsem__tls_ctx_new(const redsem__tls_opts *o, char *err, size_t errlen);
+void redsem__tls_ctx_free(void *ctx);
 
 /* ---------------------------------------------------------------- transport (socket.c) */
 /* A socket plus a hiredis protocol reader. hiredis formats requests and parses replies;
@@ -41,7 +60,15 @@ typedef struct redsem__conn {
     struct redisReplyObjectFunctions *fns;
     void *(*create_array)(const struct redisReadTask *task, int elements);
     long long oversized; /* the element count of a refused aggregate header */
+    void *ssl;           /* SSL *: a TLS connection (tls.c); NULL: plain */
 } redsem__conn;
+
+/* What a connection is to reach and how: a TLS context (NULL: plain) and the name to present
+ * and verify (NULL: the endpoint's host). */
+typedef struct redsem__conn_tls {
+    void *ctx;
+    const char *server_name;
+} redsem__conn_tls;
 
 /* No redsem reply holds more elements than a status listing REDSEM_LIMIT_MAX holders. */
 #define REDSEM__MAX_REPLY_ELEMENTS (3 * (long long)REDSEM_LIMIT_MAX)
@@ -61,8 +88,9 @@ void redsem__conn_init(redsem__conn *c);
 int redsem__conn_reader(redsem__conn *c);
 /* Returns REDSEM_OK, REDSEM_ECONN, REDSEM_ETIMEDOUT or REDSEM_ENOMEM; *retryable says whether
  * trying again may help (refused: yes; name not found: no). */
-int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,
-                      int64_t io_timeout_ms, bool *retryable, char *err, size_t errlen);
+int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem__conn_tls *tls,
+                      int64_t deadline_ns, int64_t io_timeout_ms, bool *retryable, char *err,
+                      size_t errlen);
 void redsem__conn_close(redsem__conn *c);
 /* Close with a RST (SO_LINGER 0): unsent and unacknowledged bytes are discarded, so a request
  * abandoned after a failure can never be delivered later. */
@@ -76,5 +104,19 @@ int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t dea
  * blocking context does); otherwise poll until deadline_ns. */
 int redsem__conn_read(redsem__conn *c, struct redisReply **ret, int64_t deadline_ns,
                       int *err_no, char *err, size_t errlen);
+/* Wait for events on fd until deadline_ns (REDSEM__FOREVER: no limit). 1 ready, 0 timeout,
+ * -1 error (errno). */
+int redsem__wait_fd(int fd, short events, int64_t deadline_ns);
+
+/* TLS on a connected non-blocking fd (tls.c, used by socket.c): the handshake until
+ * deadline_ns, then c->ssl is set. REDSEM_OK, ECONN, ETIMEDOUT, ETLS (verification refused),
+ * EINVAL or ENOMEM, with the reason in err. */
+int redsem__tls_connect(redsem__conn *c, int fd, void *ctx, const char *host, int64_t deadline_ns,
+                        char *err, size_t errlen);
+/* > 0 bytes moved; 0 closed by the peer; -1 error (*err_no); -2 wait for *events first. */
+ssize_t redsem__tls_recv(redsem__conn *c, char *buf, size_t len, short *events, int *err_no);
+ssize_t redsem__tls_send(redsem__conn *c, const char *buf, size_t len, short *events,
+                         int *err_no);
+void redsem__tls_free(redsem__conn *c);
 
 #endif /* REDSEM_NET_H */

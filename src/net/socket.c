@@ -33,10 +33,13 @@ void redsem__conn_init(redsem__conn *c)
     c->fns = NULL;
     c->create_array = NULL;
     c->oversized = 0;
+    c->ssl = NULL;
 }
 
 void redsem__conn_close(redsem__conn *c)
 {
+    if (c->ssl != NULL)
+        redsem__tls_free(c);
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -92,8 +95,7 @@ void redsem__conn_abort(redsem__conn *c)
     redsem__conn_close(c);
 }
 
-/* Wait for events on fd until deadline. 1 ready, 0 timeout, -1 error (errno). */
-static int wait_fd(int fd, short events, int64_t deadline_ns)
+int redsem__wait_fd(int fd, short events, int64_t deadline_ns)
 {
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = events};
@@ -118,7 +120,7 @@ static int wait_fd(int fd, short events, int64_t deadline_ns)
 
 static int finish_connect(int fd, int64_t deadline_ns, int *err_no)
 {
-    int w = wait_fd(fd, POLLOUT, deadline_ns);
+    int w = redsem__wait_fd(fd, POLLOUT, deadline_ns);
     if (w == 0)
         return REDSEM__IO_TIMEOUT;
     if (w < 0) {
@@ -183,8 +185,9 @@ static int make_blocking(int fd, int64_t io_timeout_ms)
     return 0;
 }
 
-int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadline_ns,
-                      int64_t io_timeout_ms, bool *retryable, char *err, size_t errlen)
+int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem__conn_tls *tls,
+                      int64_t deadline_ns, int64_t io_timeout_ms, bool *retryable, char *err,
+                      size_t errlen)
 {
     int fd = -1, err_no = 0, st;
     *retryable = true;
@@ -251,13 +254,27 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, int64_t deadl
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     }
-    if (make_blocking(fd, io_timeout_ms) < 0) {
+    c->io_timeout_ns = io_timeout_ms * REDSEM__NS_PER_MS;
+    if (tls != NULL && tls->ctx != NULL) {
+        /* TLS keeps the socket non-blocking: every read and write polls until its deadline */
+        const char *name = tls->server_name ? tls->server_name
+                                            : ep->kind == REDSEM__EP_TCP ? ep->host : "localhost";
+        int rc = redsem__tls_connect(c, fd, tls->ctx, name, deadline_ns, err, errlen);
+        if (rc != REDSEM_OK) {
+            /* a refused certificate or a port that does not speak TLS: trying again will
+             * not help */
+            *retryable = rc == REDSEM_ETIMEDOUT;
+            close(fd);
+            return rc;
+        }
+    } else if (make_blocking(fd, io_timeout_ms) < 0) {
         snprintf(err, errlen, "socket setup: %s", strerror(errno));
         close(fd);
         return REDSEM_ECONN;
     }
-    c->io_timeout_ns = io_timeout_ms * REDSEM__NS_PER_MS;
     if (redsem__conn_reader(c) != REDSEM_OK) {
+        if (c->ssl != NULL)
+            redsem__tls_free(c);
         close(fd);
         snprintf(err, errlen, "out of memory creating the reply reader");
         return REDSEM_ENOMEM;
@@ -273,6 +290,23 @@ int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t dea
     if (deadline_ns == 0)
         deadline_ns = redsem__now_ns() + c->io_timeout_ns;
     size_t off = 0;
+    while (c->ssl != NULL && off < len) {
+        short ev = 0;
+        ssize_t n = redsem__tls_send(c, buf + off, len - off, &ev, err_no);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n != -2)
+            return REDSEM__IO_CLOSED;
+        int w = redsem__wait_fd(c->fd, ev, deadline_ns);
+        if (w == 0)
+            return REDSEM__IO_TIMEOUT;
+        if (w < 0) {
+            *err_no = errno;
+            return REDSEM__IO_CLOSED;
+        }
+    }
     while (off < len) {
         /* MSG_DONTWAIT: a full send buffer (a stalled server) waits in poll, bounded by the
          * call's deadline, not by SO_SNDTIMEO. MSG_NOSIGNAL: never raise SIGPIPE. */
@@ -284,7 +318,7 @@ int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t dea
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int w = wait_fd(c->fd, POLLOUT, deadline_ns);
+            int w = redsem__wait_fd(c->fd, POLLOUT, deadline_ns);
             if (w == 0)
                 return REDSEM__IO_TIMEOUT;
             if (w < 0) {
@@ -320,13 +354,30 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
             return REDSEM__IO_OK;
         }
         ssize_t n;
-        if (deadline_ns == 0) {
+        if (c->ssl != NULL) {
+            /* TLS: the record layer may hold decrypted bytes, so read before polling */
+            short ev = 0;
+            n = redsem__tls_recv(c, buf, sizeof buf, &ev, err_no);
+            if (n == -2) {
+                int64_t dl = deadline_ns ? deadline_ns : redsem__now_ns() + c->io_timeout_ns;
+                int w = redsem__wait_fd(c->fd, ev, dl);
+                if (w == 0)
+                    return REDSEM__IO_TIMEOUT;
+                if (w < 0) {
+                    *err_no = errno;
+                    return REDSEM__IO_CLOSED;
+                }
+                continue;
+            }
+            if (n < 0)
+                return REDSEM__IO_CLOSED;
+        } else if (deadline_ns == 0) {
             /* blocking, bounded by SO_RCVTIMEO (the command timeout) */
             n = recv(c->fd, buf, sizeof buf, 0);
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
                 return REDSEM__IO_TIMEOUT;
         } else {
-            int w = wait_fd(c->fd, POLLIN, deadline_ns);
+            int w = redsem__wait_fd(c->fd, POLLIN, deadline_ns);
             if (w == 0)
                 return REDSEM__IO_TIMEOUT;
             if (w < 0) {

@@ -236,10 +236,11 @@ int redsem__url_parse(const char *url, redsem__endpoint *out, char *err, size_t 
         rc = parse_redis(url + 8, &ep, err, errlen);
     else if (strncmp(url, "unix://", 7) == 0)
         rc = parse_unix(url + 7, &ep, err, errlen);
-    else if (strncmp(url, "rediss://", 9) == 0)
-        rc = fail(err, errlen, "rediss:// (TLS) is not supported");
-    else
-        rc = fail(err, errlen, "scheme must be redis:// or unix://");
+    else if (strncmp(url, "rediss://", 9) == 0) {
+        rc = parse_redis(url + 9, &ep, err, errlen);
+        ep.tls = true;
+    } else
+        rc = fail(err, errlen, "scheme must be redis://, rediss:// (TLS) or unix://");
     if (rc != REDSEM_OK) {
         redsem__endpoint_clear(&ep);
         return rc;

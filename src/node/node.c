@@ -11,15 +11,30 @@
 #include "node/node.h"
 
 int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint *ep,
-                      int64_t connect_timeout_ms, int64_t command_timeout_ms, int64_t retry_ms)
+                      const redsem__node_cfg *cfg, char *err, size_t errlen)
 {
     memset(n, 0, sizeof *n);
     n->ctx = ctx;
     redsem__conn_init(&n->conn);
-    n->connect_timeout_ms = connect_timeout_ms;
-    n->command_timeout_ms = command_timeout_ms;
-    n->retry_ms = retry_ms;
-    return redsem__endpoint_copy(&n->ep, ep);
+    n->connect_timeout_ms = cfg->connect_timeout_ms;
+    n->command_timeout_ms = cfg->command_timeout_ms;
+    n->retry_ms = cfg->retry_ms;
+    if (redsem__endpoint_copy(&n->ep, ep) != REDSEM_OK) {
+        snprintf(err, errlen, "out of memory");
+        return REDSEM_ENOMEM;
+    }
+    if (ep->tls) {
+        static const redsem__tls_opts defaults = {0};
+        const redsem__tls_opts *t = cfg->tls ? cfg->tls : &defaults;
+        n->tls_ctx = redsem__tls_ctx_new(t, err, errlen);
+        if (n->tls_ctx == NULL)
+            return REDSEM_EINVAL;
+        if (t->server_name && (n->tls_server_name = redsem__strdup(t->server_name)) == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return REDSEM_ENOMEM;
+        }
+    }
+    return REDSEM_OK;
 }
 
 void redsem__node_close(redsem__node *n)
@@ -27,6 +42,10 @@ void redsem__node_close(redsem__node *n)
     redsem__conn_close(&n->conn);
     n->connected = false;
     redsem__endpoint_clear(&n->ep);
+    redsem__tls_ctx_free(n->tls_ctx);
+    n->tls_ctx = NULL;
+    redsem__free(n->tls_server_name);
+    n->tls_server_name = NULL;
 }
 
 int redsem__node_error_reply(redsem__node *n, const redisReply *r, const char *what)
@@ -157,8 +176,9 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
     if (n->ctx->deadline_cap_ns && n->ctx->deadline_cap_ns < deadline)
         deadline = n->ctx->deadline_cap_ns;
     drop_connection(n);
-    int rc = redsem__conn_open(&n->conn, &n->ep, deadline, n->command_timeout_ms, retryable,
-                               err, errlen);
+    redsem__conn_tls tls = {n->tls_ctx, n->tls_server_name};
+    int rc = redsem__conn_open(&n->conn, &n->ep, &tls, deadline, n->command_timeout_ms,
+                               retryable, err, errlen);
     if (rc != REDSEM_OK)
         return rc;
     redsem__args a;
@@ -182,6 +202,16 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
         /* Authentication and SELECT refusals are configuration errors: retrying won't help. */
         *retryable = rc == REDSEM_ECONN;
         drop_connection(n);
+        /* A TLS port drops a client that does not start with a TLS handshake; a server
+         * that requires client certificates drops one without (TLS 1.3 tells the client only
+         * then). */
+        if (rc == REDSEM_ECONN && n->ep.kind == REDSEM__EP_TCP && strstr(err, "connection lost")) {
+            size_t l = strlen(err);
+            snprintf(err + l, errlen > l ? errlen - l : 0, "%s",
+                     n->ep.tls ? " (just after the TLS handshake: does the server require a "
+                                 "client certificate? see redsem_options_set_tls_cert)"
+                               : " (during the handshake: if this is a TLS port, use rediss://)");
+        }
         return rc;
     }
     n->connected = true;

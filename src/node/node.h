@@ -9,9 +9,19 @@
 #include "net/net.h"
 #include "proto/resp.h"
 
+/* How a client reaches its servers: the same for every node it connects. */
+typedef struct redsem__node_cfg {
+    int64_t connect_timeout_ms;
+    int64_t command_timeout_ms;
+    int64_t retry_ms;
+    const redsem__tls_opts *tls; /* used for rediss:// endpoints; NULL: defaults */
+} redsem__node_cfg;
+
 typedef struct redsem__node {
     redsem__ctx *ctx; /* the owning client's errors, counters and deadline cap */
     redsem__endpoint ep;
+    void *tls_ctx;     /* SSL_CTX * for a rediss:// endpoint, else NULL */
+    char *tls_server_name; /* NULL: the endpoint's host */
     int64_t connect_timeout_ms;
     int64_t command_timeout_ms;
     int64_t retry_ms;
@@ -26,9 +36,11 @@ typedef struct redsem__node {
     bool clock_offset_known;
 } redsem__node;
 
-/* Set up n for ep (copied) without connecting. REDSEM_OK or REDSEM_ENOMEM. */
+/* Set up n for ep (copied) without connecting; for rediss:// the TLS context is made now
+ * (its files read). REDSEM_OK, REDSEM_EINVAL (a TLS file, with the reason in err) or
+ * REDSEM_ENOMEM. */
 int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint *ep,
-                      int64_t connect_timeout_ms, int64_t command_timeout_ms, int64_t retry_ms);
+                      const redsem__node_cfg *cfg, char *err, size_t errlen);
 void redsem__node_close(redsem__node *n);
 /* Connect and run the handshake. On failure err says why and *retryable whether another
  * try may help. */

@@ -2,10 +2,9 @@
 #include "topo/topo.h"
 
 int redsem__topo_init(redsem__topo *t, redsem__ctx *ctx, const redsem__endpoint *ep,
-                      int64_t connect_timeout_ms, int64_t command_timeout_ms, int64_t retry_ms)
+                      const redsem__node_cfg *cfg, char *err, size_t errlen)
 {
-    return redsem__node_init(&t->single, ctx, ep, connect_timeout_ms, command_timeout_ms,
-                             retry_ms);
+    return redsem__node_init(&t->single, ctx, ep, cfg, err, errlen);
 }
 
 void redsem__topo_close(redsem__topo *t)

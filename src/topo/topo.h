@@ -11,8 +11,9 @@ typedef struct redsem__topo {
     redsem__node single; /* the one server */
 } redsem__topo;
 
+/* Set up the topology of ep without connecting. REDSEM_OK, EINVAL or ENOMEM (reason in err). */
 int redsem__topo_init(redsem__topo *t, redsem__ctx *ctx, const redsem__endpoint *ep,
-                      int64_t connect_timeout_ms, int64_t command_timeout_ms, int64_t retry_ms);
+                      const redsem__node_cfg *cfg, char *err, size_t errlen);
 void redsem__topo_close(redsem__topo *t);
 /* The node that serves key (len bytes); key may be NULL for a call that names no key. */
 redsem__node *redsem__topo_node(redsem__topo *t, const char *key, size_t len);

@@ -237,7 +237,6 @@ Test(cli, usage_errors)
         {"status", "--foreground", "x", NULL},
         {"status", "x", "y", NULL},
         {"status", "--url", "http://example.com", "x", NULL},
-        {"status", "--url", "rediss://127.0.0.1:6379", "x", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cli_proc p;

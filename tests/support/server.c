@@ -32,7 +32,7 @@ const char *ts_redis_server_path(void)
     return NULL;
 }
 
-static int free_port(void)
+int ts_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
@@ -146,7 +146,7 @@ int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int
     for (int i = 0; extra && extra[i] && i < 32; i++)
         s->extra[s->nextra++] = extra[i];
     for (int attempt = 0; attempt < 5; attempt++) {
-        s->port = tcp ? free_port() : 0;
+        s->port = tcp ? ts_free_port() : 0;
         int rc = spawn(s);
         if (rc != -1 || !tcp)
             return rc;

@@ -39,6 +39,8 @@ void ts_server_stop(ts_server *s);
 /* Send one command (argv style) on a fresh connection; returns 0 if the reply is not an
  * error. reply_out (may be NULL) receives the reply as a string (integer/status/bulk/error). */
 int ts_command(const ts_server *s, char *reply_out, size_t reply_len, const char *cmd, ...);
+/* A loopback TCP port that was free a moment ago (for --tls-port and the like), or -1. */
+int ts_free_port(void);
 /* Wait until the server answers PING (up to ms). 0 ok. */
 int ts_wait_ready(const ts_server *s, int ms);
 
