@@ -734,3 +734,40 @@ Test(sem, expired_queued_waiter_queues_again_locked, TO)
 {
     expired_waiter_requeues(REDSEM_STRATEGY_LOCKED);
 }
+
+/* Found by the fault suite (scenario 12, CLIENT KILL during a locked wait with a retry window
+ * of 0, under load): an attempt whose guard_acquire the server applied but whose reply was
+ * lost left the guard under the waiter's own id for the guard lease, and the same attempt
+ * asking again was told "busy". The waiter leaving the queue after the lost connection
+ * could not leave, and its entry withheld the permit that the holder's release handed to it
+ * until its wait lease ended: the next acquire got REDSEM_EBUSY. The lost reply is
+ * simulated by setting the guard under the holder's id, as that request had. */
+Test(sem, own_guard_left_by_a_lost_reply_is_taken_again_locked, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("ownguard");
+    redsem_sem *s = open_sem(c, name, REDSEM_STRATEGY_LOCKED, 1, 10000);
+    OK(c, redsem_sem_set_guard_lease_ms(s, 10000));
+    char id[REDSEM_ID_BUFSIZE], other[REDSEM_ID_BUFSIZE], key[256], out[64];
+    redsem_id_generate(id);
+    redsem_id_generate(other);
+    snprintf(key, sizeof key, "redsem:{%s}:lock", name);
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "SET", key, id, "PX", "10000", NULL), 0);
+    /* busy until the guard expired (10 s) before the fix: REDSEM_EBUSY after 500 ms */
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_acquire_as(s, id, 500, &p));
+    /* and the attempt dropped it as usual */
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "EXISTS", key, NULL), 0);
+    cr_assert_str_eq(out, "0", "the guard was left behind");
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    p = NULL;
+    /* a guard held under another id still excludes: busy although the permit is free */
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "SET", key, other, "PX", "10000", NULL), 0);
+    EXPECT(c, REDSEM_EBUSY, redsem_sem_try_acquire(s, &p));
+    cr_assert_null(p);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "GET", key, NULL), 0);
+    cr_assert_str_eq(out, other, "the other id's guard was touched");
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
