@@ -489,6 +489,12 @@ int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka
         info->maybe_applied = false;
         info->sent_ns = 0;
     }
+    /* A copy sent before a NOSCRIPT retry may have been applied: a reply lost with the
+     * connection, then a restarted server (whose script cache is empty) answering the resent
+     * copy NOSCRIPT. The request after the reload starts its own req_info; keep what the
+     * earlier copies may have done, or a release re-sent after a restart would call its own
+     * first copy's work "not held" (REDSEM_ELOST). */
+    bool maybe_applied = false;
     for (int attempt = 0;; attempt++) {
         /* The SHA the server returned is kept per client and reused on later connections;
          * after a restart, failover or SCRIPT FLUSH the server answers NOSCRIPT and the script
@@ -504,6 +510,10 @@ int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka
             redsem__args_mem(&a, ka->v[i], ka->len[i]);
         redisReply *r = NULL;
         rc = redsem__request(c, &a, flags, 0, &r, info);
+        if (info != NULL) {
+            maybe_applied = maybe_applied || info->maybe_applied;
+            info->maybe_applied = maybe_applied;
+        }
         if (rc != REDSEM_OK)
             return rc;
         /* Each NOSCRIPT gets one load and one retry; a server whose cache is flushed again
