@@ -18,6 +18,12 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
                  redsem__req_info *info, redisReply **ret_reply)
 {
     const redsem__script_def *d = &redsem__script_defs[script];
+    /* A copy sent before a NOSCRIPT retry may have been applied: a reply lost with the
+     * connection, then a restarted server (whose script cache is empty) answering the resent
+     * copy NOSCRIPT. Each request starts its own req_info; keep what the earlier copies may
+     * have done, or a release re-sent after a restart would call its own first copy's work
+     * "not held" (REDSEM_ELOST). */
+    bool maybe_applied = false;
     for (int attempt = 0;; attempt++) {
         bool body = !n->script_sent[script];
         redsem__args a;
@@ -34,6 +40,10 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
             redsem__args_mem(&a, ka->v[i], ka->len[i]);
         redisReply *r = NULL;
         int rc = redsem__node_request(n, &a, flags, 0, &r, info);
+        if (info != NULL) {
+            maybe_applied = maybe_applied || info->maybe_applied;
+            info->maybe_applied = maybe_applied;
+        }
         if (rc != REDSEM_OK)
             return rc;
         if (body)
