@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fixture.h"
@@ -306,4 +307,51 @@ Test(tls, tls_to_a_plain_port_is_refused, TO)
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", e.dir);
     (void)system(cmd);
+}
+
+/* Run redsem(1) through the shell with env and args; returns its exit status, stderr in err. */
+static int run_cli(tls_env *e, const char *env, const char *args, char *err, size_t errlen)
+{
+    const char *bin = getenv("REDSEM_BIN");
+    cr_assert_not_null(bin, "REDSEM_BIN is not set (run through meson test)");
+    char errfile[400], cmd[2048];
+    snprintf(errfile, sizeof errfile, "%s/cli.err", e->dir);
+    snprintf(cmd, sizeof cmd, "env %s %s %s >/dev/null 2>%s", env, bin, args, errfile);
+    int st = system(cmd);
+    FILE *f = fopen(errfile, "r");
+    size_t n = f ? fread(err, 1, errlen - 1, f) : 0;
+    err[n] = '\0';
+    if (f)
+        fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The CLI over TLS: --tls-* flags and the REDSEM_TLS_* variables, and a refused certificate
+ * (exit status 77, with the reason on stderr). */
+Test(tls, the_cli_over_tls, TO)
+{
+    tls_env e;
+    start_tls_server(&e, "server.crt", "yes");
+    char args[1500], env[1200], err[2048];
+    snprintf(env, sizeof env, "REDSEM_URL=rediss://localhost:%d REDSEM_TLS_CA=%s/ca.crt "
+             "REDSEM_TLS_CERT=%s/client.crt REDSEM_TLS_KEY=%s/client.key", e.port, e.dir, e.dir,
+             e.dir);
+    int code = run_cli(&e, env, "run --limit 2 tlsjob -- true", err, sizeof err);
+    cr_assert_eq(code, 0, "run over TLS (variables): exit %d: %s", code, err);
+    snprintf(args, sizeof args, "status --url rediss://127.0.0.1:%d --tls-ca %s/ca.crt "
+             "--tls-cert %s/client.crt --tls-key %s/client.key tlsjob", e.port, e.dir, e.dir,
+             e.dir);
+    code = run_cli(&e, "", args, err, sizeof err);
+    cr_assert_eq(code, 0, "status over TLS (flags): exit %d: %s", code, err);
+    snprintf(args, sizeof args, "status --url rediss://127.0.0.1:%d --tls-ca %s/other-ca.crt "
+             "--tls-cert %s/client.crt --tls-key %s/client.key tlsjob", e.port, e.dir, e.dir,
+             e.dir);
+    code = run_cli(&e, "", args, err, sizeof err);
+    cr_assert_eq(code, 77, "an unknown CA: exit %d: %s", code, err);
+    cr_assert(strstr(err, "refused") != NULL, "%s", err);
+    snprintf(args, sizeof args, "status --url rediss://127.0.0.1:%d --tls-key %s/client.key x",
+             e.port, e.dir);
+    code = run_cli(&e, "", args, err, sizeof err);
+    cr_assert_eq(code, 64, "--tls-key without --tls-cert: exit %d: %s", code, err);
+    stop(&e);
 }

@@ -56,6 +56,9 @@ typedef struct cli_opts {
     const char *cmd_name;   /* "run", "lock", ... for messages */
     const char *url;        /* --url, else $REDSEM_URL, else REDSEM_DEFAULT_URL */
     const char *url_source; /* "--url", "REDSEM_URL" or "the default URL", for messages */
+    /* rediss://: --tls-* options, else the REDSEM_TLS_* variables; NULL: not set */
+    const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_server_name;
+    bool tls_insecure;
     bool lock;              /* the mutex NAME (lock, --lock) instead of a semaphore */
     redsem_strategy strategy;
     bool strategy_set;

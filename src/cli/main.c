@@ -15,7 +15,7 @@
 
 /* Keep in step with docs/redsem.1 (tests/cli/test_cli.c compares the options and the exit
  * statuses of the two). */
-static const char help_text[] =
+static const char help_commands[] =
     "Usage: redsem COMMAND [OPTIONS] NAME [ID | -- CMD [ARGS...]]\n"
     "\n"
     "Cap how many processes, on any number of machines, run at once: a counting semaphore\n"
@@ -38,11 +38,27 @@ static const char help_text[] =
     "        show the strategy, the limit, the holders (lease left, fencing token) and\n"
     "        the waiters\n"
     "  help  show this help\n"
-    "\n"
+    "\n";
+/* three literals: each stays under the 4095 bytes C11 compilers must support */
+static const char help_text[] =
     "Options (before NAME):\n"
-    "  --url URL            Redis to use: redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] or\n"
-    "                       unix:///PATH[?db=DB]; default $REDSEM_URL, else\n"
-    "                       " REDSEM_DEFAULT_URL "\n"
+    "  --url URL            Redis to use: redis://[USER[:PASSWORD]@]HOST[:PORT][/DB],\n"
+    "                       rediss://... (TLS) or unix:///PATH[?db=DB]; default\n"
+    "                       $REDSEM_URL, else " REDSEM_DEFAULT_URL "\n"
+    "  --tls-ca FILE        rediss://: CA certificates (PEM) that verify the server\n"
+    "                       (default $REDSEM_TLS_CA, else the system's)\n"
+    "  --tls-ca-dir DIR     rediss://: a directory of hashed CA certificates\n"
+    "                       (default $REDSEM_TLS_CA_DIR)\n"
+    "  --tls-cert FILE      rediss://: client certificate for mutual TLS\n"
+    "                       (default $REDSEM_TLS_CERT)\n"
+    "  --tls-key FILE       rediss://: its private key, if not in --tls-cert\n"
+    "                       (default $REDSEM_TLS_KEY)\n"
+    "  --tls-server-name NAME\n"
+    "                       rediss://: the name to verify, if not the URL's host\n"
+    "                       (default $REDSEM_TLS_SERVER_NAME)\n"
+    "  --tls-insecure-skip-verify\n"
+    "                       rediss://: accept ANY certificate (tests only: anyone on the\n"
+    "                       path could impersonate the server)\n"
     "  --strategy STRATEGY  semaphores: basic, fair or locked (default fair)\n"
     "  --limit N            semaphores: how many permits, 1..1000000 (default 1)\n"
     "  --lease DURATION     lease of a permit (default 30s); run and lock renew it every\n"
@@ -70,9 +86,14 @@ static const char help_text[] =
     "SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to redsem are forwarded; SIGTSTP\n"
     "stops CMD and redsem. If the lease is lost, CMD gets SIGTERM, then SIGKILL after\n"
     "--kill-after, and redsem exits with 79.\n"
-    "\n"
+    "\n";
+static const char help_env[] =
     "Environment:\n"
     "  REDSEM_URL    the default for --url\n"
+    "  REDSEM_TLS_CA, REDSEM_TLS_CA_DIR, REDSEM_TLS_CERT, REDSEM_TLS_KEY,\n"
+    "  REDSEM_TLS_SERVER_NAME\n"
+    "                the defaults for --tls-ca, --tls-ca-dir, --tls-cert, --tls-key and\n"
+    "                --tls-server-name\n"
     "  CMD is run with REDSEM_NAME (NAME), REDSEM_ID (the permit's ID) and REDSEM_FENCE\n"
     "  (its fencing token, a decimal number that increases with every grant of NAME).\n"
     "\n"
@@ -85,7 +106,8 @@ static const char help_text[] =
     "  71     operating system error (pipe, signals, process creation)\n"
     "  75     no permit within --wait (run, lock: CMD was not run)\n"
     "  76     Redis answered with an error (its text is printed)\n"
-    "  77     Redis refused the password or the ACL user's permissions\n"
+    "  77     Redis refused the password or the ACL user's permissions, or TLS refused\n"
+    "         the server's certificate\n"
     "  78     NAME exists on the server with another strategy or limit\n"
     "  79     the lease was lost: run, lock: while CMD ran (it was terminated);\n"
     "         refresh, release: ID holds no permit of NAME\n"
@@ -97,6 +119,13 @@ static const char help_text[] =
     "\n"
     "Example: redsem run --limit 4 nightly-export -- ./export.sh\n"
     "See redsem(1).\n";
+
+static void print_help(void)
+{
+    fputs(help_commands, stdout);
+    fputs(help_text, stdout);
+    fputs(help_env, stdout);
+}
 
 static int usage_error(const cli_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -124,7 +153,13 @@ enum {
     OPT_KILL_AFTER,
     OPT_FOREGROUND,
     OPT_LOCK,
-    OPT_JSON
+    OPT_JSON,
+    OPT_TLS_CA,
+    OPT_TLS_CA_DIR,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_TLS_SERVER_NAME,
+    OPT_TLS_INSECURE
 };
 
 #define CMDS_ALL                                                                               \
@@ -142,6 +177,12 @@ static const struct option long_options[] = {
     {"foreground", no_argument, NULL, OPT_FOREGROUND},
     {"lock", no_argument, NULL, OPT_LOCK},
     {"json", no_argument, NULL, OPT_JSON},
+    {"tls-ca", required_argument, NULL, OPT_TLS_CA},
+    {"tls-ca-dir", required_argument, NULL, OPT_TLS_CA_DIR},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"tls-server-name", required_argument, NULL, OPT_TLS_SERVER_NAME},
+    {"tls-insecure-skip-verify", no_argument, NULL, OPT_TLS_INSECURE},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
@@ -240,7 +281,7 @@ static int parse(int argc, char **argv, cli_opts *o)
         return usage_error(NULL, "no command given");
     const char *c = argv[1];
     if (strcmp(c, "-h") == 0 || strcmp(c, "--help") == 0 || strcmp(c, "help") == 0) {
-        fputs(help_text, stdout);
+        print_help();
         return -1;
     }
     if (strcmp(c, "-V") == 0 || strcmp(c, "--version") == 0) {
@@ -275,7 +316,7 @@ static int parse(int argc, char **argv, cli_opts *o)
         if (opt == ':')
             return usage_error(o, "option '%s' needs an argument", sub_argv[optind - 1]);
         if (opt == 'h') {
-            fputs(help_text, stdout);
+            print_help();
             return -1;
         }
         if (opt == 'V') {
@@ -288,6 +329,24 @@ static int parse(int argc, char **argv, cli_opts *o)
         case OPT_URL:
             o->url = optarg;
             o->url_source = "--url";
+            break;
+        case OPT_TLS_CA:
+            o->tls_ca = optarg;
+            break;
+        case OPT_TLS_CA_DIR:
+            o->tls_ca_dir = optarg;
+            break;
+        case OPT_TLS_CERT:
+            o->tls_cert = optarg;
+            break;
+        case OPT_TLS_KEY:
+            o->tls_key = optarg;
+            break;
+        case OPT_TLS_SERVER_NAME:
+            o->tls_server_name = optarg;
+            break;
+        case OPT_TLS_INSECURE:
+            o->tls_insecure = true;
             break;
         case OPT_STRATEGY:
             if (redsem_strategy_parse(optarg, &o->strategy) != REDSEM_OK)
@@ -385,6 +444,20 @@ static int parse(int argc, char **argv, cli_opts *o)
         o->url = env != NULL && *env ? env : REDSEM_DEFAULT_URL;
         o->url_source = env != NULL && *env ? "REDSEM_URL" : "the default URL";
     }
+    const struct {
+        const char **field, *var;
+    } tls_env[] = {
+        {&o->tls_ca, "REDSEM_TLS_CA"},     {&o->tls_ca_dir, "REDSEM_TLS_CA_DIR"},
+        {&o->tls_cert, "REDSEM_TLS_CERT"}, {&o->tls_key, "REDSEM_TLS_KEY"},
+        {&o->tls_server_name, "REDSEM_TLS_SERVER_NAME"},
+    };
+    for (size_t i = 0; i < sizeof tls_env / sizeof *tls_env; i++) {
+        const char *env = getenv(tls_env[i].var);
+        if (*tls_env[i].field == NULL && env != NULL && *env)
+            *tls_env[i].field = env;
+    }
+    if (o->tls_key != NULL && o->tls_cert == NULL)
+        return usage_error(o, "--tls-key needs --tls-cert");
     return 0;
 }
 

@@ -16,19 +16,37 @@ int cli_session_connect(const cli_opts *o, cli_session *s)
         redsem_options_free(opts);
         if (rc == REDSEM_EINVAL) {
             /* the URL may hold a password: do not echo it */
-            cli_msg(o, "malformed URL (from %s): use redis://[USER[:PASSWORD]@]HOST[:PORT][/DB] "
-                       "or unix:///PATH[?db=DB] (rediss:// is not supported)",
+            cli_msg(o, "malformed URL (from %s): use redis://[USER[:PASSWORD]@]HOST[:PORT][/DB], "
+                       "rediss://... (TLS) or unix:///PATH[?db=DB]",
                     o->url_source);
             return CLI_EXIT_USAGE;
         }
         return cli_fail(o, "connect", rc, NULL);
     }
+    if ((o->tls_ca || o->tls_ca_dir) &&
+        (rc = redsem_options_set_tls_ca(opts, o->tls_ca, o->tls_ca_dir)) != REDSEM_OK)
+        goto bad_tls;
+    if (o->tls_cert && (rc = redsem_options_set_tls_cert(opts, o->tls_cert, o->tls_key)) != REDSEM_OK)
+        goto bad_tls;
+    if (o->tls_server_name &&
+        (rc = redsem_options_set_tls_server_name(opts, o->tls_server_name)) != REDSEM_OK)
+        goto bad_tls;
+    if (o->tls_insecure)
+        (void)redsem_options_set_tls_insecure_skip_verify(opts, true);
     char err[512] = "";
     rc = redsem_client_new_verbose(opts, &s->client, err, sizeof err);
     redsem_options_free(opts);
     if (rc != REDSEM_OK)
         return cli_fail(o, NULL, rc, err);
     return 0;
+bad_tls:
+    redsem_options_free(opts);
+    if (rc == REDSEM_EINVAL) {
+        cli_msg(o, "invalid --tls-* option or REDSEM_TLS_* variable (an empty value, or a "
+                   "server name with spaces or longer than 253 bytes)");
+        return CLI_EXIT_USAGE;
+    }
+    return cli_fail(o, "connect", rc, NULL);
 }
 
 int cli_session_open(const cli_opts *o, cli_session *s)
