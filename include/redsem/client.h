@@ -90,6 +90,19 @@ REDSEM_API void redsem_options_free(redsem_options *options);
  *           the CA of redsem_options_set_tls_ca() (or the system's CA certificates) and its
  *           name, the URL's host or redsem_options_set_tls_server_name(), against the
  *           certificate's subject alternative names (as an IP address when it is one).
+ *             redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/MASTER
+ *                 [?db=N][&sentinel_user=U&sentinel_password=P]
+ *           a primary managed by Sentinel: the Sentinels (1..16; port default 26379) are
+ *           asked in turn (SENTINEL get-master-addr-by-name MASTER; the first that answers
+ *           is asked first next time), the address given is connected to with user,
+ *           password and db, and must answer ROLE as the primary. The Sentinels are asked
+ *           again at every reconnect: after a failover (a lost connection, or a READONLY
+ *           reply from a demoted primary) a call resends to the new primary within its
+ *           retry window (redsem_options_set_retry_ms(): make it longer than a failover
+ *           takes). sentinel_user/sentinel_password (percent-encoded) are the Sentinels' own
+ *           credentials. rediss+sentinel:// uses TLS for the Sentinels and the data nodes
+ *           alike (the same CA and client certificate options; each verified by its own
+ *           host name).
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL or a malformed URL (the options are unchanged);
  *          REDSEM_ENOMEM.
  * Server: none (the URL is parsed now, used by redsem_client_new()).

@@ -43,8 +43,10 @@ static const char help_commands[] =
 static const char help_text[] =
     "Options (before NAME):\n"
     "  --url URL            Redis to use: redis://[USER[:PASSWORD]@]HOST[:PORT][/DB],\n"
-    "                       rediss://... (TLS) or unix:///PATH[?db=DB]; default\n"
-    "                       $REDSEM_URL, else " REDSEM_DEFAULT_URL "\n"
+    "                       rediss://... (TLS), unix:///PATH[?db=DB], or a Sentinel-managed\n"
+    "                       primary: redis+sentinel://HOST[:PORT][,HOST[:PORT]...]/MASTER\n"
+    "                       (rediss+sentinel:// over TLS); default $REDSEM_URL, else\n"
+    "                       " REDSEM_DEFAULT_URL "\n"
     "  --tls-ca FILE        rediss://: CA certificates (PEM) that verify the server\n"
     "                       (default $REDSEM_TLS_CA, else the system's)\n"
     "  --tls-ca-dir DIR     rediss://: a directory of hashed CA certificates\n"

@@ -17,7 +17,8 @@ int cli_session_connect(const cli_opts *o, cli_session *s)
         if (rc == REDSEM_EINVAL) {
             /* the URL may hold a password: do not echo it */
             cli_msg(o, "malformed URL (from %s): use redis://[USER[:PASSWORD]@]HOST[:PORT][/DB], "
-                       "rediss://... (TLS) or unix:///PATH[?db=DB]",
+                       "rediss://... (TLS), unix:///PATH[?db=DB] or "
+                       "redis+sentinel://HOST[:PORT][,HOST[:PORT]...]/MASTER[?db=DB]",
                     o->url_source);
             return CLI_EXIT_USAGE;
         }

@@ -13,7 +13,12 @@ struct redisReadTask;
 struct redisReplyObjectFunctions;
 
 /* ---------------------------------------------------------------- URL (url.c) */
-enum { REDSEM__EP_TCP = 1, REDSEM__EP_UNIX = 2 };
+enum { REDSEM__EP_TCP = 1, REDSEM__EP_UNIX = 2, REDSEM__EP_SENTINEL = 3 };
+#define REDSEM__SENTINELS_MAX 16
+typedef struct redsem__hostport {
+    char *host;
+    int port;
+} redsem__hostport;
 typedef struct redsem__endpoint {
     int kind;
     char *host;     /* TCP: name or address, brackets removed */
@@ -22,7 +27,14 @@ typedef struct redsem__endpoint {
     char *user;     /* NULL: none */
     char *password; /* NULL: none */
     long db;
-    bool tls;       /* rediss:// */
+    bool tls;       /* rediss://, rediss+sentinel:// */
+    /* SENTINEL: the Sentinels to ask, the primary's name, the Sentinels' own credentials
+     * (user and password are the data nodes') */
+    redsem__hostport *sentinels;
+    size_t nsentinels;
+    char *master;
+    char *sentinel_user;     /* NULL: none */
+    char *sentinel_password; /* NULL: none */
 } redsem__endpoint;
 
 #define REDSEM__URL_MAX 4096

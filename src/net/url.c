@@ -1,6 +1,8 @@
 /* redsem - connection URLs:
- *   redis://[user[:password]@]host[:port][/db]
+ *   redis://[user[:password]@]host[:port][/db]         (rediss:// the same over TLS)
  *   unix://[user[:password]@]/absolute/path[?db=N]
+ *   redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/MASTER
+ *       [?db=N][&sentinel_user=U&sentinel_password=P]  (rediss+sentinel:// over TLS)
  * user, password and path may be percent-encoded. Strict: anything else is EINVAL. */
 #include <stdio.h>
 #include <string.h>
@@ -115,26 +117,10 @@ static int parse_userinfo(const char *s, size_t len, redsem__endpoint *ep, char 
     return REDSEM_OK;
 }
 
-static int parse_redis(const char *p, redsem__endpoint *ep, char *err, size_t errlen)
+/* host[:port] or [v6][:port] in [s, s+len): a new string in *host. */
+static int parse_hostport(const char *host, size_t hlen, int default_port, char **out_host,
+                          int *out_port, char *err, size_t errlen)
 {
-    /* authority ends at the first '/' */
-    const char *slash = strchr(p, '/');
-    size_t alen = slash ? (size_t)(slash - p) : strlen(p);
-    if (memchr(p, '?', alen) || memchr(p, '#', alen))
-        return fail(err, errlen, "redis:// URLs take no query; use /db");
-    /* userinfo: up to the last '@' of the authority */
-    const char *at = NULL;
-    for (size_t i = 0; i < alen; i++)
-        if (p[i] == '@')
-            at = p + i;
-    const char *host = p;
-    if (at) {
-        int rc = parse_userinfo(p, (size_t)(at - p), ep, err, errlen);
-        if (rc != REDSEM_OK)
-            return rc;
-        host = at + 1;
-    }
-    size_t hlen = alen - (size_t)(host - p);
     const char *hend = host + hlen;
     const char *portp = NULL;
     size_t name_len;
@@ -170,18 +156,135 @@ static int parse_redis(const char *p, redsem__endpoint *ep, char *err, size_t er
         return fail(err, errlen, "missing host");
     if (name_len > 253)
         return fail(err, errlen, "host name too long");
-    long port = 6379;
+    long port = default_port;
     if (portp && !parse_num(portp, (size_t)(hend - portp), 1, 65535, &port))
         return fail(err, errlen, "port must be 1..65535");
+    *out_host = redsem__memdup0(name, name_len);
+    if (*out_host == NULL)
+        return REDSEM_ENOMEM;
+    *out_port = (int)port;
+    return REDSEM_OK;
+}
+
+/* The authority "[userinfo@]rest": userinfo into ep; *rest, *rest_len what follows '@'. */
+static int split_userinfo(const char *p, size_t alen, redsem__endpoint *ep, const char **rest,
+                          size_t *rest_len, char *err, size_t errlen)
+{
+    const char *at = NULL;
+    for (size_t i = 0; i < alen; i++) /* up to the last '@' */
+        if (p[i] == '@')
+            at = p + i;
+    *rest = p;
+    if (at) {
+        int rc = parse_userinfo(p, (size_t)(at - p), ep, err, errlen);
+        if (rc != REDSEM_OK)
+            return rc;
+        *rest = at + 1;
+    }
+    *rest_len = alen - (size_t)(*rest - p);
+    return REDSEM_OK;
+}
+
+static int parse_redis(const char *p, redsem__endpoint *ep, char *err, size_t errlen)
+{
+    /* authority ends at the first '/' */
+    const char *slash = strchr(p, '/');
+    size_t alen = slash ? (size_t)(slash - p) : strlen(p);
+    if (memchr(p, '?', alen) || memchr(p, '#', alen))
+        return fail(err, errlen, "redis:// URLs take no query; use /db");
+    const char *host;
+    size_t hlen;
+    int rc = split_userinfo(p, alen, ep, &host, &hlen, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
+    int port;
+    rc = parse_hostport(host, hlen, 6379, &ep->host, &port, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
     long db = 0;
     if (slash && slash[1] != '\0' && !parse_num(slash + 1, strlen(slash + 1), 0, 2147483647, &db))
         return fail(err, errlen, "database must be a number 0..2147483647 after '/'");
-    ep->host = redsem__memdup0(name, name_len);
-    if (ep->host == NULL)
-        return REDSEM_ENOMEM;
     ep->kind = REDSEM__EP_TCP;
-    ep->port = (int)port;
+    ep->port = port;
     ep->db = db;
+    return REDSEM_OK;
+}
+
+/* redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/MASTER[?query]
+ * query: db=N, sentinel_user=U, sentinel_password=P (percent-encoded), joined by '&'. */
+static int parse_sentinel(const char *p, redsem__endpoint *ep, char *err, size_t errlen)
+{
+    const char *slash = strchr(p, '/');
+    if (slash == NULL)
+        return fail(err, errlen, "a Sentinel URL names its primary: .../MASTERNAME");
+    size_t alen = (size_t)(slash - p);
+    if (memchr(p, '?', alen) || memchr(p, '#', alen))
+        return fail(err, errlen, "the query comes after /MASTERNAME");
+    const char *list;
+    size_t llen;
+    int rc = split_userinfo(p, alen, ep, &list, &llen, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
+    size_t n = 1;
+    for (size_t i = 0; i < llen; i++)
+        n += list[i] == ',';
+    if (n > REDSEM__SENTINELS_MAX)
+        return fail(err, errlen, "more than 16 Sentinels");
+    ep->sentinels = redsem__calloc(n, sizeof *ep->sentinels);
+    if (ep->sentinels == NULL)
+        return REDSEM_ENOMEM;
+    const char *s = list, *end = list + llen;
+    while (ep->nsentinels < n) {
+        const char *comma = memchr(s, ',', (size_t)(end - s));
+        const char *e = comma ? comma : end;
+        redsem__hostport *hp = &ep->sentinels[ep->nsentinels];
+        rc = parse_hostport(s, (size_t)(e - s), 26379, &hp->host, &hp->port, err, errlen);
+        if (rc != REDSEM_OK)
+            return rc;
+        ep->nsentinels++;
+        s = e + 1;
+    }
+    const char *name = slash + 1;
+    const char *q = strchr(name, '?');
+    size_t nlen = q ? (size_t)(q - name) : strlen(name);
+    if (nlen == 0 || nlen > 255)
+        return fail(err, errlen, "the primary's name (after '/') must be 1..255 characters");
+    for (size_t i = 0; i < nlen; i++)
+        if (!host_char(name[i]))
+            return fail(err, errlen, "bad character in the primary's name");
+    if ((ep->master = redsem__memdup0(name, nlen)) == NULL)
+        return REDSEM_ENOMEM;
+    bool db_seen = false;
+    for (const char *kv = q ? q + 1 : NULL; kv != NULL && *kv != '\0';) {
+        const char *amp = strchr(kv, '&');
+        size_t kvlen = amp ? (size_t)(amp - kv) : strlen(kv);
+        const char *eq = memchr(kv, '=', kvlen);
+        if (eq == NULL)
+            return fail(err, errlen, "query items are key=value");
+        size_t klen = (size_t)(eq - kv), vlen = kvlen - klen - 1;
+        const char *v = eq + 1;
+        if (klen == 2 && memcmp(kv, "db", 2) == 0 && !db_seen) {
+            db_seen = true;
+            if (!parse_num(v, vlen, 0, 2147483647, &ep->db))
+                return fail(err, errlen, "db must be a number 0..2147483647");
+        } else if (klen == 13 && memcmp(kv, "sentinel_user", 13) == 0 && ep->sentinel_user == NULL) {
+            rc = decode(v, vlen, &ep->sentinel_user);
+            if (rc != REDSEM_OK || ep->sentinel_user[0] == '\0')
+                return rc == REDSEM_ENOMEM ? rc : fail(err, errlen, "bad sentinel_user");
+        } else if (klen == 17 && memcmp(kv, "sentinel_password", 17) == 0 &&
+                   ep->sentinel_password == NULL) {
+            rc = decode(v, vlen, &ep->sentinel_password);
+            if (rc != REDSEM_OK || ep->sentinel_password[0] == '\0')
+                return rc == REDSEM_ENOMEM ? rc : fail(err, errlen, "bad sentinel_password");
+        } else {
+            return fail(err, errlen, "the query takes db, sentinel_user and sentinel_password, "
+                                     "each once");
+        }
+        kv = amp ? amp + 1 : NULL;
+    }
+    if (ep->sentinel_user != NULL && ep->sentinel_password == NULL)
+        return fail(err, errlen, "sentinel_user needs sentinel_password");
+    ep->kind = REDSEM__EP_SENTINEL;
     return REDSEM_OK;
 }
 
@@ -239,8 +342,14 @@ int redsem__url_parse(const char *url, redsem__endpoint *out, char *err, size_t 
     else if (strncmp(url, "rediss://", 9) == 0) {
         rc = parse_redis(url + 9, &ep, err, errlen);
         ep.tls = true;
+    } else if (strncmp(url, "redis+sentinel://", 17) == 0)
+        rc = parse_sentinel(url + 17, &ep, err, errlen);
+    else if (strncmp(url, "rediss+sentinel://", 18) == 0) {
+        rc = parse_sentinel(url + 18, &ep, err, errlen);
+        ep.tls = true;
     } else
-        rc = fail(err, errlen, "scheme must be redis://, rediss:// (TLS) or unix://");
+        rc = fail(err, errlen, "scheme must be redis://, rediss:// (TLS), unix://, "
+                               "redis+sentinel:// or rediss+sentinel://");
     if (rc != REDSEM_OK) {
         redsem__endpoint_clear(&ep);
         return rc;
@@ -253,15 +362,41 @@ int redsem__endpoint_copy(redsem__endpoint *dst, const redsem__endpoint *src)
 {
     redsem__endpoint ep = *src;
     ep.host = ep.path = ep.user = ep.password = NULL;
+    ep.master = ep.sentinel_user = ep.sentinel_password = NULL;
+    ep.sentinels = NULL;
+    ep.nsentinels = 0;
     if ((src->host && !(ep.host = redsem__strdup(src->host))) ||
         (src->path && !(ep.path = redsem__strdup(src->path))) ||
         (src->user && !(ep.user = redsem__strdup(src->user))) ||
-        (src->password && !(ep.password = redsem__strdup(src->password)))) {
+        (src->password && !(ep.password = redsem__strdup(src->password))) ||
+        (src->master && !(ep.master = redsem__strdup(src->master))) ||
+        (src->sentinel_user && !(ep.sentinel_user = redsem__strdup(src->sentinel_user))) ||
+        (src->sentinel_password &&
+         !(ep.sentinel_password = redsem__strdup(src->sentinel_password))) ||
+        (src->nsentinels &&
+         !(ep.sentinels = redsem__calloc(src->nsentinels, sizeof *ep.sentinels)))) {
         redsem__endpoint_clear(&ep);
         return REDSEM_ENOMEM;
     }
+    for (size_t i = 0; i < src->nsentinels; i++) {
+        ep.sentinels[i].port = src->sentinels[i].port;
+        if ((ep.sentinels[i].host = redsem__strdup(src->sentinels[i].host)) == NULL) {
+            ep.nsentinels = i;
+            redsem__endpoint_clear(&ep);
+            return REDSEM_ENOMEM;
+        }
+        ep.nsentinels = i + 1;
+    }
     *dst = ep;
     return REDSEM_OK;
+}
+
+static void wipe(char *secret)
+{
+    if (secret) {
+        memset(secret, 0, strlen(secret));
+        redsem__free(secret);
+    }
 }
 
 void redsem__endpoint_clear(redsem__endpoint *ep)
@@ -269,9 +404,12 @@ void redsem__endpoint_clear(redsem__endpoint *ep)
     redsem__free(ep->host);
     redsem__free(ep->path);
     redsem__free(ep->user);
-    if (ep->password) {
-        memset(ep->password, 0, strlen(ep->password));
-        redsem__free(ep->password);
-    }
+    wipe(ep->password);
+    redsem__free(ep->master);
+    redsem__free(ep->sentinel_user);
+    wipe(ep->sentinel_password);
+    for (size_t i = 0; i < ep->nsentinels; i++)
+        redsem__free(ep->sentinels[i].host);
+    redsem__free(ep->sentinels);
     memset(ep, 0, sizeof *ep);
 }

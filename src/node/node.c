@@ -170,12 +170,46 @@ static int measure_clock(redsem__node *n, int64_t deadline_ns, char *err, size_t
 }
 
 /* Connect, AUTH, SELECT. On failure the connection is closed and err says why. */
+/* ROLE: a node found through Sentinel must be the primary; a replica (Sentinel's view not yet
+ * updated after a failover, or a stale address) is refused as a lost connection, so that the
+ * call resolves again within its retry window. */
+static int check_primary(redsem__node *n, int64_t deadline_ns, char *err, size_t errlen)
+{
+    static const char cmd[] = "*1\r\n$4\r\nROLE\r\n";
+    redisReply *r = NULL;
+    bool written;
+    int rc = raw_roundtrip(n, cmd, sizeof cmd - 1, deadline_ns, &r, &written, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR) {
+        rc = redsem__node_error_reply(n, r, "ROLE");
+        snprintf(err, errlen, "%s", n->ctx->errmsg);
+    } else if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+               r->element[0]->type != REDIS_REPLY_STRING) {
+        snprintf(err, errlen, "ROLE: unexpected reply");
+        rc = REDSEM_EPROTO;
+    } else if (strcmp(r->element[0]->str, "master") != 0) {
+        snprintf(err, errlen, "%s:%d is a %s, not the primary (Sentinel named it)", n->ep.host,
+                 n->ep.port, r->element[0]->str);
+        rc = REDSEM_ECONN;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
 int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t errlen)
 {
     int64_t deadline = redsem__deadline_after_ms(n->connect_timeout_ms);
     if (n->ctx->deadline_cap_ns && n->ctx->deadline_cap_ns < deadline)
         deadline = n->ctx->deadline_cap_ns;
     drop_connection(n);
+    if (n->resolve != NULL) {
+        int rc = n->resolve(n->resolve_arg, n, deadline, err, errlen);
+        if (rc != REDSEM_OK) {
+            *retryable = rc == REDSEM_ECONN;
+            return rc;
+        }
+    }
     redsem__conn_tls tls = {n->tls_ctx, n->tls_server_name};
     int rc = redsem__conn_open(&n->conn, &n->ep, &tls, deadline, n->command_timeout_ms,
                                retryable, err, errlen);
@@ -198,6 +232,8 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
     }
     if (rc == REDSEM_OK)
         rc = measure_clock(n, deadline, err, errlen);
+    if (rc == REDSEM_OK && n->resolve != NULL)
+        rc = check_primary(n, deadline, err, errlen);
     if (rc != REDSEM_OK) {
         /* Authentication and SELECT refusals are configuration errors: retrying won't help. */
         *retryable = rc == REDSEM_ECONN;
@@ -295,6 +331,18 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
                 nap_before_retry(n, &backoff, retry_until);
                 continue;
             }
+        }
+        if (rc == REDSEM_OK && n->resolve != NULL && r->type == REDIS_REPLY_ERROR &&
+            r->str != NULL && strncmp(r->str, "READONLY", 8) == 0) {
+            /* The node was demoted to a replica under us (a failover): the request was
+             * refused before anything was written. Resolve the primary again and resend. */
+            snprintf(err, sizeof err, "%s:%d became a replica (READONLY)", n->ep.host,
+                     n->ep.port);
+            freeReplyObject(r);
+            drop_connection(n);
+            redsem__ctx_err(n->ctx, REDSEM_ECONN, "%s", err);
+            rc = REDSEM_ECONN;
+            goto retry;
         }
         if (rc == REDSEM_OK) {
             info->sent_ns = sent;

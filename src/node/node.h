@@ -17,7 +17,8 @@ typedef struct redsem__node_cfg {
     const redsem__tls_opts *tls; /* used for rediss:// endpoints; NULL: defaults */
 } redsem__node_cfg;
 
-typedef struct redsem__node {
+typedef struct redsem__node redsem__node;
+struct redsem__node {
     redsem__ctx *ctx; /* the owning client's errors, counters and deadline cap */
     redsem__endpoint ep;
     void *tls_ctx;     /* SSL_CTX * for a rediss:// endpoint, else NULL */
@@ -34,7 +35,14 @@ typedef struct redsem__node {
      * an acquire may still run (its "not after"), never to judge a lease. */
     int64_t clock_offset_us;
     bool clock_offset_known;
-} redsem__node;
+    /* Set by a topology that finds the node's address itself (Sentinel): called before every
+     * connect to set ep.host and ep.port, within deadline_ns; the node connected to must then
+     * say it is a primary (ROLE), and a READONLY reply counts as a lost connection (a
+     * primary demoted under us): the request is retried, resolving again. NULL: a fixed
+     * address. */
+    int (*resolve)(void *arg, redsem__node *n, int64_t deadline_ns, char *err, size_t errlen);
+    void *resolve_arg;
+};
 
 /* Set up n for ep (copied) without connecting; for rediss:// the TLS context is made now
  * (its files read). REDSEM_OK, REDSEM_EINVAL (a TLS file, with the reason in err) or

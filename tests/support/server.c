@@ -57,6 +57,10 @@ static int spawn(ts_server *s)
     const char *argv[80];
     int n = 0;
     argv[n++] = bin;
+    if (s->conf[0] != '\0') {
+        argv[n++] = s->conf;
+        argv[n++] = "--sentinel";
+    }
     argv[n++] = "--port";
     argv[n++] = portbuf;
     argv[n++] = "--bind";
@@ -149,6 +153,42 @@ int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int
         s->port = tcp ? ts_free_port() : 0;
         int rc = spawn(s);
         if (rc != -1 || !tcp)
+            return rc;
+    }
+    return -1;
+}
+
+int ts_sentinel_start(ts_server *s, const char *master_name, int primary_port, int quorum,
+                      int down_after_ms, int failover_timeout_ms)
+{
+    memset(s, 0, sizeof *s);
+    s->cpu = -1;
+    if (ts_redis_server_path() == NULL)
+        return 77;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(s->dir, sizeof s->dir, "%s/redsem-sentinel-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (mkdtemp(s->dir) == NULL) {
+        perror("mkdtemp");
+        return -1;
+    }
+    snprintf(s->sock, sizeof s->sock, "%s/redis.sock", s->dir);
+    snprintf(s->url, sizeof s->url, "unix://%s", s->sock);
+    snprintf(s->log, sizeof s->log, "%s/redis.log", s->dir);
+    snprintf(s->conf, sizeof s->conf, "%s/sentinel.conf", s->dir);
+    FILE *f = fopen(s->conf, "w");
+    if (f == NULL) {
+        perror(s->conf);
+        return -1;
+    }
+    fprintf(f, "sentinel monitor %s 127.0.0.1 %d %d\n", master_name, primary_port, quorum);
+    fprintf(f, "sentinel down-after-milliseconds %s %d\n", master_name, down_after_ms);
+    fprintf(f, "sentinel failover-timeout %s %d\n", master_name, failover_timeout_ms);
+    fprintf(f, "sentinel parallel-syncs %s 1\n", master_name);
+    fclose(f);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        s->port = ts_free_port();
+        int rc = spawn(s);
+        if (rc != -1)
             return rc;
     }
     return -1;

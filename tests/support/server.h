@@ -17,6 +17,7 @@ typedef struct ts_server {
     const char *extra[32];
     int nextra;
     int cpu;         /* pin to this CPU (-1: no pinning) */
+    char conf[320];  /* a Sentinel: its config file (Sentinel rewrites it); "" otherwise */
 } ts_server;
 
 /* Path of the redis-server binary (REDSEM_REDIS_SERVER or "redis-server" on PATH), or NULL. */
@@ -28,6 +29,11 @@ const char *ts_redis_server_path(void);
 int ts_server_start(ts_server *s, const char *const *extra, bool tcp);
 /* Same, with the server pinned to one CPU (cpu < 0: not pinned). */
 int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int cpu);
+/* Start a Sentinel (redis-server CONF --sentinel) on a free loopback port and its own unix
+ * socket, monitoring the primary 127.0.0.1:primary_port as master_name with the given quorum
+ * and timings. Returns as ts_server_start. */
+int ts_sentinel_start(ts_server *s, const char *master_name, int primary_port, int quorum,
+                      int down_after_ms, int failover_timeout_ms);
 /* Start again with the same socket, port, dir and arguments (after kill/stop_keep). */
 int ts_server_restart(ts_server *s);
 /* SIGKILL (no cleanup of the dir), for restart tests. */
