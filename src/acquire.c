@@ -88,6 +88,7 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
     int rc2 = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
     if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
         att->sent_ns = info.sent_ns;
+        att->replicas_acked = info.replicas_acked;
         return REDSEM_OK;
     }
     if (rc2 != REDSEM_OK && info.maybe_applied)
@@ -120,6 +121,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             return registered ? leave_after_fault(q, id, att, rc) : rc;
         if (att->outcome == REDSEM__ATT_GRANTED) {
             att->sent_ns = info.sent_ns;
+        att->replicas_acked = info.replicas_acked;
             return REDSEM_OK;
         }
         if (att->outcome == REDSEM__ATT_TOO_LATE) {
@@ -149,6 +151,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
             if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
                 att->sent_ns = info.sent_ns;
+        att->replicas_acked = info.replicas_acked;
                 return REDSEM_OK;
             }
             if (rc != REDSEM_OK && info.maybe_applied)
@@ -237,6 +240,20 @@ int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, 
     int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
     if (rc != REDSEM_OK)
         return rc;
+    if (c->sync_replicas > 0 && att.replicas_acked < c->sync_replicas) {
+        /* Granted on the primary, but not known to the replicas the caller asked for: a
+         * failover now could hand the permit to someone else. Give it back. */
+        char why[sizeof c->ctx.errmsg];
+        memcpy(why, c->ctx.errmsg, sizeof why);
+        redsem_permit tmp = {.kind = kind, .handle = q->handle, .client = c};
+        memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
+        (void)kind->release(c, q->handle, &tmp);
+        return redsem__set_err(c, REDSEM_EREPLICA,
+                               "granted, but %d of the %d replicas required acknowledged it "
+                               "within %lld ms: the permit was given back%s%s",
+                               att.replicas_acked < 0 ? 0 : att.replicas_acked, c->sync_replicas,
+                               (long long)c->sync_timeout_ms, why[0] ? "; " : "", why);
+    }
     redsem_permit *p = redsem__permit_new(kind, q->handle, c, id, &att, lease_ms);
     if (p == NULL) {
         /* Granted, but nowhere to keep it: give it back rather than leak it for a lease. */

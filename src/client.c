@@ -137,7 +137,17 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
         return REDSEM_ENOMEM;
     }
     c->prefix_len = strlen(c->prefix);
-    redsem__node_cfg cfg = {c->connect_timeout_ms, c->command_timeout_ms, c->retry_ms, &c->tls};
+    if (o->sync_replicas > 0 && o->sync_timeout_ms >= o->command_timeout_ms) {
+        snprintf(err, errlen, "the replica sync timeout (%lld ms) must be shorter than the "
+                 "command timeout (%lld ms)", (long long)o->sync_timeout_ms,
+                 (long long)o->command_timeout_ms);
+        redsem_client_free(c);
+        return REDSEM_EINVAL;
+    }
+    c->sync_replicas = o->sync_replicas;
+    c->sync_timeout_ms = o->sync_timeout_ms;
+    redsem__node_cfg cfg = {c->connect_timeout_ms, c->command_timeout_ms, c->retry_ms, &c->tls,
+                            c->sync_replicas, c->sync_timeout_ms};
     int rc = redsem__topo_init(&c->topo, &c->ctx, &c->ep, &cfg, err, errlen);
     if (rc == REDSEM_OK)
         rc = redsem__topo_connect(&c->topo, err, errlen);
@@ -199,6 +209,8 @@ int redsem__client_options(const redsem_client *c, redsem_options **ret)
     o->connect_timeout_ms = c->connect_timeout_ms;
     o->command_timeout_ms = c->command_timeout_ms;
     o->retry_ms = c->retry_ms;
+    o->sync_replicas = c->sync_replicas;
+    o->sync_timeout_ms = c->sync_timeout_ms;
     o->prefix = redsem__strdup(c->prefix);
     if (o->prefix == NULL || redsem__endpoint_copy(&o->ep, &c->ep) != REDSEM_OK ||
         redsem__tls_opts_copy(&o->tls, &c->tls) != REDSEM_OK) {

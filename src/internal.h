@@ -39,6 +39,8 @@ struct redsem_options {
     int64_t connect_timeout_ms;
     int64_t command_timeout_ms;
     int64_t retry_ms;
+    int sync_replicas;       /* 0: no WAIT */
+    int64_t sync_timeout_ms;
     char *prefix;
 };
 
@@ -62,6 +64,8 @@ struct redsem_client {
     int64_t connect_timeout_ms;
     int64_t command_timeout_ms;
     int64_t retry_ms;
+    int sync_replicas; /* > 0: grants and refreshes must reach this many replicas (WAIT) */
+    int64_t sync_timeout_ms;
     char *prefix;
     size_t prefix_len;
     pid_t pid; /* owner process */
@@ -111,6 +115,7 @@ typedef struct redsem__attempt {
     int64_t next_ms;   /* busy: ms until the earliest lease deadline, -1 unknown */
     uint32_t holds;    /* lock: reentrant hold count */
     int64_t sent_ns;   /* granted: when the granting request was sent */
+    int replicas_acked; /* granted with sync_replicas: replicas that acknowledged; else -1 */
     int64_t server_us; /* the server's clock when it ran the script (0 if not reported) */
 } redsem__attempt;
 

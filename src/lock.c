@@ -79,7 +79,8 @@ static int lock_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     redsem__args_str(&a, l->reentrant ? "1" : "0");
     redsem__args_i64(&a, redsem__not_after_us(c, l->k_mutex));
     redisReply *r = NULL;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_ACQUIRE, 4, &a, REDSEM__REQ_RETRY, info, &r);
+    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_ACQUIRE, 4, &a,
+                          REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, info, &r);
     if (rc != REDSEM_OK)
         return rc;
     rc = redsem__parse_attempt(c, r, att, "lock_acquire");
@@ -164,7 +165,8 @@ static int lock_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *se
     redsem__args_i64(&a, redsem__refresh_margin_ms(p->lease_ms));
     redisReply *r = NULL;
     redsem__req_info info;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_EXTEND, 2, &a, REDSEM__REQ_RETRY, &info, &r);
+    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_EXTEND, 2, &a,
+                          REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, &info, &r);
     if (rc != REDSEM_OK)
         return rc;
     long long st = 0;
@@ -177,6 +179,12 @@ static int lock_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *se
                                "lock '%s' is no longer held by %s, or had less than the refresh "
                                "margin (%lld ms) left when the refresh reached the server",
                                l->name, p->id, (long long)redsem__refresh_margin_ms(p->lease_ms));
+    if (c->sync_replicas > 0 && info.replicas_acked < c->sync_replicas)
+        return redsem__set_err(c, REDSEM_EREPLICA,
+                               "refreshed, but %d of the %d replicas required acknowledged it "
+                               "within %lld ms: the validity deadline was not moved",
+                               info.replicas_acked < 0 ? 0 : info.replicas_acked,
+                               c->sync_replicas, (long long)c->sync_timeout_ms);
     *sent_ns = info.sent_ns;
     return REDSEM_OK;
 }

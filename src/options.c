@@ -128,3 +128,13 @@ int redsem_options_set_tls_insecure_skip_verify(redsem_options *o, bool skip)
     o->tls.insecure = skip;
     return REDSEM_OK;
 }
+
+int redsem_options_set_sync_replicas(redsem_options *o, int replicas, int64_t timeout_ms)
+{
+    if (o == NULL || replicas < 0 || replicas > 64 ||
+        (replicas > 0 && (timeout_ms < 1 || timeout_ms > REDSEM_TIMEOUT_MAX_MS)))
+        return REDSEM_EINVAL;
+    o->sync_replicas = replicas;
+    o->sync_timeout_ms = replicas > 0 ? timeout_ms : 0;
+    return REDSEM_OK;
+}

@@ -44,7 +44,7 @@ static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args
 {
     redsem_client *c = s->client;
     redisReply *r = NULL;
-    int rc = redsem__eval(c, script, nkeys, a, REDSEM__REQ_RETRY, info, &r);
+    int rc = redsem__eval(c, script, nkeys, a, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, info, &r);
     if (rc != REDSEM_OK)
         return rc;
     rc = redsem__parse_attempt(c, r, att, redsem__script_defs[script].name);
@@ -356,7 +356,8 @@ static int sem_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sen
     redsem__args_i64(&a, redsem__refresh_margin_ms(p->lease_ms));
     redisReply *r = NULL;
     redsem__req_info info;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_REFRESH, nkeys, &a, REDSEM__REQ_RETRY, &info, &r);
+    int rc = redsem__eval(c, REDSEM__SCRIPT_REFRESH, nkeys, &a,
+                          REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, &info, &r);
     if (rc != REDSEM_OK)
         return rc;
     long long st;
@@ -370,6 +371,12 @@ static int sem_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sen
                                "less than the refresh margin (%lld ms) left when the refresh "
                                "reached the server",
                                p->id, s->name, (long long)redsem__refresh_margin_ms(p->lease_ms));
+    if (c->sync_replicas > 0 && info.replicas_acked < c->sync_replicas)
+        return redsem__set_err(c, REDSEM_EREPLICA,
+                               "refreshed, but %d of the %d replicas required acknowledged it "
+                               "within %lld ms: the validity deadline was not moved",
+                               info.replicas_acked < 0 ? 0 : info.replicas_acked,
+                               c->sync_replicas, (long long)c->sync_timeout_ms);
     *sent_ns = info.sent_ns;
     return REDSEM_OK;
 }

@@ -20,18 +20,16 @@ typedef struct cluster {
     char url[512];
 } cluster;
 
-static int info_int(const ts_server *s, const char *section, const char *field)
-{
-    char out[8192] = "";
-    if (ts_command(s, out, sizeof out, "INFO", section, NULL) != 0)
-        return -1;
-    const char *p = strstr(out, field);
-    return p ? atoi(p + strlen(field) + 1) : -1;
-}
-
+/* Both replicas connected and past the initial sync (state=online: they acknowledge). */
 static bool replicas_connected(const ts_server *primary)
 {
-    return info_int(primary, "replication", "connected_slaves") == 2;
+    char out[4096] = "";
+    if (ts_command(primary, out, sizeof out, "INFO", "replication", NULL) != 0)
+        return false;
+    int online = 0;
+    for (const char *p = out; (p = strstr(p, "state=online")) != NULL; p++)
+        online++;
+    return online == 2;
 }
 
 /* A Sentinel that knows both replicas and both other Sentinels can fail the primary over. */
@@ -234,5 +232,81 @@ Test(sentinel, refusals_are_clear, TO)
     cr_assert_eq(rc, REDSEM_ECONN, "%s: %s", redsem_err_name(rc), err);
     cr_assert(strstr(err, "not the primary") != NULL, "%s", err);
     cr_assert_lt(tf_now_ms() - t0, 3000);
+    stop_cluster(&c);
+}
+
+static redsem_client *sync_client(const char *url, int replicas, int64_t timeout_ms)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, replicas, timeout_ms), REDSEM_OK);
+    redsem_client *c = NULL;
+    char err[512];
+    int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
+    redsem_options_free(o);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    return c;
+}
+
+static size_t holders(redsem_sem *s)
+{
+    redsem_status *st = NULL;
+    if (redsem_sem_status(s, 0, &st) != REDSEM_OK)
+        return (size_t)-1;
+    size_t n = redsem_status_holder_count(st);
+    redsem_status_free(st);
+    return n;
+}
+
+/* WAIT after grants and refreshes: with both replicas up, acquire and refresh succeed, each
+ * in one round trip (the script and WAIT pipelined: 2 requests); with one replica stopped, a
+ * client that requires 2 gets REDSEM_EREPLICA and the grant is given back, and a refresh gets
+ * REDSEM_EREPLICA; a client that requires 1 goes on. */
+Test(sentinel, wait_for_replicas, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    redsem_client *two = sync_client(c.url, 2, 300), *one = sync_client(c.url, 1, 300);
+    redsem_sem *s2 = NULL, *s1 = NULL;
+    OK(two, redsem_sem_open(two, "sync", REDSEM_STRATEGY_FAIR, 2, 10000, &s2));
+    OK(one, redsem_sem_open(one, "sync", REDSEM_STRATEGY_FAIR, 2, 10000, &s1));
+    redsem_permit *p = NULL, *q = NULL;
+    redsem_client_stats st0, st1;
+    OK(two, redsem_sem_try_acquire(s2, &p)); /* warm: the script's first EVAL */
+    OK(two, redsem_client_get_stats(two, &st0));
+    OK(two, redsem_permit_refresh(p));
+    OK(two, redsem_client_get_stats(two, &st1));
+    cr_assert_eq(st1.requests - st0.requests, 2, "a synced refresh is the script and WAIT");
+    OK(two, redsem_permit_release(p));
+    redsem_permit_free(p);
+    p = NULL;
+    OK(one, redsem_sem_try_acquire(s1, &q)); /* held through the stop below */
+    ts_server_pause(&c.replica[1], true);
+    EXPECT(two, REDSEM_EREPLICA, redsem_sem_try_acquire(s2, &p));
+    cr_assert_null(p);
+    cr_assert(strstr(redsem_client_errmsg(two), "1 of the 2 replicas") != NULL, "%s",
+              redsem_client_errmsg(two));
+    cr_assert_eq(holders(s1), 1, "the grant that did not reach 2 replicas was not given back");
+    redsem_permit *q2 = NULL;
+    OK(one, redsem_sem_try_acquire(s1, &q2)); /* 1 replica is enough for this client */
+    OK(one, redsem_permit_release(q2));
+    redsem_permit_free(q2);
+    /* a refresh that reaches too few replicas: EREPLICA, the permit is still held */
+    redsem_permit *r = NULL;
+    ts_server_pause(&c.replica[1], false);
+    OK(two, redsem_sem_try_acquire(s2, &r));
+    ts_server_pause(&c.replica[1], true);
+    EXPECT(two, REDSEM_EREPLICA, redsem_permit_refresh(r));
+    cr_assert(redsem_permit_held(r));
+    ts_server_pause(&c.replica[1], false);
+    OK(two, redsem_permit_release(r));
+    OK(one, redsem_permit_release(q));
+    redsem_permit_free(r);
+    redsem_permit_free(q);
+    redsem_sem_free(s1);
+    redsem_sem_free(s2);
+    redsem_client_free(one);
+    redsem_client_free(two);
     stop_cluster(&c);
 }

@@ -306,3 +306,24 @@ Test(options, tls_settings)
     cr_assert_eq(redsem_options_set_tls_insecure_skip_verify(o, true), REDSEM_OK);
     redsem_options_free(o);
 }
+
+Test(options, sync_replicas_ranges)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_sync_replicas(NULL, 1, 100), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, -1, 100), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, 65, 100), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, 1, 0), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, 1, REDSEM_TIMEOUT_MAX_MS + 1), REDSEM_EINVAL);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, 0, 0), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, 2, 100), REDSEM_OK);
+    /* a WAIT timeout not shorter than the command timeout is refused at client creation */
+    cr_assert_eq(redsem_options_set_command_timeout_ms(o, 100), REDSEM_OK);
+    redsem_client *c = NULL;
+    char err[256] = "";
+    cr_assert_eq(redsem_client_new_verbose(o, &c, err, sizeof err), REDSEM_EINVAL);
+    cr_assert(strstr(err, "shorter than the command timeout") != NULL, "%s", err);
+    cr_assert_null(c);
+    redsem_options_free(o);
+}

@@ -161,6 +161,29 @@ REDSEM_API int redsem_options_set_tls_server_name(redsem_options *options, const
 REDSEM_API int redsem_options_set_tls_insecure_skip_verify(redsem_options *options, bool skip);
 
 /**
+ * redsem_options_set_sync_replicas - require grants and refreshes to reach replicas.
+ *
+ * Every acquire attempt and every refresh (automatic renewal included) is followed, in the
+ * same round trip (pipelined after the script), by WAIT replicas timeout_ms. A grant that
+ * fewer replicas acknowledge in time is given back and the acquire returns REDSEM_EREPLICA;
+ * a refresh returns REDSEM_EREPLICA and does not move the validity deadline (the renewer
+ * retries it, and reports the permit lost if it never succeeds in time). What it buys, and
+ * what not (a replica that acknowledged can still lose the write; a failover may promote one
+ * that did not, unless every replica is waited for): docs/guarantees.md. The same idea as
+ * Redisson's checkLockSyncedSlaves.
+ *
+ * @replicas    0 (the default: no WAIT) .. 64.
+ * @timeout_ms  1 .. REDSEM_TIMEOUT_MAX_MS: how long WAIT may block; must be shorter than the
+ *              command timeout when the client is created (REDSEM_EINVAL otherwise).
+ *              Ignored when replicas is 0.
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL options, or a value out of range).
+ * Server: none now; later WAIT after each acquire script and refresh.
+ * Thread safety: one thread at a time per options object. Since: 0.2
+ */
+REDSEM_API int redsem_options_set_sync_replicas(redsem_options *options, int replicas,
+                                                int64_t timeout_ms);
+
+/**
  * redsem_options_set_connect_timeout_ms - bound on establishing one connection (name lookup
  * excluded: getaddrinfo() has no timeout), AUTH and SELECT included.
  *

@@ -15,6 +15,7 @@ int cli_exit_code(int rc)
     case REDSEM_ELOST:
         return CLI_EXIT_LOST;
     case REDSEM_EUNKNOWN:
+    case REDSEM_EREPLICA:
     case REDSEM_ECONN:
     case REDSEM_ETIMEDOUT:
         return CLI_EXIT_UNAVAILABLE;

@@ -19,6 +19,8 @@ int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint 
     n->connect_timeout_ms = cfg->connect_timeout_ms;
     n->command_timeout_ms = cfg->command_timeout_ms;
     n->retry_ms = cfg->retry_ms;
+    n->sync_replicas = cfg->sync_replicas;
+    n->sync_timeout_ms = cfg->sync_timeout_ms;
     if (redsem__endpoint_copy(&n->ep, ep) != REDSEM_OK) {
         snprintf(err, errlen, "out of memory");
         return REDSEM_ENOMEM;
@@ -69,17 +71,26 @@ static void drop_connection(redsem__node *n)
     n->connected = false;
 }
 
-/* One request on the raw connection, no reconnect, no retry. */
-static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
-                         redisReply **ret, bool *written, char *err, size_t errlen)
+/* One request on the raw connection (two pipelined in one write when ret2 is not NULL: cmd
+ * holds both), no reconnect, no retry. */
+static int raw_roundtrip2(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
+                          redisReply **ret, redisReply **ret2, bool *written, char *err,
+                          size_t errlen)
 {
     int err_no = 0;
     *written = false;
     int io = redsem__conn_write(&n->conn, cmd, len, deadline_ns, &err_no);
     if (io == REDSEM__IO_OK) {
         *written = true;
-        n->ctx->stats.requests++;
+        n->ctx->stats.requests += ret2 != NULL ? 2 : 1;
         io = redsem__conn_read(&n->conn, ret, deadline_ns, &err_no, err, errlen);
+        if (io == REDSEM__IO_OK && ret2 != NULL) {
+            io = redsem__conn_read(&n->conn, ret2, deadline_ns, &err_no, err, errlen);
+            if (io != REDSEM__IO_OK) {
+                freeReplyObject(*ret);
+                *ret = NULL;
+            }
+        }
     }
     switch (io) {
     case REDSEM__IO_OK:
@@ -96,6 +107,12 @@ static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t d
     default:
         return REDSEM_EPROTO;
     }
+}
+
+static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
+                         redisReply **ret, bool *written, char *err, size_t errlen)
+{
+    return raw_roundtrip2(n, cmd, len, deadline_ns, ret, NULL, written, err, errlen);
 }
 
 static int handshake_cmd(redsem__node *n, const redsem__args *a, const char *what,
@@ -283,7 +300,14 @@ static void nap_before_retry(redsem__node *n, int64_t *backoff, int64_t retry_un
 }
 
 int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int64_t deadline_ns,
-                    redisReply **ret_reply, redsem__req_info *info)
+                         redisReply **ret_reply, redsem__req_info *info)
+{
+    return redsem__node_request2(n, a, NULL, flags, deadline_ns, ret_reply, NULL, info);
+}
+
+int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__args *then,
+                          int flags, int64_t deadline_ns, redisReply **ret_reply,
+                          redisReply **ret_then, redsem__req_info *info)
 {
     redsem__req_info dummy;
     if (info == NULL)
@@ -291,11 +315,30 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
     info->maybe_applied = false;
     info->sent_ns = 0;
     info->recv_ns = 0;
+    info->replicas_acked = -1;
 
     char *cmd = NULL;
     int len = redsem__args_format(a, &cmd);
     if (len < 0)
         return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting a request");
+    if (then != NULL) {
+        /* both in one write: one round trip */
+        char *cmd2 = NULL;
+        int len2 = redsem__args_format(then, &cmd2);
+        char *both = len2 < 0 ? NULL : redsem__malloc((size_t)len + (size_t)len2);
+        if (both == NULL) {
+            redisFreeCommand(cmd);
+            if (len2 >= 0)
+                redisFreeCommand(cmd2);
+            return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting a request");
+        }
+        memcpy(both, cmd, (size_t)len);
+        memcpy(both + len, cmd2, (size_t)len2);
+        redisFreeCommand(cmd);
+        redisFreeCommand(cmd2);
+        cmd = both;
+        len += len2;
+    }
 
     int64_t retry_until = 0, backoff = 5 * REDSEM__NS_PER_MS;
     int rc;
@@ -317,8 +360,9 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
         if (n->ctx->deadline_cap_ns && (dl == 0 || n->ctx->deadline_cap_ns < dl))
             dl = n->ctx->deadline_cap_ns;
         bool written = false;
-        redisReply *r = NULL;
-        rc = raw_roundtrip(n, cmd, (size_t)len, dl, &r, &written, err, sizeof err);
+        redisReply *r = NULL, *r2 = NULL;
+        rc = raw_roundtrip2(n, cmd, (size_t)len, dl, &r, then ? &r2 : NULL, &written, err,
+                            sizeof err);
         if (rc == REDSEM_OK && loading_reply(r) && (flags & REDSEM__REQ_RETRY) &&
             n->retry_ms > 0) {
             /* A restarted server loading its data refuses every command, executing nothing:
@@ -328,6 +372,8 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
                 retry_until = retry_deadline(n, now);
             if (now < retry_until) {
                 freeReplyObject(r);
+                if (r2 != NULL)
+                    freeReplyObject(r2);
                 nap_before_retry(n, &backoff, retry_until);
                 continue;
             }
@@ -339,6 +385,8 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
             snprintf(err, sizeof err, "%s:%d became a replica (READONLY)", n->ep.host,
                      n->ep.port);
             freeReplyObject(r);
+            if (r2 != NULL)
+                freeReplyObject(r2);
             drop_connection(n);
             redsem__ctx_err(n->ctx, REDSEM_ECONN, "%s", err);
             rc = REDSEM_ECONN;
@@ -348,6 +396,10 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
             info->sent_ns = sent;
             info->recv_ns = redsem__now_ns();
             *ret_reply = r;
+            if (ret_then != NULL)
+                *ret_then = r2;
+            else if (r2 != NULL)
+                freeReplyObject(r2);
             break;
         }
         drop_connection(n);
@@ -370,7 +422,10 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
         }
         nap_before_retry(n, &backoff, retry_until);
     }
-    redisFreeCommand(cmd);
+    if (then != NULL)
+        redsem__free(cmd);
+    else
+        redisFreeCommand(cmd);
     return rc;
 }
 

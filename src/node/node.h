@@ -15,6 +15,8 @@ typedef struct redsem__node_cfg {
     int64_t command_timeout_ms;
     int64_t retry_ms;
     const redsem__tls_opts *tls; /* used for rediss:// endpoints; NULL: defaults */
+    int sync_replicas;           /* > 0: WAIT for this many replicas after REQ_SYNC requests */
+    int64_t sync_timeout_ms;     /* WAIT's timeout (< command timeout) */
 } redsem__node_cfg;
 
 typedef struct redsem__node redsem__node;
@@ -26,6 +28,8 @@ struct redsem__node {
     int64_t connect_timeout_ms;
     int64_t command_timeout_ms;
     int64_t retry_ms;
+    int sync_replicas;
+    int64_t sync_timeout_ms;
     redsem__conn conn;
     bool connected;
     /* script i was sent with its body (EVAL) and has not been reported missing since */
@@ -56,12 +60,14 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
 
 /* Request flags. */
 #define REDSEM__REQ_RETRY 0x1 /* re-send after a connection-level failure (idempotent) */
+#define REDSEM__REQ_SYNC 0x2  /* eval: with sync_replicas, WAIT in the same round trip */
 
 /* Outcome detail of a request, for callers that must tell "not applied" from "maybe". */
 typedef struct redsem__req_info {
     bool maybe_applied; /* a copy was fully written and its reply never came */
     int64_t sent_ns;    /* when the copy that got the reply was written (start of write) */
     int64_t recv_ns;    /* when its reply was read */
+    int replicas_acked; /* REQ_SYNC with sync_replicas: WAIT's answer; else -1 */
 } redsem__req_info;
 
 /* One request/reply. Connects first if needed. *ret_reply is set on REDSEM_OK only and may
@@ -69,6 +75,13 @@ typedef struct redsem__req_info {
  * now + command timeout. */
 int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int64_t deadline_ns,
                          struct redisReply **ret_reply, redsem__req_info *info);
+/* The same with a second request pipelined after the first in the same write (one round
+ * trip); both are resent together after a lost connection. On REDSEM_OK both replies are
+ * set (either may be an error reply). */
+int redsem__node_request2(redsem__node *n, const struct redsem__args *a,
+                          const struct redsem__args *then, int flags, int64_t deadline_ns,
+                          struct redisReply **ret_reply, struct redisReply **ret_then,
+                          redsem__req_info *info);
 /* Run one embedded script: EVAL with its body on this node's first use, EVALSHA after,
  * EVAL again after NOSCRIPT (one more round trip only then); error replies are classified
  * into codes with the text in the context's errmsg. On REDSEM_OK *ret_reply is a non-error

@@ -38,8 +38,32 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         redsem__args_i64(&a, nkeys);
         for (int i = 0; i < ka->n; i++)
             redsem__args_mem(&a, ka->v[i], ka->len[i]);
-        redisReply *r = NULL;
-        int rc = redsem__node_request(n, &a, flags, 0, &r, info);
+        redisReply *r = NULL, *w = NULL;
+        /* WAIT N timeout after a write that must reach the replicas: in the same write, so
+         * in the same round trip; the reply says how many acknowledged (replication is
+         * asynchronous: this is how long the caller waits for it, not a guarantee) */
+        bool sync = (flags & REDSEM__REQ_SYNC) && n->sync_replicas > 0;
+        redsem__args wa;
+        redsem__args_init(&wa);
+        redsem__args_str(&wa, "WAIT");
+        redsem__args_i64(&wa, n->sync_replicas);
+        redsem__args_i64(&wa, n->sync_timeout_ms);
+        int rc = redsem__node_request2(n, &a, sync ? &wa : NULL, flags, 0, &r, sync ? &w : NULL,
+                                       info);
+        if (rc == REDSEM_OK && sync) {
+            /* The script ran whatever WAIT says: a refused or odd WAIT counts as no replica
+             * (the caller then gives a grant back), with the reason in errmsg. */
+            long long acked = 0;
+            if (w->type == REDIS_REPLY_ERROR)
+                (void)redsem__node_error_reply(n, w, "WAIT");
+            else if (!redsem__reply_int(w, &acked) || acked < 0) {
+                acked = 0;
+                (void)redsem__ctx_err(n->ctx, REDSEM_EPROTO, "WAIT: unexpected reply");
+            }
+            freeReplyObject(w);
+            if (info != NULL)
+                info->replicas_acked = (int)(acked > INT32_MAX ? INT32_MAX : acked);
+        }
         if (info != NULL) {
             maybe_applied = maybe_applied || info->maybe_applied;
             info->maybe_applied = maybe_applied;

@@ -45,7 +45,9 @@ Test(input, api, .timeout = 120)
     const char *urls[] = {"", "http://x", "redis://", "redis://:@h", "redis://h:0",
                           "redis://h:65536", "redis://h:-1", "redis://h:12ab",
                           "redis://h/notadb", "redis://h/99999999999", "redis://[::1",
-                          "redis://[]:1", "redis://u@h", "redis://h?x=1", "rediss://h",
+                          "redis://[]:1", "redis://u@h", "redis://h?x=1", "rediss://h:0",
+                          "redis+sentinel://h", "redis+sentinel://h/m?db=x",
+                          "redis+sentinel://h/m?sentinel_user=u",
                           "unix://", "unix://relative/path", "unix:///p?db=x", "unix:///p%zz",
                           "unix:///p%00x", "redis://h h", "redis://h\x01", mib_url};
     const int64_t bad_ms[] = {INT64_MIN, -2, -1, 0, REDSEM_TIMEOUT_MAX_MS + 1, INT64_MAX};

@@ -115,16 +115,28 @@ static void accept_all(fp_proxy *p, int mode)
     }
 }
 
-/* The number of keys of an EVALSHA request ("*N $7 EVALSHA $40 <sha> $k <numkeys> ..."),
- * -1 for anything else. */
+/* The number of keys of an EVALSHA request ("*N $7 EVALSHA $40 <sha> $k <numkeys> ...") or of
+ * an EVAL carrying a script's body (a client's first call of it: "*N $4 EVAL $len <body>
+ * $k <numkeys>", when the whole header arrived in this read), -1 for anything else. */
 static int eval_keys(const char *buf, size_t len)
 {
     static const char head[] = "EVALSHA\r\n$40\r\n";
-    const char *p = memmem(buf, len, head, sizeof head - 1);
-    if (p == NULL)
-        return -1;
-    p += sizeof head - 1 + 40 + 2; /* the sha and its CRLF */
+    static const char ehead[] = "$4\r\nEVAL\r\n$";
     const char *end = buf + len;
+    const char *p = memmem(buf, len, head, sizeof head - 1);
+    if (p != NULL) {
+        p += sizeof head - 1 + 40 + 2; /* the sha and its CRLF */
+    } else {
+        p = memmem(buf, len, ehead, sizeof ehead - 1);
+        if (p == NULL)
+            return -1;
+        p += sizeof ehead - 1;
+        long blen = strtol(p, NULL, 10);
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (blen <= 0 || nl == NULL || end - (nl + 1) < blen + 2)
+            return -1;
+        p = nl + 1 + blen + 2; /* the body and its CRLF */
+    }
     if (p >= end || *p != '$')
         return -1;
     const char *nl = memchr(p, '\n', (size_t)(end - p));
