@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fixture.h"
@@ -308,5 +309,28 @@ Test(sentinel, wait_for_replicas, TO)
     redsem_sem_free(s2);
     redsem_client_free(one);
     redsem_client_free(two);
+    stop_cluster(&c);
+}
+
+/* The CLI through Sentinel, with --sync-replicas: 2 replicas acknowledge; 3 cannot (exit 69,
+ * CMD not run). */
+Test(sentinel, the_cli_with_sync_replicas, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    const char *bin = getenv("REDSEM_BIN");
+    cr_assert_not_null(bin, "REDSEM_BIN is not set (run through meson test)");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s run --url '%s' --sync-replicas 2 --sync-timeout 500ms --limit 1 "
+             "cli-sync -- true", bin, c.url);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "with 2 replicas: status %d", st);
+    char marker[300];
+    snprintf(marker, sizeof marker, "%s/ran", c.primary.dir);
+    snprintf(cmd, sizeof cmd, "%s run --url '%s' --sync-replicas 3 --sync-timeout 100ms --limit 1 "
+             "cli-sync -- touch %s 2>/dev/null", bin, c.url, marker);
+    st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 69, "with 3 replicas required: status %d", st);
+    cr_assert_neq(access(marker, F_OK), 0, "CMD ran although the grant was given back");
     stop_cluster(&c);
 }

@@ -59,6 +59,8 @@ typedef struct cli_opts {
     /* rediss://: --tls-* options, else the REDSEM_TLS_* variables; NULL: not set */
     const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_server_name;
     bool tls_insecure;
+    int sync_replicas;       /* --sync-replicas, 0: none */
+    int64_t sync_timeout_ms; /* --sync-timeout */
     bool lock;              /* the mutex NAME (lock, --lock) instead of a semaphore */
     redsem_strategy strategy;
     bool strategy_set;

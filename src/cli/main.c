@@ -58,6 +58,11 @@ static const char help_text[] =
     "  --tls-server-name NAME\n"
     "                       rediss://: the name to verify, if not the URL's host\n"
     "                       (default $REDSEM_TLS_SERVER_NAME)\n"
+    "  --sync-replicas N    grants and refreshes must reach N replicas (WAIT N, in the\n"
+    "                       same round trip); fewer in time: the permit is given back,\n"
+    "                       exit 69 (default 0: no WAIT)\n"
+    "  --sync-timeout DURATION\n"
+    "                       how long WAIT may take (default 100ms; less than 2s)\n"
     "  --tls-insecure-skip-verify\n"
     "                       rediss://: accept ANY certificate (tests only: anyone on the\n"
     "                       path could impersonate the server)\n"
@@ -103,7 +108,8 @@ static const char help_env[] =
     "  0      success\n"
     "  CODE   run, lock: CMD's own exit status; 128+N if CMD was killed by signal N\n"
     "  64     usage error\n"
-    "  69     cannot connect to Redis, or the connection was lost or timed out\n"
+    "  69     cannot connect to Redis, or the connection was lost or timed out, or\n"
+    "         fewer replicas than --sync-replicas acknowledged in time\n"
     "  70     internal error\n"
     "  71     operating system error (pipe, signals, process creation)\n"
     "  75     no permit within --wait (run, lock: CMD was not run)\n"
@@ -161,7 +167,9 @@ enum {
     OPT_TLS_CERT,
     OPT_TLS_KEY,
     OPT_TLS_SERVER_NAME,
-    OPT_TLS_INSECURE
+    OPT_TLS_INSECURE,
+    OPT_SYNC_REPLICAS,
+    OPT_SYNC_TIMEOUT
 };
 
 #define CMDS_ALL                                                                               \
@@ -185,6 +193,8 @@ static const struct option long_options[] = {
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-server-name", required_argument, NULL, OPT_TLS_SERVER_NAME},
     {"tls-insecure-skip-verify", no_argument, NULL, OPT_TLS_INSECURE},
+    {"sync-replicas", required_argument, NULL, OPT_SYNC_REPLICAS},
+    {"sync-timeout", required_argument, NULL, OPT_SYNC_TIMEOUT},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
@@ -278,6 +288,7 @@ static int parse(int argc, char **argv, cli_opts *o)
     o->lease_ms = CLI_DEFAULT_LEASE_MS;
     o->wait_ms = REDSEM_WAIT_FOREVER;
     o->kill_after_ms = CLI_DEFAULT_KILL_AFTER_MS;
+    o->sync_timeout_ms = 100;
 
     if (argc < 2)
         return usage_error(NULL, "no command given");
@@ -349,6 +360,22 @@ static int parse(int argc, char **argv, cli_opts *o)
             break;
         case OPT_TLS_INSECURE:
             o->tls_insecure = true;
+            break;
+        case OPT_SYNC_REPLICAS: {
+            uint32_t n = 0;
+            if (strcmp(optarg, "0") == 0)
+                n = 0;
+            else if (parse_limit(optarg, &n) != 0 || n > 64)
+                return usage_error(o, "--sync-replicas '%s': use a whole number from 0 to 64",
+                                   optarg);
+            o->sync_replicas = (int)n;
+            break;
+        }
+        case OPT_SYNC_TIMEOUT:
+            if (cli_parse_duration(optarg, 1999, &o->sync_timeout_ms) != 0 ||
+                o->sync_timeout_ms < 1)
+                return usage_error(o, "--sync-timeout '%s': use a DURATION from 1ms to 1999ms",
+                                   optarg);
             break;
         case OPT_STRATEGY:
             if (redsem_strategy_parse(optarg, &o->strategy) != REDSEM_OK)

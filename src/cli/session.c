@@ -34,6 +34,10 @@ int cli_session_connect(const cli_opts *o, cli_session *s)
         goto bad_tls;
     if (o->tls_insecure)
         (void)redsem_options_set_tls_insecure_skip_verify(opts, true);
+    if (o->sync_replicas > 0 &&
+        (rc = redsem_options_set_sync_replicas(opts, o->sync_replicas, o->sync_timeout_ms)) !=
+            REDSEM_OK)
+        goto bad_tls;
     char err[512] = "";
     rc = redsem_client_new_verbose(opts, &s->client, err, sizeof err);
     redsem_options_free(opts);
@@ -43,8 +47,8 @@ int cli_session_connect(const cli_opts *o, cli_session *s)
 bad_tls:
     redsem_options_free(opts);
     if (rc == REDSEM_EINVAL) {
-        cli_msg(o, "invalid --tls-* option or REDSEM_TLS_* variable (an empty value, or a "
-                   "server name with spaces or longer than 253 bytes)");
+        cli_msg(o, "invalid --tls-* or --sync-* option or REDSEM_TLS_* variable (an empty "
+                   "value, or a server name with spaces or longer than 253 bytes)");
         return CLI_EXIT_USAGE;
     }
     return cli_fail(o, "connect", rc, NULL);
