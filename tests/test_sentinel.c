@@ -11,81 +11,20 @@
 #include <unistd.h>
 
 #include "fixture.h"
+#include "sentinel.h"
 
 #define TO .timeout = 120
 
-typedef struct cluster {
-    ts_server primary, replica[2], sentinel[3];
-    char replicaof[2][32];
-    const char *rargv[2][4];
-    char url[512];
-} cluster;
-
-/* Both replicas connected and past the initial sync (state=online: they acknowledge). */
-static bool replicas_connected(const ts_server *primary)
-{
-    char out[4096] = "";
-    if (ts_command(primary, out, sizeof out, "INFO", "replication", NULL) != 0)
-        return false;
-    int online = 0;
-    for (const char *p = out; (p = strstr(p, "state=online")) != NULL; p++)
-        online++;
-    return online == 2;
-}
-
-/* A Sentinel that knows both replicas and both other Sentinels can fail the primary over. */
-static bool sentinel_ready(const ts_server *s)
-{
-    char out[4096] = "";
-    if (ts_command(s, out, sizeof out, "INFO", "sentinel", NULL) != 0)
-        return false;
-    return strstr(out, "slaves=2,sentinels=3") != NULL;
-}
-
-static bool wait_until(bool (*cond)(const ts_server *), const ts_server *s, int ms)
-{
-    int64_t until = tf_now_ms() + ms;
-    while (!cond(s)) {
-        if (tf_now_ms() >= until)
-            return false;
-        tf_sleep_ms(50);
-    }
-    return true;
-}
+typedef ts_sentinels cluster;
 
 static void start_cluster(cluster *c)
 {
-    memset(c, 0, sizeof *c);
-    cr_assert_eq(ts_server_start(&c->primary, NULL, true), 0);
-    for (int i = 0; i < 2; i++) {
-        snprintf(c->replicaof[i], sizeof c->replicaof[i], "%d", c->primary.port);
-        c->rargv[i][0] = "--replicaof";
-        c->rargv[i][1] = "127.0.0.1";
-        c->rargv[i][2] = c->replicaof[i];
-        c->rargv[i][3] = NULL;
-        cr_assert_eq(ts_server_start(&c->replica[i], c->rargv[i], true), 0);
-    }
-    cr_assert(wait_until(replicas_connected, &c->primary, 10000), "the replicas never connected");
-    for (int i = 0; i < 3; i++)
-        cr_assert_eq(ts_sentinel_start(&c->sentinel[i], "mymaster", c->primary.port, 2, 500,
-                                       2000),
-                     0);
-    /* every Sentinel has found both replicas and the other Sentinels */
-    for (int i = 0; i < 3; i++)
-        cr_assert(wait_until(sentinel_ready, &c->sentinel[i], 15000),
-                  "Sentinel %d never saw both replicas and both other Sentinels", i);
-    snprintf(c->url, sizeof c->url,
-             "redis+sentinel://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d/mymaster",
-             c->sentinel[0].port, c->sentinel[1].port, c->sentinel[2].port);
+    cr_assert_eq(ts_sentinels_start(c), 0, "could not start the Sentinel setup");
 }
 
 static void stop_cluster(cluster *c)
 {
-    for (int i = 0; i < 3; i++)
-        ts_server_stop(&c->sentinel[i]);
-    for (int i = 0; i < 2; i++)
-        ts_server_stop(&c->replica[i]);
-    ts_server_stop(&c->primary);
+    ts_sentinels_stop(c);
 }
 
 static redsem_client *client_of(const char *url, int64_t retry_ms, int *rc_out, char *err,
@@ -185,11 +124,8 @@ Test(sentinel, a_failover_is_followed, TO)
                     "errors surfaced\n",
             (long long)(first_grant - killed), errors);
     cr_assert_eq(errors, 0, "errors surfaced during the failover");
-    char out[64] = "";
-    cr_assert_eq(ts_command(&c.sentinel[0], out, sizeof out, "SENTINEL", "get-master-addr-by-name",
-                            "mymaster", NULL),
-                 0);
-    cr_assert_neq(atoi(out), old_port, "no failover happened");
+    int now_port = ts_sentinels_primary_port(&c);
+    cr_assert(now_port > 0 && now_port != old_port, "no failover happened");
     redsem_sem_free(s);
     redsem_client_free(cl);
     stop_cluster(&c);
