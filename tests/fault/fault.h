@@ -214,6 +214,8 @@ typedef struct fp_proxy fp_proxy;
 fp_proxy *fp_proxy_start(int target_port);
 int fp_proxy_port(const fp_proxy *p);
 void fp_proxy_set_mode(fp_proxy *p, int mode);
+/* Hold every chunk of replies ms before forwarding it (0: none), in FP_PASS mode. */
+void fp_proxy_set_reply_delay_ms(fp_proxy *p, int64_t ms);
 size_t fp_proxy_connections(fp_proxy *p); /* accepted so far */
 size_t fp_proxy_dropped_on_heal(fp_proxy *p); /* connections found aborted on heal */
 void fp_proxy_stop(fp_proxy *p);

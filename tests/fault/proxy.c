@@ -29,6 +29,7 @@ typedef struct dir {
     char buf[BUFSZ];
     size_t len, off;
     bool eof; /* the reading side ended; shut the writing side down once drained */
+    int64_t ready_ns; /* with a reply delay: not forwarded before this (monotonic ns) */
 } dir;
 
 typedef struct pair {
@@ -44,6 +45,7 @@ struct fp_proxy {
     _Atomic int mode;
     _Atomic int stop;
     _Atomic size_t accepted, dropped;
+    _Atomic int64_t reply_delay_ns; /* each chunk of replies is held this long */
     pair *pairs[MAXPAIRS];
     int npairs;
 };
@@ -147,13 +149,15 @@ static int eval_keys(const char *buf, size_t len)
 
 /* Move bytes from `from` through d to `to`; discard instead of writing when drop is set.
  * Returns -1 when the pair is finished. */
-static int pump(int from, int to, dir *d, bool drop, short rev_from, int *evals)
+static int pump(int from, int to, dir *d, bool drop, short rev_from, int *evals,
+                int64_t delay_ns)
 {
     if (d->len == d->off && !d->eof && (rev_from & (POLLIN | POLLHUP | POLLERR))) {
         ssize_t n = recv(from, d->buf, sizeof d->buf, 0);
         if (n > 0) {
             d->len = (size_t)n;
             d->off = 0;
+            d->ready_ns = delay_ns > 0 ? fw_now_ns() + delay_ns : 0;
             if (evals && eval_keys(d->buf, d->len) >= 3)
                 (*evals)++;
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
@@ -162,6 +166,8 @@ static int pump(int from, int to, dir *d, bool drop, short rev_from, int *evals)
                 return -1; /* reset: give up the pair */
         }
     }
+    if (d->len > d->off && d->ready_ns > 0 && fw_now_ns() < d->ready_ns)
+        return 0; /* delayed: the poll timeout brings us back */
     if (d->len > d->off) {
         if (drop) {
             d->off = d->len = 0;
@@ -224,7 +230,16 @@ static void *run(void *arg)
                 pf[n++] = (struct pollfd){.fd = q->s, .events = se};
             }
         }
-        int r = poll(pf, (nfds_t)n, 100);
+        int timeout = 100;
+        for (int i = 0; i < p->npairs && mode != FP_BLACKHOLE; i++) {
+            dir *d = &p->pairs[i]->sc;
+            if (d->len > d->off && d->ready_ns > 0) {
+                int64_t left = (d->ready_ns - fw_now_ns()) / 1000000 + 1;
+                if (left < timeout)
+                    timeout = left < 0 ? 0 : (int)left;
+            }
+        }
+        int r = poll(pf, (nfds_t)n, timeout);
         if (r < 0 && errno != EINTR)
             break;
         if (pf[0].revents & POLLIN) {
@@ -241,13 +256,13 @@ static void *run(void *arg)
             pair *q = p->pairs[i];
             short cr = pf[base + 2 * i].revents, sr = pf[base + 2 * i + 1].revents;
             bool evalmode = mode == FP_DROP_EVAL_REPLIES;
-            int a = pump(q->c, q->s, &q->cs, false, cr, evalmode ? &q->drop_next : NULL);
+            int a = pump(q->c, q->s, &q->cs, false, cr, evalmode ? &q->drop_next : NULL, 0);
             bool drop = mode == FP_DROP_REPLIES;
             if (evalmode && q->drop_next > 0 && q->sc.len == q->sc.off && (sr & POLLIN)) {
                 drop = true;
                 q->drop_next--;
             }
-            int b = pump(q->s, q->c, &q->sc, drop, sr, NULL);
+            int b = pump(q->s, q->c, &q->sc, drop, sr, NULL, atomic_load(&p->reply_delay_ns));
             if (a < 0 || b < 0 || (a == 1 && b == 1))
                 pair_free(p, i);
         }
@@ -288,6 +303,12 @@ fp_proxy *fp_proxy_start(int target_port)
 int fp_proxy_port(const fp_proxy *p)
 {
     return p->port;
+}
+
+void fp_proxy_set_reply_delay_ms(fp_proxy *p, int64_t ms)
+{
+    atomic_store(&p->reply_delay_ns, ms * 1000000);
+    (void)!write(p->wake[1], "m", 1);
 }
 
 void fp_proxy_set_mode(fp_proxy *p, int mode)
