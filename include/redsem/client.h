@@ -255,14 +255,21 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *              its own copy.
  * @ret_client  owned-out; free with redsem_client_free(). Must not be NULL. Not written on
  *              failure.
- * Returns: REDSEM_OK; REDSEM_EINVAL (NULL ret_client); REDSEM_ENOMEM; REDSEM_ECONN (refused,
- *          unreachable, name not found); REDSEM_ETIMEDOUT (connect timeout); REDSEM_EPERM
- *          (AUTH refused: WRONGPASS, NOAUTH, NOPERM); REDSEM_ESERVER (SELECT refused or other
- *          error reply); REDSEM_EPROTO. On failure no client exists, so the detail is not
- *          available through redsem_client_errmsg(); use redsem_client_new_verbose() for it.
- * Server: connect, then AUTH and SELECT as the URL asks, then TIME once (the server's clock,
- *         from which acquires get their not-after time; a TIME refused by an ACL is ignored,
- *         one that gets no reply within the command timeout fails with REDSEM_ETIMEDOUT).
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL ret_client; a TLS file that cannot be read or a
+ *          key that does not match its certificate; a sync timeout not shorter than the
+ *          command timeout); REDSEM_ENOMEM; REDSEM_ECONN (refused, unreachable, name not
+ *          found, a TLS handshake that failed, no Sentinel that names a primary, an address
+ *          that is not the primary); REDSEM_ETIMEDOUT (connect timeout); REDSEM_ETLS (the
+ *          server's certificate was refused: unknown CA, expired, name mismatch);
+ *          REDSEM_EPERM (AUTH refused: WRONGPASS, NOAUTH, NOPERM; also a Sentinel's);
+ *          REDSEM_ESERVER (SELECT refused or other error reply); REDSEM_EPROTO. On failure no
+ *          client exists, so the detail is not available through redsem_client_errmsg(); use
+ *          redsem_client_new_verbose() for it.
+ * Server: under Sentinel, first SENTINEL get-master-addr-by-name on the Sentinels in turn;
+ *         connect (the TLS handshake for rediss://), then AUTH and SELECT as the URL asks,
+ *         then TIME once (the server's clock, from which acquires get their not-after time; a
+ *         TIME refused by an ACL is ignored, one that gets no reply within the command
+ *         timeout fails with REDSEM_ETIMEDOUT); under Sentinel, ROLE (must be master).
  * Thread safety: the new client belongs to the calling thread until handed over. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,

@@ -98,7 +98,9 @@ REDSEM_API bool redsem_permit_held(const redsem_permit *permit);
  *          on the server: the permit is marked lost and stays lost); REDSEM_ESTATE
  *          (already released or found lost); REDSEM_EINVAL; REDSEM_ECONN; REDSEM_ETIMEDOUT
  *          (the validity deadline is then unchanged); REDSEM_ESERVER; REDSEM_EPERM;
- *          REDSEM_EPROTO; REDSEM_EFORKED.
+ *          REDSEM_EPROTO; REDSEM_EFORKED; REDSEM_EREPLICA (with
+ *          redsem_options_set_sync_replicas(): refreshed on the primary, but fewer replicas
+ *          acknowledged it in time; the validity deadline is unchanged).
  * Server: one EVALSHA (refresh.lua or lock_extend.lua; EVAL with the body on the client's
  *         first call of that script) on the permit's client.
  * Thread safety: the permit's client's thread. Since: 0.1

@@ -189,7 +189,9 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER
  *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed);
  *          REDSEM_EPERM (NOPERM ...); REDSEM_ECONFLICT (the semaphore was re-created with
- *          another strategy); REDSEM_EPROTO; REDSEM_EFORKED.
+ *          another strategy); REDSEM_EPROTO; REDSEM_EFORKED; REDSEM_EREPLICA (with
+ *          redsem_options_set_sync_replicas(): granted, but fewer replicas acknowledged it
+ *          in time; the permit was given back).
  * Server: per attempt one EVALSHA of basic_acquire.lua or fair_acquire.lua (EVAL with the
  *         script's body on the client's first call of it; locked: also guard_acquire.lua,
  *         SET NX PX of the guard, before; fair_acquire.lua checks the guard and deletes it;
