@@ -56,6 +56,14 @@ int redsem__parse_attempt(redsem_client *c, const redisReply *r, redsem__attempt
     return REDSEM_OK;
 }
 
+/* A grant: keep what the permit needs from the request that got it. */
+static int granted(redsem__attempt *att, const redsem__req_info *info)
+{
+    att->sent_ns = info->sent_ns;
+    att->replicas_acked = info->replicas_acked;
+    return REDSEM_OK;
+}
+
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
 
@@ -87,9 +95,7 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
     redsem__req_info info;
     int rc2 = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
     if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
-        att->sent_ns = info.sent_ns;
-        att->replicas_acked = info.replicas_acked;
-        return REDSEM_OK;
+        return granted(att, &info);
     }
     if (rc2 != REDSEM_OK && info.maybe_applied)
         return unknown(c, id, rc2);
@@ -120,9 +126,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         if (rc != REDSEM_OK)
             return registered ? leave_after_fault(q, id, att, rc) : rc;
         if (att->outcome == REDSEM__ATT_GRANTED) {
-            att->sent_ns = info.sent_ns;
-        att->replicas_acked = info.replicas_acked;
-            return REDSEM_OK;
+            return granted(att, &info);
         }
         if (att->outcome == REDSEM__ATT_TOO_LATE) {
             /* The server ran the request after the time we had given it: our estimate of its
@@ -150,9 +154,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             /* Leave the queue; a permit handed over at the last moment is still taken. */
             rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
             if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
-                att->sent_ns = info.sent_ns;
-        att->replicas_acked = info.replicas_acked;
-                return REDSEM_OK;
+                return granted(att, &info);
             }
             if (rc != REDSEM_OK && info.maybe_applied)
                 return unknown(c, id, rc);

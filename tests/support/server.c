@@ -225,7 +225,7 @@ static void rm_dir(const char *dir)
         unlink(path);
     }
     snprintf(path, sizeof path, "rm -rf '%s'", dir);
-    if (strstr(dir, "/redsem-test-") != NULL)
+    if (strstr(dir, "/redsem-test-") != NULL || strstr(dir, "/redsem-sentinel-") != NULL)
         (void)system(path);
 }
 
