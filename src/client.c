@@ -53,6 +53,17 @@ int redsem__reply_status(redsem_client *c, const redisReply *r, const char *what
     return REDSEM_OK;
 }
 
+int redsem__refresh_synced(redsem_client *c, const redsem__req_info *info)
+{
+    if (c->sync_replicas == 0 || info->replicas_acked >= c->sync_replicas)
+        return REDSEM_OK;
+    return redsem__set_err(c, REDSEM_EREPLICA,
+                           "refreshed, but %d of the %d replicas required acknowledged it "
+                           "within %lld ms: the validity deadline was not moved",
+                           info->replicas_acked < 0 ? 0 : info->replicas_acked, c->sync_replicas,
+                           (long long)c->sync_timeout_ms);
+}
+
 /* ================================================================ routed calls */
 
 static redsem__node *node_for(redsem_client *c, const char *key, size_t len)

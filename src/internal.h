@@ -26,6 +26,9 @@ void redsem__note_server_clock(redsem_client *c, const char *key, int64_t server
 
 int redsem__set_err(redsem_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* With sync_replicas: REDSEM_EREPLICA when fewer replicas acknowledged the refresh of info
+ * than required (the message says so); REDSEM_OK otherwise. */
+int redsem__refresh_synced(redsem_client *c, const redsem__req_info *info);
 void redsem__clear_err(redsem_client *c);
 int redsem__check_owner(redsem_client *c); /* EFORKED after fork */
 /* The first element of a script's {status, ...} array reply; REDSEM_EPROTO otherwise. */

@@ -371,12 +371,8 @@ static int sem_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sen
                                "less than the refresh margin (%lld ms) left when the refresh "
                                "reached the server",
                                p->id, s->name, (long long)redsem__refresh_margin_ms(p->lease_ms));
-    if (c->sync_replicas > 0 && info.replicas_acked < c->sync_replicas)
-        return redsem__set_err(c, REDSEM_EREPLICA,
-                               "refreshed, but %d of the %d replicas required acknowledged it "
-                               "within %lld ms: the validity deadline was not moved",
-                               info.replicas_acked < 0 ? 0 : info.replicas_acked,
-                               c->sync_replicas, (long long)c->sync_timeout_ms);
+    if ((rc = redsem__refresh_synced(c, &info)) != REDSEM_OK)
+        return rc;
     *sent_ns = info.sent_ns;
     return REDSEM_OK;
 }

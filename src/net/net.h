@@ -116,6 +116,10 @@ int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t dea
  * blocking context does); otherwise poll until deadline_ns. */
 int redsem__conn_read(redsem__conn *c, struct redisReply **ret, int64_t deadline_ns,
                       int *err_no, char *err, size_t errlen);
+/* A REDSEM__IO_* status as a REDSEM_* code, with the reason in err for a timeout or a lost
+ * connection (err_no: errno, 0 for a close by the peer); _PROTO keeps err as the reader
+ * wrote it. */
+int redsem__io_status(int io, int err_no, char *err, size_t errlen);
 /* Wait for events on fd until deadline_ns (REDSEM__FOREVER: no limit). 1 ready, 0 timeout,
  * -1 error (errno). */
 int redsem__wait_fd(int fd, short events, int64_t deadline_ns);

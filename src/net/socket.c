@@ -403,3 +403,22 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
         return REDSEM__IO_CLOSED;
     }
 }
+
+int redsem__io_status(int io, int err_no, char *err, size_t errlen)
+{
+    switch (io) {
+    case REDSEM__IO_OK:
+        return REDSEM_OK;
+    case REDSEM__IO_TIMEOUT:
+        snprintf(err, errlen, "no reply from Redis within the deadline");
+        return REDSEM_ETIMEDOUT;
+    case REDSEM__IO_CLOSED:
+        snprintf(err, errlen, "connection lost: %s",
+                 err_no ? strerror(err_no) : "closed by the server");
+        return REDSEM_ECONN;
+    case REDSEM__IO_NOMEM:
+        return REDSEM_ENOMEM;
+    default:
+        return REDSEM_EPROTO;
+    }
+}

@@ -92,21 +92,7 @@ static int raw_roundtrip2(redsem__node *n, const char *cmd, size_t len, int64_t 
             }
         }
     }
-    switch (io) {
-    case REDSEM__IO_OK:
-        return REDSEM_OK;
-    case REDSEM__IO_TIMEOUT:
-        snprintf(err, errlen, "no reply from Redis within the deadline");
-        return REDSEM_ETIMEDOUT;
-    case REDSEM__IO_CLOSED:
-        snprintf(err, errlen, "connection lost: %s",
-                 err_no ? strerror(err_no) : "closed by the server");
-        return REDSEM_ECONN;
-    case REDSEM__IO_NOMEM:
-        return REDSEM_ENOMEM;
-    default:
-        return REDSEM_EPROTO;
-    }
+    return redsem__io_status(io, err_no, err, errlen);
 }
 
 static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,

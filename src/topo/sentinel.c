@@ -27,20 +27,7 @@ static int sentinel_request(redsem__conn *c, const redsem__args *a, int64_t dead
     redisFreeCommand(cmd);
     if (io == REDSEM__IO_OK)
         io = redsem__conn_read(c, ret, deadline_ns, &err_no, err, errlen);
-    switch (io) {
-    case REDSEM__IO_OK:
-        return REDSEM_OK;
-    case REDSEM__IO_TIMEOUT:
-        snprintf(err, errlen, "no reply in time");
-        return REDSEM_ETIMEDOUT;
-    case REDSEM__IO_CLOSED:
-        snprintf(err, errlen, "connection lost: %s", err_no ? strerror(err_no) : "closed");
-        return REDSEM_ECONN;
-    case REDSEM__IO_NOMEM:
-        return REDSEM_ENOMEM;
-    default:
-        return REDSEM_EPROTO;
-    }
+    return redsem__io_status(io, err_no, err, errlen);
 }
 
 /* Ask one Sentinel. On REDSEM_OK, *host (new string) and *port. */

@@ -132,14 +132,16 @@ int ts_server_start(ts_server *s, const char *const *extra, bool tcp)
     return ts_server_start_pinned(s, extra, tcp, -1);
 }
 
-int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int cpu)
+/* A fresh s with its private dir (TMPDIR/redsem-KIND-XXXXXX), socket, URL and log paths.
+ * 0, 77 without redis-server, -1 on failure. */
+static int prepare(ts_server *s, const char *kind, int cpu)
 {
     memset(s, 0, sizeof *s);
     s->cpu = cpu;
     if (ts_redis_server_path() == NULL)
         return 77;
     const char *tmp = getenv("TMPDIR");
-    snprintf(s->dir, sizeof s->dir, "%s/redsem-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    snprintf(s->dir, sizeof s->dir, "%s/redsem-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", kind);
     if (mkdtemp(s->dir) == NULL) {
         perror("mkdtemp");
         return -1;
@@ -147,11 +149,19 @@ int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int
     snprintf(s->sock, sizeof s->sock, "%s/redis.sock", s->dir);
     snprintf(s->url, sizeof s->url, "unix://%s", s->sock);
     snprintf(s->log, sizeof s->log, "%s/redis.log", s->dir);
+    return 0;
+}
+
+int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int cpu)
+{
+    int rc = prepare(s, "test", cpu);
+    if (rc != 0)
+        return rc;
     for (int i = 0; extra && extra[i] && i < 32; i++)
         s->extra[s->nextra++] = extra[i];
     for (int attempt = 0; attempt < 5; attempt++) {
         s->port = tcp ? ts_free_port() : 0;
-        int rc = spawn(s);
+        rc = spawn(s);
         if (rc != -1 || !tcp)
             return rc;
     }
@@ -161,19 +171,9 @@ int ts_server_start_pinned(ts_server *s, const char *const *extra, bool tcp, int
 int ts_sentinel_start(ts_server *s, const char *master_name, int primary_port, int quorum,
                       int down_after_ms, int failover_timeout_ms)
 {
-    memset(s, 0, sizeof *s);
-    s->cpu = -1;
-    if (ts_redis_server_path() == NULL)
-        return 77;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(s->dir, sizeof s->dir, "%s/redsem-sentinel-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (mkdtemp(s->dir) == NULL) {
-        perror("mkdtemp");
-        return -1;
-    }
-    snprintf(s->sock, sizeof s->sock, "%s/redis.sock", s->dir);
-    snprintf(s->url, sizeof s->url, "unix://%s", s->sock);
-    snprintf(s->log, sizeof s->log, "%s/redis.log", s->dir);
+    int rc = prepare(s, "sentinel", -1);
+    if (rc != 0)
+        return rc;
     snprintf(s->conf, sizeof s->conf, "%s/sentinel.conf", s->dir);
     FILE *f = fopen(s->conf, "w");
     if (f == NULL) {
@@ -187,7 +187,7 @@ int ts_sentinel_start(ts_server *s, const char *master_name, int primary_port, i
     fclose(f);
     for (int attempt = 0; attempt < 5; attempt++) {
         s->port = ts_free_port();
-        int rc = spawn(s);
+        rc = spawn(s);
         if (rc != -1)
             return rc;
     }
