@@ -16,6 +16,7 @@
 #include <redsem/redsem.h>
 
 struct redisContext;
+struct ts_server;
 
 /* ---------------------------------------------------------------- strategies */
 /* The four things measured: the three semaphore strategies and the lock. */
@@ -26,7 +27,7 @@ int bench_kind_acquire_trips(int kind);
 
 /* ---------------------------------------------------------------- options */
 #define BENCH_MAX_LIST 16
-#define BENCH_NWORKLOADS_MAX 8
+#define BENCH_NWORKLOADS_MAX 12
 
 enum { AFF_SPLIT = 0, AFF_SAME = 1, AFF_NONE = 2 };
 
@@ -55,6 +56,8 @@ typedef struct bench_opts {
     long scale_pairs;
     int scale_fillers;
     long order_margin_us;
+    long tls_pairs;  /* tls: pairs per strategy and transport (all rounds together) */
+    long sync_pairs; /* sync: pairs per strategy and WAIT setting (all rounds together) */
     bool quiet; /* no progress on stderr */
 } bench_opts;
 
@@ -66,7 +69,9 @@ enum {
     BENCH_W_FLOOR = 4,
     BENCH_W_RENEWAL = 5,
     BENCH_W_TAKEOVER = 6,
-    BENCH_NWORKLOADS = 7
+    BENCH_W_TLS = 7,  /* not in the default suite */
+    BENCH_W_SYNC = 8, /* not in the default suite */
+    BENCH_NWORKLOADS = 9
 };
 
 /* ---------------------------------------------------------------- run context */
@@ -79,6 +84,14 @@ typedef struct bench_ctx {
                             built, then dropped) */
     int exit_code;       /* 0, or 2 after a safety violation */
     unsigned seq;        /* for unique semaphore names */
+    /* Library clients only (bench_client): the raw hiredis connections have no TLS (hiredis
+     * 0.14) and never WAIT. The tls and sync workloads set these on copies of the context. */
+    const char *tls_ca;      /* rediss:// URL: verify the server with this CA file */
+    int sync_replicas;       /* > 0: redsem_options_set_sync_replicas(sync_timeout_ms) */
+    int64_t sync_timeout_ms;
+    /* The private servers the tls and sync workloads start (also with --url): the primary's
+     * CPU and the replicas' (-1: not pinned, on any CPU the bench may use). */
+    int server_cpu, replica_cpu;
 } bench_ctx;
 
 /* ---------------------------------------------------------------- time, randomness */
@@ -167,6 +180,19 @@ void bench_info_field(struct redisContext *c, const char *section, const char *f
  * the run). Returns how many were removed. */
 long bench_cleanup(const bench_ctx *ctx, const char *name);
 
+/* ---------------------------------------------------------------- more private servers */
+/* Start one more private redis-server (ts_server_start_pinned; cpu < 0: on every CPU the
+ * bench was allowed at its start, not only the bench's own); it is stopped, and its
+ * directory removed, at exit and on SIGINT/SIGTERM/SIGHUP. Must be called from the main
+ * thread (a private server dies with the thread that started it). Returns as
+ * ts_server_start. */
+int bench_server_start(const char *const *extra, bool tcp, int cpu, struct ts_server *s);
+void bench_server_stop(struct ts_server *s);
+/* A temporary directory holding the listed files (NULL-terminated, a static array):
+ * removed with them at exit and on those signals unless bench_tempdir_remove() did it first. */
+void bench_tempdir_track(const char *dir, const char *const *files);
+void bench_tempdir_remove(const char *dir);
+
 /* ---------------------------------------------------------------- the floor */
 /* A raw hiredis connection that sends, per pair, the same requests as the library would for
  * one kind (same count, same number of KEYS and ARGV, key names of the same length) with a
@@ -184,6 +210,8 @@ void bench_run_contended(bench_ctx *ctx);
 void bench_run_scale(bench_ctx *ctx);
 void bench_run_renewal(bench_ctx *ctx);
 void bench_run_takeover(bench_ctx *ctx);
+void bench_run_tls(bench_ctx *ctx);
+void bench_run_sync(bench_ctx *ctx);
 
 /* Table helpers: a fixed-width row printer that also works as the header. */
 void bench_rule(int width);

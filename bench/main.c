@@ -22,7 +22,15 @@
 #include "server.h"
 
 static const char *const workload_names[BENCH_NWORKLOADS] = {
-    "uncontended", "threads", "contended", "scale", "floor", "renewal", "takeover"};
+    "uncontended", "threads", "contended", "scale", "floor", "renewal", "takeover", "tls", "sync"};
+
+/* The default suite: every workload but floor (run inside the others anyway), tls and sync
+ * (each starts servers of its own, tls needs the openssl command, and each takes half a
+ * minute or more). */
+static bool in_default_suite(int w)
+{
+    return w != BENCH_W_FLOOR && w != BENCH_W_TLS && w != BENCH_W_SYNC;
+}
 
 static void usage(FILE *out)
 {
@@ -31,7 +39,7 @@ static void usage(FILE *out)
         "\n"
         "Measures redsem's strategies (basic, fair, locked) and its lock against a raw hiredis\n"
         "floor that makes the same round trips with a trivial script. With no --url it starts a\n"
-        "private redis-server. The default suite runs every workload in about a minute.\n"
+        "private redis-server. The default suite runs in about a minute on an idle machine.\n"
         "\n"
         "  --url URL            measure this server (redis://host:port, unix:///path ...)\n"
         "  --unix               private server: connect by its unix socket (default: TCP\n"
@@ -41,8 +49,11 @@ static void usage(FILE *out)
         "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
         "                       same, or none\n"
         "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,takeover,\n"
-        "                       floor, or"
-        "                       all (default all; floor alone runs only the floor loops)\n"
+        "                       tls,sync,floor; default (the default suite: the first six) or\n"
+        "                       all (the default suite, tls and sync); floor alone runs only\n"
+        "                       the floor loops. tls and sync start private servers of their\n"
+        "                       own (TCP + TLS port; a primary and two replicas), even with\n"
+        "                       --url; tls needs the openssl command\n"
         "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
         "  --rounds N           uncontended: interleaved rounds (default 5)\n"
@@ -59,6 +70,10 @@ static void usage(FILE *out)
         "  --holders LIST       scale: holder counts (default 10,1000,10000,100000)\n"
         "  --scale-pairs N      scale: pairs measured per level (default 1000)\n"
         "  --fillers N          scale: filler threads (default 8)\n"
+        "  --tls-pairs N        tls: pairs per strategy and transport, in alternating\n"
+        "                       batches of 250 (default 5000)\n"
+        "  --sync-pairs N       sync: pairs per strategy and WAIT setting, in rotating\n"
+        "                       batches of 250 (default 5000)\n"
         "  --json FILE          write every figure and the run's parameters to FILE\n"
         "  -q, --quiet          no progress lines on stderr\n"
         "  -h, --help           this text\n"
@@ -112,8 +127,10 @@ static int parse_int_list(const char *s, const char *what, long lo, long hi, int
     return n;
 }
 
+/* A list of names, "all" (every one) and, when dflt is not NULL, "default" (those dflt
+ * marks). */
 static void parse_names(const char *s, const char *what, const char *const *names, int count,
-                        bool *out)
+                        const bool *dflt, bool *out)
 {
     char buf[512];
     snprintf(buf, sizeof buf, "%s", s);
@@ -122,6 +139,11 @@ static void parse_names(const char *s, const char *what, const char *const *name
         if (strcmp(t, "all") == 0) {
             for (int i = 0; i < count; i++)
                 out[i] = true;
+            continue;
+        }
+        if (dflt != NULL && strcmp(t, "default") == 0) {
+            for (int i = 0; i < count; i++)
+                out[i] = out[i] || dflt[i];
             continue;
         }
         int i = 0;
@@ -153,6 +175,8 @@ enum {
     OPT_HOLDERS,
     OPT_SCALE_PAIRS,
     OPT_FILLERS,
+    OPT_TLS_PAIRS,
+    OPT_SYNC_PAIRS,
     OPT_JSON,
     OPT_VERSION
 };
@@ -181,6 +205,8 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"holders", required_argument, NULL, OPT_HOLDERS},
         {"scale-pairs", required_argument, NULL, OPT_SCALE_PAIRS},
         {"fillers", required_argument, NULL, OPT_FILLERS},
+        {"tls-pairs", required_argument, NULL, OPT_TLS_PAIRS},
+        {"sync-pairs", required_argument, NULL, OPT_SYNC_PAIRS},
         {"json", required_argument, NULL, OPT_JSON},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -206,9 +232,12 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         .scale_pairs = 1000,
         .scale_fillers = 8,
         .order_margin_us = 1000,
+        .tls_pairs = 5000,
+        .sync_pairs = 5000,
     };
+    bool dflt[BENCH_NWORKLOADS];
     for (int i = 0; i < BENCH_NWORKLOADS; i++)
-        o->workloads[i] = i != BENCH_W_FLOOR;
+        o->workloads[i] = dflt[i] = in_default_suite(i);
     for (int i = 0; i < BENCH_NKINDS; i++)
         o->kinds[i] = true;
     static const char *const kinds[BENCH_NKINDS] = {"basic", "fair", "locked", "lock"};
@@ -236,18 +265,20 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         case 'w': {
             bool w[BENCH_NWORKLOADS];
-            parse_names(optarg, "--workload", workload_names, BENCH_NWORKLOADS, w);
+            parse_names(optarg, "--workload", workload_names, BENCH_NWORKLOADS, dflt, w);
             /* "floor" alone: just the floor loops; with others it changes nothing (the
-             * floors run inside every workload anyway) */
-            bool only_floor = w[BENCH_W_FLOOR] && !w[0] && !w[1] && !w[2] && !w[3] &&
-                              !w[BENCH_W_RENEWAL] && !w[BENCH_W_TAKEOVER];
+             * floors run inside every workload that has one anyway) */
+            bool only_floor = w[BENCH_W_FLOOR];
+            for (int i = 0; i < BENCH_NWORKLOADS; i++)
+                if (i != BENCH_W_FLOOR && w[i])
+                    only_floor = false;
             if (!only_floor)
                 w[BENCH_W_FLOOR] = false;
             memcpy(o->workloads, w, sizeof w);
             break;
         }
         case 's':
-            parse_names(optarg, "--strategies", kinds, BENCH_NKINDS, o->kinds);
+            parse_names(optarg, "--strategies", kinds, BENCH_NKINDS, NULL, o->kinds);
             break;
         case OPT_PAIRS:
             o->pairs = parse_long(optarg, "--pairs", 1, 100000000);
@@ -309,6 +340,12 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         case OPT_FILLERS:
             o->scale_fillers = (int)parse_long(optarg, "--fillers", 1, 256);
             break;
+        case OPT_TLS_PAIRS:
+            o->tls_pairs = parse_long(optarg, "--tls-pairs", 1, 100000000);
+            break;
+        case OPT_SYNC_PAIRS:
+            o->sync_pairs = parse_long(optarg, "--sync-pairs", 1, 100000000);
+            break;
         case OPT_JSON:
             o->json_path = optarg;
             break;
@@ -329,6 +366,10 @@ static void parse_args(int argc, char **argv, bench_opts *o)
     }
     if (optind < argc)
         bench_die("unexpected argument '%s' (see --help)", argv[optind]);
+    if (o->url != NULL && strncmp(o->url, "rediss", 6) == 0)
+        bench_die("--url rediss://...: not supported. The floor, INFO and the removal of the bench's "
+                  "keys use raw hiredis 0.14 connections, which have no TLS. -w tls measures "
+                  "the library over TLS against TCP on a private server");
 }
 
 /* ---------------------------------------------------------------- server, CPUs */
@@ -336,22 +377,118 @@ static void parse_args(int argc, char **argv, bench_opts *o)
 static ts_server server;
 static pid_t main_pid;
 
+/* The private servers the tls and sync workloads start, and their temporary directories. */
+#define MAX_TRACKED 8
+static ts_server *volatile tracked[MAX_TRACKED];
+static struct {
+    char dir[256];
+    const char *const *files;
+    volatile int on;
+} tracked_dirs[MAX_TRACKED];
+static cpu_set_t start_mask; /* the CPUs allowed at the start, before the bench pinned itself */
+static bool have_start_mask;
+
+int bench_server_start(const char *const *extra, bool tcp, int cpu, ts_server *s)
+{
+    int slot = 0;
+    while (slot < MAX_TRACKED && tracked[slot] != NULL)
+        slot++;
+    if (slot == MAX_TRACKED)
+        bench_die("too many private servers");
+    /* the child inherits this thread's affinity: for "any CPU", the one the bench started
+     * with, not the CPU it pinned itself to */
+    cpu_set_t cur;
+    bool restore = cpu < 0 && have_start_mask && sched_getaffinity(0, sizeof cur, &cur) == 0 &&
+                   sched_setaffinity(0, sizeof start_mask, &start_mask) == 0;
+    int rc = ts_server_start_pinned(s, extra, tcp, cpu);
+    if (restore)
+        (void)sched_setaffinity(0, sizeof cur, &cur);
+    if (rc == 0)
+        tracked[slot] = s;
+    return rc;
+}
+
+void bench_server_stop(ts_server *s)
+{
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked[i] == s)
+            tracked[i] = NULL;
+    ts_server_stop(s);
+}
+
+void bench_tempdir_track(const char *dir, const char *const *files)
+{
+    for (int i = 0; i < MAX_TRACKED; i++) {
+        if (!tracked_dirs[i].on) {
+            snprintf(tracked_dirs[i].dir, sizeof tracked_dirs[i].dir, "%s", dir);
+            tracked_dirs[i].files = files;
+            tracked_dirs[i].on = 1;
+            return;
+        }
+    }
+    bench_die("too many temporary directories");
+}
+
+/* async-signal-safe */
+static void remove_dir(int i)
+{
+    char path[512];
+    for (const char *const *f = tracked_dirs[i].files; f && *f; f++) {
+        size_t n = strlen(tracked_dirs[i].dir), m = strlen(*f);
+        if (n + 1 + m < sizeof path) {
+            memcpy(path, tracked_dirs[i].dir, n);
+            path[n] = '/';
+            memcpy(path + n + 1, *f, m + 1);
+            unlink(path);
+        }
+    }
+    rmdir(tracked_dirs[i].dir);
+    tracked_dirs[i].on = 0;
+}
+
+void bench_tempdir_remove(const char *dir)
+{
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked_dirs[i].on && strcmp(tracked_dirs[i].dir, dir) == 0)
+            remove_dir(i);
+}
+
 static void stop_server(void)
 {
-    if (getpid() == main_pid && server.pid > 0)
+    if (getpid() != main_pid)
+        return;
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked[i] != NULL)
+            bench_server_stop(tracked[i]);
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked_dirs[i].on)
+            remove_dir(i);
+    if (server.pid > 0)
         ts_server_stop(&server);
+}
+
+/* async-signal-safe: stop a private server, remove its files */
+static void kill_server(ts_server *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGCONT);
+        kill(s->pid, SIGTERM);
+        unlink(s->sock);
+        unlink(s->log);
+        rmdir(s->dir);
+    }
 }
 
 static void on_signal(int sig)
 {
-    /* async-signal-safe subset: stop the private server, remove its files, leave */
-    if (server.pid > 0) {
-        kill(server.pid, SIGCONT);
-        kill(server.pid, SIGTERM);
-        unlink(server.sock);
-        unlink(server.log);
-        rmdir(server.dir);
-    }
+    /* async-signal-safe subset: stop the private servers, remove their files, leave */
+    kill_server(&server);
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked[i] != NULL)
+            kill_server(tracked[i]);
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked_dirs[i].on)
+            remove_dir(i);
     _exit(128 + sig);
 }
 
@@ -554,6 +691,41 @@ static void print_targets(const bench_ctx *ctx)
             }
         }
     }
+    /* issue 9 sets no target: it asks what TLS and WAIT cost */
+    json_t *tl = json_object_get(root, "tls"), *sy = json_object_get(root, "sync");
+    if (tl == NULL && sy == NULL)
+        return;
+    printf("\n== what TLS and WAIT cost (issue 9, no targets), from this run\n");
+    size_t i;
+    json_t *r;
+    char what[96];
+    json_array_foreach(json_object_get(tl, "uncontended"), i, r)
+    {
+        snprintf(what, sizeof what, "tls %s pairs/s, TLS / TCP, one client",
+                 json_string_value(json_object_get(r, "strategy")));
+        target_status(what, num(r, "ratio_pairs_per_s"), "(info)", "", NULL);
+    }
+    json_array_foreach(json_object_get(tl, "threads"), i, r)
+    {
+        snprintf(what, sizeof what, "tls %s pairs/s, TLS / TCP, %d threads",
+                 json_string_value(json_object_get(r, "strategy")),
+                 (int)json_integer_value(json_object_get(r, "threads")));
+        target_status(what, num(r, "ratio_pairs_per_s"), "(info)", "", NULL);
+    }
+    json_array_foreach(json_object_get(sy, "rows"), i, r)
+    {
+        size_t k;
+        json_t *set;
+        json_array_foreach(json_object_get(r, "settings"), k, set)
+        {
+            int n = (int)json_integer_value(json_object_get(set, "replicas"));
+            if (n == 0)
+                continue;
+            snprintf(what, sizeof what, "sync %s pairs/s, WAIT %d / no WAIT",
+                     json_string_value(json_object_get(r, "strategy")), n);
+            target_status(what, num(set, "ratio_pairs_per_s"), "(info)", "", NULL);
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- main */
@@ -575,14 +747,19 @@ int main(int argc, char **argv)
         bench_cpu = cpu0;
         server_cpu = cpu1;
     }
+    /* the private servers of the tls and sync workloads, which run even with --url */
+    ctx.server_cpu = server_cpu;
+    ctx.replica_cpu = o.affinity == AFF_SAME ? cpu0 : -1;
+    have_start_mask = sched_getaffinity(0, sizeof start_mask, &start_mask) == 0;
     if (o.url != NULL)
         server_cpu = -1; /* not ours to pin */
 
     char transport[32];
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+    atexit(stop_server);
     if (o.url == NULL) {
-        signal(SIGINT, on_signal);
-        signal(SIGTERM, on_signal);
-        signal(SIGHUP, on_signal);
         static const char *const extra[] = {"--maxmemory-policy", "noeviction", NULL};
         int rc = ts_server_start_pinned(&server, extra, !o.unix_socket, server_cpu);
         if (rc == 77)
@@ -590,7 +767,6 @@ int main(int argc, char **argv)
                       "--url)");
         if (rc != 0)
             bench_die("could not start a private redis-server");
-        atexit(stop_server);
         if (o.unix_socket)
             snprintf(ctx.url, sizeof ctx.url, "%s", server.url);
         else
@@ -672,6 +848,8 @@ int main(int argc, char **argv)
     json_object_set_new(params, "holders", jh);
     json_object_set_new(params, "scale_pairs", json_integer(o.scale_pairs));
     json_object_set_new(params, "fillers", json_integer(o.scale_fillers));
+    json_object_set_new(params, "tls_pairs", json_integer(o.tls_pairs));
+    json_object_set_new(params, "sync_pairs", json_integer(o.sync_pairs));
     json_t *machine = json_pack(
         "{s:i, s:i, s:s, s:s, s:s, s:s, s:[f,f,f]}", "cores_online", (int)online, "cpus_allowed",
         ncpus, "cpu_model", model, "kernel", un.release, "machine", un.machine, "redis_os",
@@ -715,6 +893,10 @@ int main(int argc, char **argv)
         bench_run_renewal(&ctx);
     if (o.workloads[BENCH_W_TAKEOVER])
         bench_run_takeover(&ctx);
+    if (o.workloads[BENCH_W_TLS])
+        bench_run_tls(&ctx);
+    if (o.workloads[BENCH_W_SYNC])
+        bench_run_sync(&ctx);
     bench_cleanup(&ctx, NULL);
 
     double elapsed = (double)(bench_now_ns() - ctx.t0_ns) / 1e9;

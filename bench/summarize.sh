@@ -1,6 +1,6 @@
 #!/bin/sh
 # Median, minimum and maximum over several `redsem-bench --json` files of the figures the
-# targets of issue 3 are about (needs jq). Each figure is a ratio or a count taken within
+# targets of issue 3 are about, and of what TLS and WAIT cost (issue 9) (needs jq). Each figure is a ratio or a count taken within
 # one run; only those are comparable across runs on a noisy machine.
 #
 #   bench/summarize.sh run1.json run2.json ...
@@ -54,5 +54,31 @@ def row($name; $vals): ($vals | map(select(. != null))) as $v |
     row("contended C=\($c) \($s) under-grant"; [$r[].under_grant]),
     row("contended C=\($c) \($s) out of order, strict"; [$r[].out_of_order_strict]),
     row("contended C=\($c) \($s) out of order, margin"; [$r[].out_of_order_margin]),
-    row("contended C=\($c) \($s) Jain index"; [$r[].jain_index]) ) )
+    row("contended C=\($c) \($s) Jain index"; [$r[].jain_index]) ) ),
+( ["basic", "fair", "locked", "lock"][] as $s |
+  ([$runs[].tls.uncontended // [] | .[] | select(.strategy == $s)]) as $r |
+  row("tls \($s) pairs/s TLS / TCP, one client"; [$r[].ratio_pairs_per_s]),
+  row("tls \($s) acquire p50 TLS / TCP"; [$r[].ratio_latency.acquire_p50]),
+  row("tls \($s) acquire p99 TLS / TCP"; [$r[].ratio_latency.acquire_p99]),
+  row("tls \($s) release p50 TLS / TCP"; [$r[].ratio_latency.release_p50]),
+  row("tls \($s) pair p50 TLS - TCP us"; [$r[].added_us_pair_p50]),
+  row("tls \($s) client CPU per pair TLS / TCP";
+      [$r[] | .tls.client_cpu_us_per_pair / .tcp.client_cpu_us_per_pair]),
+  row("tls \($s) server CPU per pair TLS / TCP";
+      [$r[] | .tls.server_cpu_us_per_pair / .tcp.server_cpu_us_per_pair]),
+  row("tls \($s) pairs/s TLS / TCP, 8 threads";
+      [$runs[].tls.threads // [] | .[] | select(.strategy == $s) | .ratio_pairs_per_s]) ),
+row("tls connect p50 TLS / TCP"; [$runs[].tls.connect.ratio_p50]),
+row("tls connect p50 TCP us"; [$runs[].tls.connect.tcp.p50_us]),
+row("tls connect p50 TLS us"; [$runs[].tls.connect.tls.p50_us]),
+( ["basic", "fair", "locked", "lock", "raw"][] as $s |
+  ([$runs[].sync.rows // [] | .[] | select(.strategy == $s) | .settings[]]) as $all |
+  row("sync \($s) no WAIT acquire p50 us"; [$all[] | select(.replicas == 0) | .acquire.p50_us]),
+  row("sync \($s) no WAIT acquire p99 us"; [$all[] | select(.replicas == 0) | .acquire.p99_us]),
+  ( [1, 2][] as $n | ([$all[] | select(.replicas == $n)]) as $r |
+    row("sync \($s) WAIT \($n) pairs/s / no WAIT"; [$r[].ratio_pairs_per_s]),
+    row("sync \($s) WAIT \($n) acquire p50 / no WAIT"; [$r[].ratio_latency.acquire_p50]),
+    row("sync \($s) WAIT \($n) acquire p99 / no WAIT"; [$r[].ratio_latency.acquire_p99]),
+    row("sync \($s) WAIT \($n) acquire p50 - no WAIT us"; [$r[].added_us_acquire_p50]),
+    row("sync \($s) WAIT \($n) failed"; [$r[].failed]) ) )
 ' "$@" | column -t -s "$(printf '\t')"

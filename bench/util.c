@@ -212,6 +212,10 @@ int bench_client_try(const bench_ctx *ctx, redsem_client **ret, char *err, size_
     /* Generous: on a 2-core machine 32 busy clients can stall one for a while. */
     if (rc == REDSEM_OK)
         rc = redsem_options_set_command_timeout_ms(o, 10000);
+    if (rc == REDSEM_OK && ctx->tls_ca != NULL)
+        rc = redsem_options_set_tls_ca(o, ctx->tls_ca, NULL);
+    if (rc == REDSEM_OK && ctx->sync_replicas > 0)
+        rc = redsem_options_set_sync_replicas(o, ctx->sync_replicas, ctx->sync_timeout_ms);
     if (rc == REDSEM_OK)
         rc = redsem_client_new_verbose(o, ret, err, errlen);
     else
