@@ -1,6 +1,7 @@
 #!/bin/sh
 # Median, minimum and maximum over several `redsem-bench --json` files of the figures the
-# targets of issue 3 are about, and of what TLS and WAIT cost (issue 9) (needs jq). Each figure is a ratio or a count taken within
+# targets of issue 3 are about, of what TLS and WAIT cost (issue 9) and of the expiry
+# takeover (issue 14) (needs jq). Each figure is a ratio or a count taken within
 # one run; only those are comparable across runs on a noisy machine.
 #
 #   bench/summarize.sh run1.json run2.json ...
@@ -80,5 +81,12 @@ row("tls connect p50 TLS us"; [$runs[].tls.connect.tls.p50_us]),
     row("sync \($s) WAIT \($n) acquire p50 / no WAIT"; [$r[].ratio_latency.acquire_p50]),
     row("sync \($s) WAIT \($n) acquire p99 / no WAIT"; [$r[].ratio_latency.acquire_p99]),
     row("sync \($s) WAIT \($n) acquire p50 - no WAIT us"; [$r[].added_us_acquire_p50]),
-    row("sync \($s) WAIT \($n) failed"; [$r[].failed]) ) )
+    row("sync \($s) WAIT \($n) failed"; [$r[].failed]) ) ),
+( ["basic", "fair", "locked", "lock"][] as $s |
+  ([$runs[].takeover // [] | .[] | select(.strategy == $s)]) as $r |
+  row("takeover \($s) p50 ms after the lease ends"; [$r[].late.p50_us / 1000]),
+  row("takeover \($s) p99 ms after the lease ends"; [$r[].late.p99_us / 1000]),
+  row("takeover \($s) max ms after the lease ends"; [$r[].late.max_us / 1000]),
+  row("takeover \($s) early grants"; [$r[].early]) ),
+row("elapsed s"; [$runs[].params.elapsed_s])
 ' "$@" | column -t -s "$(printf '\t')"
