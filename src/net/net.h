@@ -133,6 +133,8 @@ int redsem__tls_connect(redsem__conn *c, int fd, void *ctx, const char *host, in
 ssize_t redsem__tls_recv(redsem__conn *c, char *buf, size_t len, short *events, int *err_no);
 ssize_t redsem__tls_send(redsem__conn *c, const char *buf, size_t len, short *events,
                          int *err_no);
+/* Whether OpenSSL holds bytes already read from the socket (a record, or read-ahead). */
+bool redsem__tls_pending(const redsem__conn *c);
 void redsem__tls_free(redsem__conn *c);
 
 #endif /* REDSEM_NET_H */

@@ -355,8 +355,19 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
         }
         ssize_t n;
         if (c->ssl != NULL) {
-            /* TLS: the record layer may hold decrypted bytes, so read before polling */
-            short ev = 0;
+            /* TLS: OpenSSL may hold bytes already read (read-ahead, a record), and then they
+             * are read first; otherwise wait for the socket before reading (no EAGAIN read) */
+            short ev = POLLIN;
+            if (!redsem__tls_pending(c)) {
+                int64_t dl = deadline_ns ? deadline_ns : redsem__now_ns() + c->io_timeout_ns;
+                int w = redsem__wait_fd(c->fd, ev, dl);
+                if (w == 0)
+                    return REDSEM__IO_TIMEOUT;
+                if (w < 0) {
+                    *err_no = errno;
+                    return REDSEM__IO_CLOSED;
+                }
+            }
             n = redsem__tls_recv(c, buf, sizeof buf, &ev, err_no);
             if (n == -2) {
                 int64_t dl = deadline_ns ? deadline_ns : redsem__now_ns() + c->io_timeout_ns;

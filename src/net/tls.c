@@ -303,6 +303,11 @@ ssize_t redsem__tls_send(redsem__conn *c, const char *buf, size_t len, short *ev
     return -1;
 }
 
+bool redsem__tls_pending(const redsem__conn *c)
+{
+    return SSL_has_pending(c->ssl) == 1;
+}
+
 void redsem__tls_free(redsem__conn *c)
 {
     /* No close_notify: the connection is being dropped (or aborted), and a close_notify
