@@ -119,7 +119,9 @@ REDSEM_API int redsem_options_set_url(redsem_options *options, const char *url);
  *           Files are read by redsem_client_new(), which fails with REDSEM_EINVAL and the
  *           file's name and OpenSSL's reason if one cannot be read.
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL options, or an empty string); REDSEM_ENOMEM.
- * Server: none. Thread safety: one thread at a time per options object. Since: 0.2
+ * Server: none. Thread safety: one thread at a time per options object.
+ * Source: OpenSSL's SSL_CTX_load_verify_locations / SSL_CTX_set_default_verify_paths.
+ * Since: 0.2
  */
 REDSEM_API int redsem_options_set_tls_ca(redsem_options *options, const char *ca_file,
                                          const char *ca_dir);
@@ -145,7 +147,9 @@ REDSEM_API int redsem_options_set_tls_cert(redsem_options *options, const char *
  *
  * @name  copied; a DNS name or an IP address, 1..253 bytes; NULL: the URL's host (default).
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM.
- * Server: none. Thread safety: one thread at a time per options object. Since: 0.2
+ * Server: none. Thread safety: one thread at a time per options object.
+ * Source: the name check is OpenSSL's X509_VERIFY_PARAM_set1_host (RFC 6125), or
+ * X509_VERIFY_PARAM_set1_ip_asc for an address. Since: 0.2
  */
 REDSEM_API int redsem_options_set_tls_server_name(redsem_options *options, const char *name);
 
