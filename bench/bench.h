@@ -151,6 +151,8 @@ void bench_handle_close(bench_handle *h);
 int bench_acquire(bench_handle *h, int64_t timeout_ms, redsem_permit **p);
 int bench_acquire_as(bench_handle *h, const char *id, int64_t timeout_ms, redsem_permit **p);
 uint64_t bench_requests(const redsem_client *c); /* redsem_client_get_stats().requests */
+/* One acquire (up to 5 s) + release on h, timed: their durations in ns; exits on failure. */
+void bench_lib_pair(bench_handle *h, redsem_client *c, int64_t *acq_ns, int64_t *rel_ns);
 
 /* ---------------------------------------------------------------- raw hiredis */
 struct redisContext *bench_raw_connect(const bench_ctx *ctx);

@@ -38,7 +38,6 @@
 
 #define WARMUP_PAIRS 200
 #define LEASE_MS 10000
-#define TIMEOUT_MS 5000
 #define CONNECTS 20
 #define BATCH 250 /* pairs per batch: short batches, so both transports see the same noise */
 #define TLS_THREADS 8
@@ -91,20 +90,6 @@ static void check(int rc, redsem_client *c, const char *what)
         bench_die("tls: %s: %s (%s)", what, redsem_err_name(rc), redsem_client_errmsg(c));
 }
 
-static void lib_pair(bench_handle *h, redsem_client *c, int64_t *acq, int64_t *rel)
-{
-    redsem_permit *p = NULL;
-    int64_t t0 = bench_now_ns();
-    int rc = bench_acquire(h, TIMEOUT_MS, &p);
-    int64_t t1 = bench_now_ns();
-    check(rc, c, "acquire");
-    rc = redsem_permit_release(p);
-    int64_t t2 = bench_now_ns();
-    check(rc, c, "release");
-    redsem_permit_free(p);
-    *acq = t1 - t0;
-    *rel = t2 - t1;
-}
 
 static double ratio(double a, double b)
 {
@@ -173,7 +158,7 @@ static void run_uncontended(bench_ctx *ctx, bench_ctx *cx, json_t *out)
         int64_t a, r;
         for (int i = 0; i < WARMUP_PAIRS; i++)
             for (int t = 0; t < 2; t++)
-                lib_pair(&sd[t].h, sd[t].c, &a, &r);
+                bench_lib_pair(&sd[t].h, sd[t].c, &a, &r);
         double *ratios = malloc((size_t)rounds * sizeof *ratios);
         if (ratios == NULL)
             bench_die("out of memory");
@@ -186,7 +171,7 @@ static void run_uncontended(bench_ctx *ctx, bench_ctx *cx, json_t *out)
                 double ccpu0 = bench_thread_cpu_us();
                 int64_t t0 = bench_now_ns();
                 for (long i = rd * batch; i < (rd + 1) * batch; i++) {
-                    lib_pair(&s->h, s->c, &s->acq[i], &s->rel[i]);
+                    bench_lib_pair(&s->h, s->c, &s->acq[i], &s->rel[i]);
                     s->pair[i] = s->acq[i] + s->rel[i];
                 }
                 secs[t] = (double)(bench_now_ns() - t0) / 1e9;
@@ -337,7 +322,7 @@ static void *tworker_main(void *arg)
     int64_t a, r;
     for (int i = 0; i < WARMUP_PAIRS / 4; i++)
         for (int t = 0; t < 2; t++)
-            lib_pair(&h[t], c[t], &a, &r);
+            bench_lib_pair(&h[t], c[t], &a, &r);
     for (;;) {
         pthread_barrier_wait(&g->start);
         if (g->mode == TM_EXIT)
@@ -345,7 +330,7 @@ static void *tworker_main(void *arg)
         int t = g->mode;
         uint64_t n = 0;
         while (!atomic_load_explicit(&g->stop, memory_order_relaxed)) {
-            lib_pair(&h[t], c[t], &a, &r);
+            bench_lib_pair(&h[t], c[t], &a, &r);
             n++;
         }
         g->count[w->idx] = n;

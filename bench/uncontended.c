@@ -20,7 +20,6 @@
 
 #define WARMUP_PAIRS 200
 #define LEASE_MS 10000
-#define TIMEOUT_MS 5000
 
 static void check(int rc, redsem_client *c, const char *what)
 {
@@ -28,21 +27,6 @@ static void check(int rc, redsem_client *c, const char *what)
         bench_die("%s: %s (%s)", what, redsem_err_name(rc), redsem_client_errmsg(c));
 }
 
-/* One library pair, timed: acquire and release durations in ns. */
-static void lib_pair(bench_handle *h, redsem_client *c, int64_t *acq, int64_t *rel)
-{
-    redsem_permit *p = NULL;
-    int64_t t0 = bench_now_ns();
-    int rc = bench_acquire(h, TIMEOUT_MS, &p);
-    int64_t t1 = bench_now_ns();
-    check(rc, c, "acquire");
-    rc = redsem_permit_release(p);
-    int64_t t2 = bench_now_ns();
-    check(rc, c, "release");
-    redsem_permit_free(p);
-    *acq = t1 - t0;
-    *rel = t2 - t1;
-}
 
 static void floor_pair(bench_floor *f, int64_t *acq, int64_t *rel)
 {
@@ -144,7 +128,7 @@ void bench_run_uncontended(bench_ctx *ctx, bool floor_only)
         int64_t dummy_a, dummy_r;
         for (int i = 0; i < WARMUP_PAIRS; i++) {
             if (!floor_only)
-                lib_pair(&h, c, &dummy_a, &dummy_r);
+                bench_lib_pair(&h, c, &dummy_a, &dummy_r);
             floor_pair(f, &dummy_a, &dummy_r);
         }
         uresult *u = &res[nres++];
@@ -165,7 +149,7 @@ void bench_run_uncontended(bench_ctx *ctx, bool floor_only)
                 int64_t t0 = bench_now_ns();
                 for (long i = r * batch; i < (r + 1) * batch; i++) {
                     if (lib) {
-                        lib_pair(&h, c, &la[i], &lr[i]);
+                        bench_lib_pair(&h, c, &la[i], &lr[i]);
                         lp[i] = la[i] + lr[i];
                     } else {
                         floor_pair(f, &fa[i], &fr[i]);
@@ -365,7 +349,7 @@ static void *tworker_main(void *arg)
     bench_floor *f = bench_floor_new(g->ctx, g->kind, name);
     int64_t a, r;
     for (int i = 0; i < WARMUP_PAIRS / 4; i++) {
-        lib_pair(&h, c, &a, &r);
+        bench_lib_pair(&h, c, &a, &r);
         floor_pair(f, &a, &r);
     }
     for (;;) {
@@ -375,7 +359,7 @@ static void *tworker_main(void *arg)
         uint64_t n = 0;
         while (!atomic_load_explicit(&g->stop, memory_order_relaxed)) {
             if (g->mode == TM_LIB)
-                lib_pair(&h, c, &a, &r);
+                bench_lib_pair(&h, c, &a, &r);
             else
                 floor_pair(f, &a, &r);
             n++;

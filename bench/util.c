@@ -273,6 +273,23 @@ int bench_acquire_as(bench_handle *h, const char *id, int64_t timeout_ms, redsem
     return redsem_sem_acquire_as(h->sem, id, timeout_ms, p);
 }
 
+void bench_lib_pair(bench_handle *h, redsem_client *c, int64_t *acq_ns, int64_t *rel_ns)
+{
+    redsem_permit *p = NULL;
+    int64_t t0 = bench_now_ns();
+    int rc = bench_acquire(h, 5000, &p);
+    int64_t t1 = bench_now_ns();
+    if (rc != REDSEM_OK)
+        bench_die("acquire: %s (%s)", redsem_err_name(rc), redsem_client_errmsg(c));
+    rc = redsem_permit_release(p);
+    int64_t t2 = bench_now_ns();
+    if (rc != REDSEM_OK)
+        bench_die("release: %s (%s)", redsem_err_name(rc), redsem_client_errmsg(c));
+    redsem_permit_free(p);
+    *acq_ns = t1 - t0;
+    *rel_ns = t2 - t1;
+}
+
 uint64_t bench_requests(const redsem_client *c)
 {
     redsem_client_stats st;

@@ -95,6 +95,9 @@ void redsem__conn_abort(redsem__conn *c)
     redsem__conn_close(c);
 }
 
+/* redsem__wait_fd as an I/O status: REDSEM__IO_OK ready, _TIMEOUT, or _CLOSED with errno. */
+static int wait_io(int fd, short events, int64_t deadline_ns, int *err_no);
+
 int redsem__wait_fd(int fd, short events, int64_t deadline_ns)
 {
     for (;;) {
@@ -299,13 +302,9 @@ int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t dea
         }
         if (n != -2)
             return REDSEM__IO_CLOSED;
-        int w = redsem__wait_fd(c->fd, ev, deadline_ns);
-        if (w == 0)
-            return REDSEM__IO_TIMEOUT;
-        if (w < 0) {
-            *err_no = errno;
-            return REDSEM__IO_CLOSED;
-        }
+        int w = wait_io(c->fd, ev, deadline_ns, err_no);
+        if (w != REDSEM__IO_OK)
+            return w;
     }
     while (off < len) {
         /* MSG_DONTWAIT: a full send buffer (a stalled server) waits in poll, bounded by the
@@ -318,13 +317,9 @@ int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t dea
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int w = redsem__wait_fd(c->fd, POLLOUT, deadline_ns);
-            if (w == 0)
-                return REDSEM__IO_TIMEOUT;
-            if (w < 0) {
-                *err_no = errno;
-                return REDSEM__IO_CLOSED;
-            }
+            int w = wait_io(c->fd, POLLOUT, deadline_ns, err_no);
+            if (w != REDSEM__IO_OK)
+                return w;
             continue;
         }
         *err_no = n < 0 ? errno : EPIPE;
@@ -338,6 +333,9 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
 {
     redisReader *rd = c->reader;
     char buf[16384];
+    /* TLS keeps the socket non-blocking: an ordinary request's read is bounded by the
+     * command timeout from now, as SO_RCVTIMEO bounds the plain one */
+    int64_t tls_deadline = deadline_ns ? deadline_ns : redsem__now_ns() + c->io_timeout_ns;
     for (;;) {
         void *reply = NULL;
         if (redisReaderGetReply(rd, &reply) != REDIS_OK) {
@@ -359,25 +357,15 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
              * are read first; otherwise wait for the socket before reading (no EAGAIN read) */
             short ev = POLLIN;
             if (!redsem__tls_pending(c)) {
-                int64_t dl = deadline_ns ? deadline_ns : redsem__now_ns() + c->io_timeout_ns;
-                int w = redsem__wait_fd(c->fd, ev, dl);
-                if (w == 0)
-                    return REDSEM__IO_TIMEOUT;
-                if (w < 0) {
-                    *err_no = errno;
-                    return REDSEM__IO_CLOSED;
-                }
+                int w = wait_io(c->fd, ev, tls_deadline, err_no);
+                if (w != REDSEM__IO_OK)
+                    return w;
             }
             n = redsem__tls_recv(c, buf, sizeof buf, &ev, err_no);
             if (n == -2) {
-                int64_t dl = deadline_ns ? deadline_ns : redsem__now_ns() + c->io_timeout_ns;
-                int w = redsem__wait_fd(c->fd, ev, dl);
-                if (w == 0)
-                    return REDSEM__IO_TIMEOUT;
-                if (w < 0) {
-                    *err_no = errno;
-                    return REDSEM__IO_CLOSED;
-                }
+                int w = wait_io(c->fd, ev, tls_deadline, err_no);
+                if (w != REDSEM__IO_OK)
+                    return w;
                 continue;
             }
             if (n < 0)
@@ -388,13 +376,9 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
                 return REDSEM__IO_TIMEOUT;
         } else {
-            int w = redsem__wait_fd(c->fd, POLLIN, deadline_ns);
-            if (w == 0)
-                return REDSEM__IO_TIMEOUT;
-            if (w < 0) {
-                *err_no = errno;
-                return REDSEM__IO_CLOSED;
-            }
+            int w = wait_io(c->fd, POLLIN, deadline_ns, err_no);
+            if (w != REDSEM__IO_OK)
+                return w;
             n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
         }
         if (n > 0) {
@@ -432,4 +416,15 @@ int redsem__io_status(int io, int err_no, char *err, size_t errlen)
     default:
         return REDSEM_EPROTO;
     }
+}
+
+static int wait_io(int fd, short events, int64_t deadline_ns, int *err_no)
+{
+    int w = redsem__wait_fd(fd, events, deadline_ns);
+    if (w > 0)
+        return REDSEM__IO_OK;
+    if (w == 0)
+        return REDSEM__IO_TIMEOUT;
+    *err_no = errno;
+    return REDSEM__IO_CLOSED;
 }
