@@ -45,6 +45,8 @@ typedef struct bench_opts {
     double thread_secs; /* seconds per threaded batch */
     int rounds_threads; /* batches of each (floor, library) per thread count */
     bool threads_shared; /* threads share one semaphore of limit T */
+    bool shared_client;  /* threads, contended (threads): all use one redsem_client */
+    int max_connections; /* redsem_options_set_max_connections(); 0: the library's default */
     int clients[BENCH_MAX_LIST];
     int nclients;
     uint32_t limit;
@@ -58,6 +60,9 @@ typedef struct bench_opts {
     long order_margin_us;
     long tls_pairs;  /* tls: pairs per strategy and transport (all rounds together) */
     long sync_pairs; /* sync: pairs per strategy and WAIT setting (all rounds together) */
+    long spread_sems;   /* spread: semaphores */
+    int spread_threads; /* spread: threads */
+    double spread_secs; /* spread: seconds per run */
     bool quiet; /* no progress on stderr */
 } bench_opts;
 
@@ -71,7 +76,10 @@ enum {
     BENCH_W_TAKEOVER = 6,
     BENCH_W_TLS = 7,  /* not in the default suite */
     BENCH_W_SYNC = 8, /* not in the default suite */
-    BENCH_NWORKLOADS = 9
+    BENCH_W_RATE = 9,
+    BENCH_W_WEIGHTED = 10,
+    BENCH_W_SPREAD = 11, /* not in the default suite */
+    BENCH_NWORKLOADS = 12
 };
 
 /* ---------------------------------------------------------------- run context */
@@ -92,6 +100,9 @@ typedef struct bench_ctx {
     /* The private servers the tls and sync workloads start (also with --url): the primary's
      * CPU and the replicas' (-1: not pinned, on any CPU the bench may use). */
     int server_cpu, replica_cpu;
+    /* --url redis+cluster://: the hash slots served by the first seed node, the one the raw
+     * connections reach (bench_name picks names there); NULL for any other URL */
+    unsigned char *raw_slots;
 } bench_ctx;
 
 /* ---------------------------------------------------------------- time, randomness */
@@ -135,8 +146,15 @@ _Noreturn void bench_die(const char *fmt, ...) __attribute__((format(printf, 1, 
 redsem_client *bench_client(const bench_ctx *ctx); /* exits on failure */
 /* Same, returning the status and a message instead of exiting (for worker processes). */
 int bench_client_try(const bench_ctx *ctx, redsem_client **ret, char *err, size_t errlen);
-/* A fresh semaphore name "<tag>-<n>" unique within the run. */
+/* A fresh semaphore name "<tag>-<n>" unique within the run. In a cluster (raw_slots), one
+ * whose keys and whose floor's keys are on the raw connections' node. */
 void bench_name(bench_ctx *ctx, const char *tag, char *out, size_t outlen);
+/* The floor's name for a semaphore name (same length, another hash tag). */
+void bench_floor_name(const char *name, char *out, size_t outlen);
+/* The Redis Cluster hash slot of the keys of semaphore NAME (hash tag {NAME}). */
+int bench_name_slot(const char *name);
+/* raw_slots of a redis+cluster:// URL (NULL for any other): exits on failure. */
+unsigned char *bench_raw_slots(const bench_ctx *ctx);
 
 /* A handle for one kind: a semaphore (basic, fair, locked) or the lock. */
 typedef struct bench_handle {
@@ -151,6 +169,7 @@ void bench_handle_close(bench_handle *h);
 int bench_acquire(bench_handle *h, int64_t timeout_ms, redsem_permit **p);
 int bench_acquire_as(bench_handle *h, const char *id, int64_t timeout_ms, redsem_permit **p);
 uint64_t bench_requests(const redsem_client *c); /* redsem_client_get_stats().requests */
+uint64_t bench_pool_waits(const redsem_client *c); /* redsem_client_get_stats().pool_waits */
 /* One acquire (up to 5 s) + release on h, timed: their durations in ns; exits on failure. */
 void bench_lib_pair(bench_handle *h, redsem_client *c, int64_t *acq_ns, int64_t *rel_ns);
 
@@ -178,6 +197,9 @@ double bench_thread_cpu_us(void);
 /* "redis_version" etc. from INFO server; writes "" if absent. */
 void bench_info_field(struct redisContext *c, const char *section, const char *field, char *out,
                       size_t outlen);
+/* INFO clients connected_clients (the connections the server has open, this one included);
+ * -1 if unknown. */
+long bench_connected_clients(struct redisContext *c);
 /* UNLINK every key of this run whose name starts with PREFIX{NAME} (NAME NULL: all keys of
  * the run). Returns how many were removed. */
 long bench_cleanup(const bench_ctx *ctx, const char *name);
@@ -214,6 +236,9 @@ void bench_run_renewal(bench_ctx *ctx);
 void bench_run_takeover(bench_ctx *ctx);
 void bench_run_tls(bench_ctx *ctx);
 void bench_run_sync(bench_ctx *ctx);
+void bench_run_rate(bench_ctx *ctx);
+void bench_run_weighted(bench_ctx *ctx);
+void bench_run_spread(bench_ctx *ctx);
 
 /* Table helpers: a fixed-width row printer that also works as the header. */
 void bench_rule(int width);

@@ -1,6 +1,7 @@
 /* redsem-bench - workload 2: C clients contending for one semaphore of limit N.
  *
- * Every client (a thread, or with --procs a process) has its own redsem client and loops:
+ * Every client (a thread, or with --procs a process) has its own redsem client (--shared, without
+ * --procs: all the threads use one, made by the main thread) and loops:
  * acquire (blocking), hold for a fixed or uniformly random time, release. Everything the
  * bench observes goes through one region of shared memory (mmap MAP_SHARED, so threads and
  * processes use the same code), guarded by one process-shared mutex:
@@ -35,7 +36,8 @@
  *
  * Redis commands per grant come from two sources, over the same window (all clients warmed
  * up before, all finished after): the sum over the clients of redsem_client_get_stats()
- * .requests (requests written = round trips) and the delta of INFO commandstats (which also
+ * .requests (requests written = round trips; --shared: the one client's) and the delta of INFO
+ * commandstats (which also
  * counts the commands the scripts call; the bench's own INFO calls are excluded). */
 #include <errno.h>
 #include <pthread.h>
@@ -150,14 +152,18 @@ static void record_error(cclient *me, redsem_client *c, int rc, const char *what
              c ? redsem_client_errmsg(c) : "");
 }
 
-static void worker(bench_ctx *ctx, cshared *s, int i)
+/* shared: the client of every thread (--shared), which the worker neither frees nor counts
+ * the requests of; NULL: the worker makes its own. */
+static void worker(bench_ctx *ctx, cshared *s, int i, redsem_client *shared)
 {
     cclient *me = &s->cl[i];
-    redsem_client *c = NULL;
+    redsem_client *c = shared;
     bench_handle h = {0};
     uint64_t rng = bench_seed() ^ ((uint64_t)i << 32);
     char err[512] = "";
-    int rc = bench_client_try(ctx, &c, err, sizeof err);
+    int rc = REDSEM_OK;
+    if (c == NULL)
+        rc = bench_client_try(ctx, &c, err, sizeof err);
     if (rc != REDSEM_OK)
         snprintf(me->errmsg, sizeof me->errmsg, "connect: %s", err);
     if (rc == REDSEM_OK) {
@@ -266,10 +272,11 @@ static void worker(bench_ctx *ctx, cshared *s, int i)
         if (rrc != REDSEM_OK)
             record_error(me, c, rrc, "release");
     }
-    if (c)
+    if (c && c != shared)
         me->requests = bench_requests(c) - req0;
     bench_handle_close(&h);
-    redsem_client_free(c);
+    if (c != shared)
+        redsem_client_free(c);
 }
 
 typedef struct grant_rec {
@@ -319,19 +326,22 @@ typedef struct wthread {
     bench_ctx *ctx;
     cshared *s;
     int i;
+    redsem_client *shared;
 } wthread;
 
 static void *wthread_main(void *arg)
 {
     wthread *w = arg;
-    worker(w->ctx, w->s, w->i);
+    worker(w->ctx, w->s, w->i, w->shared);
     return NULL;
 }
 
 /* Median of single trivial round trips, us: the unit hand-off latency is compared with. */
 static double floor_rtt_us(bench_ctx *ctx)
 {
-    bench_floor *f = bench_floor_new(ctx, BENCH_BASIC, "c-rtt");
+    char name[64];
+    bench_name(ctx, "c-rtt", name, sizeof name); /* in a cluster: on the raw node */
+    bench_floor *f = bench_floor_new(ctx, BENCH_BASIC, name);
     bench_samples sm;
     samples_init(&sm);
     for (int i = 0; i < 2200; i++) {
@@ -404,6 +414,7 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
     bench_progress(ctx, "contended %s: %d %s, limit %u, %.1f s", bench_kind_name(kind),
                    nclients, o->procs ? "processes" : "threads", limit, o->duration);
     redisContext *raw = bench_raw_connect(ctx);
+    redsem_client *shared = o->shared_client && !o->procs ? bench_client(ctx) : NULL;
     wthread *ths = calloc((size_t)nclients, sizeof *ths);
     pid_t *pids = calloc((size_t)nclients, sizeof *pids);
     if (ths == NULL || pids == NULL)
@@ -416,12 +427,12 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
             if (pid < 0)
                 bench_die("fork: %s", strerror(errno));
             if (pid == 0) {
-                worker(ctx, s, i);
+                worker(ctx, s, i, NULL);
                 _exit(0);
             }
             pids[i] = pid;
         } else {
-            ths[i] = (wthread){.ctx = ctx, .s = s, .i = i};
+            ths[i] = (wthread){.ctx = ctx, .s = s, .i = i, .shared = shared};
             if (pthread_create(&ths[i].th, NULL, wthread_main, &ths[i]) != 0)
                 bench_die("pthread_create failed");
         }
@@ -433,6 +444,7 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
     bench_cmdstats before, after;
     if (bench_cmdstats_get(raw, &before) != 0)
         bench_die("INFO commandstats failed");
+    uint64_t shared_req0 = shared ? bench_requests(shared) : 0; /* every thread warmed up */
     pthread_mutex_lock(&s->mu);
     s->t_start = bench_now_ns();
     s->last_change = s->t_start;
@@ -459,12 +471,14 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
     if (bench_cmdstats_get(raw, &after) != 0)
         bench_die("INFO commandstats failed");
     redisFree(raw);
+    uint64_t shared_requests = shared ? bench_requests(shared) - shared_req0 : 0;
+    redsem_client_free(shared);
 
     /* ------------------------------------------------------------ figures */
     crow r = {.kind = kind, .clients = nclients, .limit = limit};
     r.secs = (double)(s->t_stop - s->t_start) / 1e9;
     uint64_t *gw = calloc((size_t)nclients, sizeof *gw);
-    uint64_t requests = 0, window = 0;
+    uint64_t requests = shared_requests, window = 0;
     int64_t max_wait = 0;
     for (int i = 0; i < nclients; i++) {
         gw[i] = s->cl[i].grants_window;
@@ -523,6 +537,7 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
         o->hold_max_ms, "duration_s", r.secs, "grants_in_window", (json_int_t)window,
         "grants_total", (json_int_t)s->grants, "grants_per_s", r.grants_per_s,
         "ideal_grants_per_s", r.ideal);
+    json_object_set_new(row, "shared_client", json_boolean(shared != NULL));
     json_object_set_new(row, "ratio_to_ideal", json_real(r.ideal > 0 ? r.grants_per_s / r.ideal : 0));
     json_object_set_new(row, "mean_hold_ms_observed",
                         json_real(s->holds ? s->hold_ns_sum / (double)s->holds / 1e6 : 0));
@@ -593,9 +608,11 @@ void bench_run_contended(bench_ctx *ctx)
         snprintf(hold, sizeof hold, "uniform %g-%g ms", o->hold_min_ms, o->hold_max_ms);
     else
         snprintf(hold, sizeof hold, "%g ms", o->hold_min_ms);
-    printf("\n== contended: C %s on one semaphore of limit N (the lock: N = 1), hold %s, "
+    printf("\n== contended: C %s%s on one semaphore of limit N (the lock: N = 1), hold %s, "
            "%.1f s each; latencies in ms\n",
-           o->procs ? "processes" : "threads", hold, o->duration);
+           o->procs ? "processes" : "threads",
+           o->procs ? "" : o->shared_client ? " sharing ONE client" : ", each its own client",
+           hold, o->duration);
     printf("%-8s %4s %3s %9s %7s | %7s %7s %7s %7s | %7s %7s %7s %7s\n", "strategy", "C", "N",
            "grants/s", "x ideal", "acq p50", "p99", "p99.9", "max", "handoff", "p99", "max",
            "x rtt");

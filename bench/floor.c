@@ -5,10 +5,10 @@
  * key names and values of the same length, but EVALSHA runs "return 1" instead of the real
  * script:
  *
- *   basic   acquire EVALSHA 4 keys 6 args            release EVALSHA 4 keys 1 arg
- *   fair    acquire EVALSHA 5 keys 8 args            release EVALSHA 4 keys 1 arg
- *   locked  acquire EVALSHA 1 key 2 args (guard),    release EVALSHA 4 keys 1 arg
- *                   EVALSHA 5 keys 8 args (it also deletes the guard)
+ *   basic   acquire EVALSHA 4 keys 7 args            release EVALSHA 4 keys 2 args
+ *   fair    acquire EVALSHA 5 keys 9 args            release EVALSHA 4 keys 2 args
+ *   locked  acquire EVALSHA 1 key 2 args (guard),    release EVALSHA 4 keys 2 args
+ *                   EVALSHA 5 keys 9 args (it also deletes the guard)
  *   lock    acquire EVALSHA 4 keys 6 args            release EVALSHA 4 keys 2 args
  *
  * (the shapes of src/sem.c and src/lock.c at the time of writing). Whatever the library adds
@@ -79,8 +79,7 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
     /* Keys of the same length as the library's but of another name, so that the floor's
      * guard never blocks the library's (floor and library run side by side). */
     char fname[REDSEM_NAME_MAX + 1];
-    snprintf(fname, sizeof fname, "%s", name);
-    fname[0] = fname[0] == 'F' ? 'G' : 'F';
+    bench_floor_name(name, fname, sizeof fname);
     for (int i = 0; i < 5; i++) {
         const char *suf = kind == BENCH_LOCK ? (i < 4 ? lock_suffix[i] : ":x")
                                              : sem_suffix[kind == BENCH_BASIC ? 0 : 1][i];
@@ -110,6 +109,8 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
             add(a, "0");
         }
         add(a, not_after);
+        if (kind == BENCH_BASIC)
+            add(a, "1"); /* permits wanted */
         f->nacq = 1;
         break;
     case BENCH_FAIR:
@@ -133,6 +134,7 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
         add(a, kind == BENCH_LOCKED ? "locked" : "fair");
         add(a, f->id);
         add(a, not_after);
+        add(a, "1"); /* permits wanted */
         f->nacq = kind == BENCH_LOCKED ? 2 : 1;
         break;
     default:
@@ -142,8 +144,7 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name)
     for (int i = 0; i < 4; i++)
         add(&f->rel, f->keys[i]);
     add(&f->rel, f->id);
-    if (kind == BENCH_LOCK)
-        add(&f->rel, "0");
+    add(&f->rel, kind == BENCH_LOCK ? "0" : "1"); /* lock: reentrant flag; sems: weight */
     return f;
 }
 

@@ -22,14 +22,15 @@
 #include "server.h"
 
 static const char *const workload_names[BENCH_NWORKLOADS] = {
-    "uncontended", "threads", "contended", "scale", "floor", "renewal", "takeover", "tls", "sync"};
+    "uncontended", "threads", "contended", "scale",    "floor", "renewal",
+    "takeover",    "tls",     "sync",      "rate",     "weighted", "spread"};
 
-/* The default suite: every workload but floor (run inside the others anyway), tls and sync
- * (each starts servers of its own, tls needs the openssl command, and each takes half a
- * minute or more). */
+/* The default suite: every workload but floor (run inside the others anyway), tls, sync and
+ * spread (each starts servers of its own, tls needs the openssl command, and each takes half
+ * a minute or more). */
 static bool in_default_suite(int w)
 {
-    return w != BENCH_W_FLOOR && w != BENCH_W_TLS && w != BENCH_W_SYNC;
+    return w != BENCH_W_FLOOR && w != BENCH_W_TLS && w != BENCH_W_SYNC && w != BENCH_W_SPREAD;
 }
 
 static void usage(FILE *out)
@@ -39,9 +40,11 @@ static void usage(FILE *out)
         "\n"
         "Measures redsem's strategies (basic, fair, locked) and its lock against a raw hiredis\n"
         "floor that makes the same round trips with a trivial script. With no --url it starts a\n"
-        "private redis-server. The default suite runs in about a minute on an idle machine.\n"
+        "private redis-server. The default suite takes about three minutes (184 s measured).\n"
         "\n"
-        "  --url URL            measure this server (redis://host:port, unix:///path ...)\n"
+        "  --url URL            measure this server (redis://host:port, unix:///path ...,\n"
+        "                       redis+cluster://h1:p1,h2:p2: the semaphores are named to\n"
+        "                       live on the first node, a primary, which the floor uses)\n"
         "  --unix               private server: connect by its unix socket (default: TCP\n"
         "                       loopback 127.0.0.1)\n"
         "  --pin                bench and private server on the same CPU (the first one\n"
@@ -49,11 +52,12 @@ static void usage(FILE *out)
         "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
         "                       same, or none\n"
         "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,takeover,\n"
-        "                       tls,sync,floor; default (the default suite: the first six) or\n"
-        "                       all (the default suite, tls and sync); floor alone runs only\n"
-        "                       the floor loops. tls and sync start private servers of their\n"
-        "                       own (TCP + TLS port; a primary and two replicas), even with\n"
-        "                       --url; tls needs the openssl command\n"
+        "                       rate,weighted,tls,sync,spread,floor; default (the default\n"
+        "                       suite: the first eight) or all (the default suite, tls, sync\n"
+        "                       and spread); floor alone runs only the floor loops. tls, sync\n"
+        "                       and spread start private servers of their own (TCP + TLS\n"
+        "                       port; a primary and two replicas; clusters of 1 and 3\n"
+        "                       primaries), even with --url; tls needs the openssl command\n"
         "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
         "  --rounds N           uncontended: interleaved rounds (default 5)\n"
@@ -61,10 +65,15 @@ static void usage(FILE *out)
         "  --thread-secs S      threads: seconds per batch (default 0.4)\n"
         "  --thread-rounds N    threads: (floor, library) batch pairs (default 1)\n"
         "  --threads-shared     threads: all on one semaphore of limit T (default: one each)\n"
+        "  --shared             threads, and contended without --procs: all threads use one\n"
+        "                       redsem client (default: one client per thread); the floor\n"
+        "                       keeps one connection per thread\n"
+        "  --max-connections N  request connections per server of every client the bench\n"
+        "                       makes, 1..64 (default: the library's, 4)\n"
         "  --clients LIST       contended: client counts (default 8,32)\n"
         "  --limit N            contended: the semaphore's limit (default 4)\n"
         "  --hold MS|MIN-MAX    contended: hold time, fixed or uniform random (default 1-5)\n"
-        "  --duration S         contended: seconds per run (default 2)\n"
+        "  --duration S         contended, weighted: seconds per run (default 2)\n"
         "  --procs              contended: clients are processes (fork), not threads\n"
         "  --order-margin-us N  contended: arrival-order margin (default 1000)\n"
         "  --holders LIST       scale: holder counts (default 10,1000,10000,100000)\n"
@@ -72,6 +81,9 @@ static void usage(FILE *out)
         "  --fillers N          scale: filler threads (default 8)\n"
         "  --tls-pairs N        tls: pairs per strategy and transport, in alternating\n"
         "                       batches of 250 (default 5000)\n"
+        "  --spread-sems N      spread: semaphores over the shards (default 300)\n"
+        "  --spread-threads N   spread: threads, each its own client (default 8)\n"
+        "  --spread-secs S      spread: seconds per run (default 2)\n"
         "  --sync-pairs N       sync: pairs per strategy and WAIT setting, in rotating\n"
         "                       batches of 250 (default 5000)\n"
         "  --json FILE          write every figure and the run's parameters to FILE\n"
@@ -166,6 +178,8 @@ enum {
     OPT_THREAD_SECS,
     OPT_THREAD_ROUNDS,
     OPT_THREADS_SHARED,
+    OPT_SHARED,
+    OPT_MAX_CONNECTIONS,
     OPT_CLIENTS,
     OPT_LIMIT,
     OPT_HOLD,
@@ -177,6 +191,9 @@ enum {
     OPT_FILLERS,
     OPT_TLS_PAIRS,
     OPT_SYNC_PAIRS,
+    OPT_SPREAD_SEMS,
+    OPT_SPREAD_THREADS,
+    OPT_SPREAD_SECS,
     OPT_JSON,
     OPT_VERSION
 };
@@ -196,6 +213,8 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"thread-secs", required_argument, NULL, OPT_THREAD_SECS},
         {"thread-rounds", required_argument, NULL, OPT_THREAD_ROUNDS},
         {"threads-shared", no_argument, NULL, OPT_THREADS_SHARED},
+        {"shared", no_argument, NULL, OPT_SHARED},
+        {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
         {"clients", required_argument, NULL, OPT_CLIENTS},
         {"limit", required_argument, NULL, OPT_LIMIT},
         {"hold", required_argument, NULL, OPT_HOLD},
@@ -207,6 +226,9 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"fillers", required_argument, NULL, OPT_FILLERS},
         {"tls-pairs", required_argument, NULL, OPT_TLS_PAIRS},
         {"sync-pairs", required_argument, NULL, OPT_SYNC_PAIRS},
+        {"spread-sems", required_argument, NULL, OPT_SPREAD_SEMS},
+        {"spread-threads", required_argument, NULL, OPT_SPREAD_THREADS},
+        {"spread-secs", required_argument, NULL, OPT_SPREAD_SECS},
         {"json", required_argument, NULL, OPT_JSON},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -234,6 +256,9 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         .order_margin_us = 1000,
         .tls_pairs = 5000,
         .sync_pairs = 5000,
+        .spread_sems = 300,
+        .spread_threads = 8,
+        .spread_secs = 2,
     };
     bool dflt[BENCH_NWORKLOADS];
     for (int i = 0; i < BENCH_NWORKLOADS; i++)
@@ -298,6 +323,13 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         case OPT_THREADS_SHARED:
             o->threads_shared = true;
             break;
+        case OPT_SHARED:
+            o->shared_client = true;
+            break;
+        case OPT_MAX_CONNECTIONS:
+            o->max_connections = (int)parse_long(optarg, "--max-connections", 1,
+                                                 REDSEM_MAX_CONNECTIONS_MAX);
+            break;
         case OPT_CLIENTS:
             o->nclients = parse_int_list(optarg, "--clients", 1, 1024, o->clients);
             break;
@@ -345,6 +377,15 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         case OPT_SYNC_PAIRS:
             o->sync_pairs = parse_long(optarg, "--sync-pairs", 1, 100000000);
+            break;
+        case OPT_SPREAD_SEMS:
+            o->spread_sems = parse_long(optarg, "--spread-sems", 1, 100000);
+            break;
+        case OPT_SPREAD_THREADS:
+            o->spread_threads = (int)parse_long(optarg, "--spread-threads", 1, 256);
+            break;
+        case OPT_SPREAD_SECS:
+            o->spread_secs = parse_double(optarg, "--spread-secs", 0.1, 600);
             break;
         case OPT_JSON:
             o->json_path = optarg;
@@ -658,6 +699,16 @@ static void print_targets(const bench_ctx *ctx)
             target(what, mx, "<= 20", mx <= 20, NULL);
         }
     }
+    json_t *rt = json_object_get(root, "rate");
+    if (rt) {
+        /* issue 12: exact, and no slot left unused while demand exceeds the rate */
+        double v = num(rt, "window_violations");
+        target("rate windows holding more than N grants", v, "== 0", v == 0, NULL);
+        v = num(rt, "achieved_ratio");
+        target("rate grants in K windows / K N", v, ">= 0.98", v >= 0.98, NULL);
+        double wp = json_number_value(json_object_get(json_object_get(rt, "wake"), "p50_us"));
+        target_status("rate wake-up p50 after a slot lapses (ms)", wp / 1e3, "(info)", "", NULL);
+    }
     json_t *c = json_object_get(json_object_get(root, "contended"), "runs");
     if (c && o->limit == 4 && o->hold_min_ms == 1 && o->hold_max_ms == 5) {
         for (int k = 0; k < 3; k++) {
@@ -785,6 +836,8 @@ int main(int argc, char **argv)
         bench_die("redsem_id_generate failed");
     snprintf(ctx.prefix, sizeof ctx.prefix, "redsem-bench:%d-%.8s:", (int)getpid(), rnd);
 
+    ctx.raw_slots = bench_raw_slots(&ctx);
+
     /* ------------------------------------------------------------ parameters */
     redisContext *raw = bench_raw_connect(&ctx);
     char redis_version[64], redis_mode[32], redis_os[128];
@@ -839,6 +892,10 @@ int main(int argc, char **argv)
     json_object_set_new(params, "thread_secs", json_real(o.thread_secs));
     json_object_set_new(params, "thread_rounds", json_integer(o.rounds_threads));
     json_object_set_new(params, "threads_shared", json_boolean(o.threads_shared));
+    json_object_set_new(params, "shared_client", json_boolean(o.shared_client));
+    json_object_set_new(params, "max_connections",
+                        json_integer(o.max_connections > 0 ? o.max_connections
+                                                           : REDSEM_DEFAULT_MAX_CONNECTIONS));
     json_object_set_new(params, "clients", jc);
     json_object_set_new(params, "limit", json_integer(o.limit));
     json_object_set_new(params, "hold_min_ms", json_real(o.hold_min_ms));
@@ -850,6 +907,9 @@ int main(int argc, char **argv)
     json_object_set_new(params, "fillers", json_integer(o.scale_fillers));
     json_object_set_new(params, "tls_pairs", json_integer(o.tls_pairs));
     json_object_set_new(params, "sync_pairs", json_integer(o.sync_pairs));
+    json_object_set_new(params, "spread_sems", json_integer(o.spread_sems));
+    json_object_set_new(params, "spread_threads", json_integer(o.spread_threads));
+    json_object_set_new(params, "spread_secs", json_real(o.spread_secs));
     json_t *machine = json_pack(
         "{s:i, s:i, s:s, s:s, s:s, s:s, s:[f,f,f]}", "cores_online", (int)online, "cpus_allowed",
         ncpus, "cpu_model", model, "kernel", un.release, "machine", un.machine, "redis_os",
@@ -893,10 +953,16 @@ int main(int argc, char **argv)
         bench_run_renewal(&ctx);
     if (o.workloads[BENCH_W_TAKEOVER])
         bench_run_takeover(&ctx);
+    if (o.workloads[BENCH_W_RATE])
+        bench_run_rate(&ctx);
+    if (o.workloads[BENCH_W_WEIGHTED])
+        bench_run_weighted(&ctx);
     if (o.workloads[BENCH_W_TLS])
         bench_run_tls(&ctx);
     if (o.workloads[BENCH_W_SYNC])
         bench_run_sync(&ctx);
+    if (o.workloads[BENCH_W_SPREAD])
+        bench_run_spread(&ctx);
     bench_cleanup(&ctx, NULL);
 
     double elapsed = (double)(bench_now_ns() - ctx.t0_ns) / 1e9;

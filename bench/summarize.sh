@@ -1,8 +1,11 @@
 #!/bin/sh
 # Median, minimum and maximum over several `redsem-bench --json` files of the figures the
-# targets of issue 3 are about, of what TLS and WAIT cost (issue 9) and of the expiry
-# takeover (issue 14) (needs jq). Each figure is a ratio or a count taken within
-# one run; only those are comparable across runs on a noisy machine.
+# targets of issue 3 are about, of what TLS and WAIT cost (issue 9), of the expiry takeover
+# (issue 14), of the rate limit and of weighted acquire (issue 12) (needs jq). Each figure is
+# a ratio or a count taken within one run; only those are comparable across runs on a noisy
+# machine. The threads rows of runs with --shared (one client for all threads) are summarized
+# apart from those without, with the connections the library used and the pool waits; a
+# workload missing from a file is skipped.
 #
 #   bench/summarize.sh run1.json run2.json ...
 set -eu
@@ -15,6 +18,7 @@ jq -r -s '
 def median: sort | if length == 0 then null
     elif length % 2 == 1 then .[length / 2 | floor]
     else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+def ms: if . == null then null else . / 1000 end;
 def fmt: if . == null then "-" elif (. | fabs) >= 100 then (. * 10 | round / 10 | tostring)
     else (. * 10000 | round / 10000 | tostring) end;
 def row($name; $vals): ($vals | map(select(. != null))) as $v |
@@ -26,9 +30,13 @@ def row($name; $vals): ($vals | map(select(. != null))) as $v |
   ( [$runs[].uncontended // [] | .[] | select(.strategy == $s) | .ratio_pairs_per_s] ) as $v |
   row("uncontended \($s) pairs/s / floor"; $v) ),
 ( ( [$runs[].threads // [] | .[] | .threads] | unique | .[] ) as $t |
-  ( ["basic", "fair", "locked", "lock"][] as $s |
-    row("threads=\($t) \($s) pairs/s / floor";
-        [$runs[].threads // [] | .[] | select(.strategy == $s and .threads == $t) | .ratio_pairs_per_s]) ) ),
+  ( [false, true][] as $sh | ($sh | if . then " shared client" else "" end) as $l |
+    ( ["basic", "fair", "locked", "lock"][] as $s |
+      ([$runs[].threads // [] | .[] |
+        select(.strategy == $s and .threads == $t and (.shared_client // false) == $sh)]) as $r |
+      row("threads=\($t)\($l) \($s) pairs/s / floor"; [$r[].ratio_pairs_per_s]),
+      row("threads=\($t)\($l) \($s) library connections"; [$r[].lib_connections]),
+      row("threads=\($t)\($l) \($s) pool waits"; [$r[].pool_waits]) ) ) ),
 ( ["basic", "fair", "locked"][] as $s |
   ( row("scale \($s) cost(100000)/cost(10)";
         [$runs[] | (.scale // []) as $sc |
@@ -88,5 +96,23 @@ row("tls connect p50 TLS us"; [$runs[].tls.connect.tls.p50_us]),
   row("takeover \($s) p99 ms after the lease ends"; [$r[].late.p99_us / 1000]),
   row("takeover \($s) max ms after the lease ends"; [$r[].late.max_us / 1000]),
   row("takeover \($s) early grants"; [$r[].early]) ),
+row("rate grants in K windows / K N"; [$runs[].rate.achieved_ratio]),
+row("rate window violations"; [$runs[].rate.window_violations]),
+row("rate wake-up p50 ms after a slot lapses"; [$runs[].rate.wake.p50_us | ms]),
+row("rate wake-up p99 ms after a slot lapses"; [$runs[].rate.wake.p99_us | ms]),
+row("rate wake-up max ms after a slot lapses"; [$runs[].rate.wake.max_us | ms]),
+( ["basic", "fair", "locked"][] as $s |
+  ([$runs[].weighted // [] | .[] | select(.strategy == $s)]) as $r |
+  row("weighted \($s) grants/s"; [$r[].grants_per_s]),
+  row("weighted \($s) permits/s"; [$r[].permits_per_s]),
+  row("weighted \($s) max permits in use"; [$r[].max_permits_in_use]),
+  row("weighted \($s) out of order"; [$r[].out_of_order]),
+  ( [1, 2, 4, 8][] as $w |
+    row("weighted \($s) weight \($w) grants";
+        [$r[].classes[] | select(.weight == $w) | .grants]),
+    row("weighted \($s) weight \($w) max wait ms";
+        [$r[].classes[] | select(.weight == $w) | .wait.max_us / 1000]),
+    row("weighted \($s) weight \($w) p99 wait ms";
+        [$r[].classes[] | select(.weight == $w) | .wait.p99_us / 1000]) ) ),
 row("elapsed s"; [$runs[].params.elapsed_s])
 ' "$@" | column -t -s "$(printf '\t')"

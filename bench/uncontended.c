@@ -4,10 +4,13 @@
  * with the floor of the same kind (floor batch, library batch, alternating which goes first),
  * so both see the same noise; the ratio is the median of the per-round ratios.
  *
- * T threads: each thread has its own client and its own floor connection and never waits for
- * a permit (by default each thread has its own semaphore or lock; --threads-shared puts them
- * all on one semaphore of limit T). Batches of --thread-secs seconds, floor and library
- * alternating, pairs/s summed over the threads. */
+ * T threads: each thread has its own client (--shared: all use one client, made once) and its
+ * own floor connection and never waits for a permit (by default each thread has its own
+ * semaphore or lock; --threads-shared puts them all on one semaphore of limit T). Batches of
+ * --thread-secs seconds, floor and library alternating, pairs/s summed over the threads. The
+ * connections the library opened are counted on the server: INFO clients connected_clients,
+ * sampled during each library batch (the largest sample), minus its value once the floor
+ * connections were open and before any library client was made. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -324,7 +327,10 @@ typedef struct tgroup {
     int nthreads;
     bool shared;
     char shared_name[64];
-    pthread_barrier_t start, end;
+    /* --shared: the one client of every thread (made by the main thread between the first
+     * and the second wait on setup); NULL: each thread makes its own */
+    redsem_client *client;
+    pthread_barrier_t setup, start, end;
     _Atomic int stop;
     int mode;
 } tgroup;
@@ -341,17 +347,22 @@ static void *tworker_main(void *arg)
 {
     tworker *w = arg;
     tgroup *g = w->g;
-    redsem_client *c = bench_client(g->ctx);
-    bench_handle h;
     const char *name = g->shared ? g->shared_name : w->name;
     uint32_t limit = g->shared ? (uint32_t)g->nthreads : 1;
-    check(bench_handle_open(c, g->kind, name, limit, LEASE_MS, &h), c, "open");
+    /* the floor first: the main thread counts the server's connections between the two
+     * waits, when every floor connection and no library connection is open */
     bench_floor *f = bench_floor_new(g->ctx, g->kind, name);
+    pthread_barrier_wait(&g->setup);
+    pthread_barrier_wait(&g->setup);
+    redsem_client *c = g->client != NULL ? g->client : bench_client(g->ctx);
+    bench_handle h;
+    check(bench_handle_open(c, g->kind, name, limit, LEASE_MS, &h), c, "open");
     int64_t a, r;
     for (int i = 0; i < WARMUP_PAIRS / 4; i++) {
         bench_lib_pair(&h, c, &a, &r);
         floor_pair(f, &a, &r);
     }
+    pthread_barrier_wait(&g->setup); /* warmed up: the main thread reads the counters */
     for (;;) {
         pthread_barrier_wait(&g->start);
         if (g->mode == TM_EXIT)
@@ -369,18 +380,31 @@ static void *tworker_main(void *arg)
     }
     bench_floor_free(f);
     bench_handle_close(&h);
-    redsem_client_free(c);
+    if (c != g->client)
+        redsem_client_free(c);
     return NULL;
 }
 
-/* One batch; returns pairs/s over all threads. */
-static double tbatch(tgroup *g, tworker *w, int mode, double secs)
+#define CONN_SAMPLES 3 /* connected_clients samples per library batch */
+
+/* One batch; returns pairs/s over all threads. A library batch samples the server's
+ * connected_clients on raw CONN_SAMPLES times, evenly spaced, and raises *max_conns to the
+ * largest. */
+static double tbatch(tgroup *g, tworker *w, int mode, double secs, redisContext *raw,
+                     long *max_conns)
 {
     g->mode = mode;
     atomic_store(&g->stop, 0);
     pthread_barrier_wait(&g->start);
     int64_t t0 = bench_now_ns();
-    bench_sleep_ns((int64_t)(secs * 1e9));
+    int nsamples = mode == TM_LIB ? CONN_SAMPLES : 0;
+    for (int i = 1; i <= nsamples; i++) {
+        bench_sleep_ns(t0 + (int64_t)(secs * 1e9 * i / (nsamples + 1)) - bench_now_ns());
+        long n = bench_connected_clients(raw);
+        if (n > *max_conns)
+            *max_conns = n;
+    }
+    bench_sleep_ns(t0 + (int64_t)(secs * 1e9) - bench_now_ns());
     atomic_store(&g->stop, 1);
     pthread_barrier_wait(&g->end);
     int64_t t1 = bench_now_ns();
@@ -394,13 +418,22 @@ void bench_run_threads(bench_ctx *ctx)
 {
     const bench_opts *o = ctx->o;
     json_t *arr = json_array();
-    printf("\n== uncontended, T threads (each its own client%s; never waits); %d x %.2f s "
-           "batches each, floor and library alternating\n",
-           o->threads_shared ? ", all on one semaphore of limit T" : " and its own semaphore",
-           o->rounds_threads, o->thread_secs);
-    printf("%-10s %5s %7s | %10s %10s %8s | %s\n", "strategy", "trips", "threads", "pairs/s",
-           "floor/s", "x floor", "per-round ratios");
-    bench_rule(90);
+    char maxc[32];
+    if (o->max_connections > 0)
+        snprintf(maxc, sizeof maxc, "%d", o->max_connections);
+    else
+        snprintf(maxc, sizeof maxc, "%d (default)", REDSEM_DEFAULT_MAX_CONNECTIONS);
+    printf("\n== uncontended, T threads (%s%s, max connections %s; each its own floor "
+           "connection; never waits); %d x %.2f s batches each, floor and library "
+           "alternating\n",
+           o->shared_client ? "all on ONE shared client" : "each its own client",
+           o->threads_shared   ? ", all on one semaphore of limit T"
+           : o->shared_client ? ", each its own semaphore"
+                              : " and its own semaphore",
+           maxc, o->rounds_threads, o->thread_secs);
+    printf("%-10s %5s %7s | %10s %10s %8s | %5s %10s | %s\n", "strategy", "trips", "threads",
+           "pairs/s", "floor/s", "x floor", "conns", "pool waits", "per-round ratios");
+    bench_rule(108);
     fflush(stdout);
     for (int ti = 0; ti < o->nthreads; ti++) {
         int T = o->threads[ti];
@@ -411,6 +444,8 @@ void bench_run_threads(bench_ctx *ctx)
                 continue; /* one lock shared by T threads is contention, not this workload */
             tgroup g = {.ctx = ctx, .kind = kind, .nthreads = T, .shared = o->threads_shared};
             bench_name(ctx, "t-shared", g.shared_name, sizeof g.shared_name);
+            redisContext *raw = bench_raw_connect(ctx); /* counts the connections */
+            pthread_barrier_init(&g.setup, NULL, (unsigned)T + 1);
             pthread_barrier_init(&g.start, NULL, (unsigned)T + 1);
             pthread_barrier_init(&g.end, NULL, (unsigned)T + 1);
             tworker *w = calloc((size_t)T, sizeof *w);
@@ -423,29 +458,53 @@ void bench_run_threads(bench_ctx *ctx)
                 if (pthread_create(&w[i].th, NULL, tworker_main, &w[i]) != 0)
                     bench_die("pthread_create failed");
             }
+            /* every floor connection open, no library connection yet */
+            pthread_barrier_wait(&g.setup);
+            long conns0 = bench_connected_clients(raw);
+            if (o->shared_client)
+                g.client = bench_client(ctx);
+            pthread_barrier_wait(&g.setup);
+            pthread_barrier_wait(&g.setup); /* every thread warmed up */
+            uint64_t waits0 = 0, req0 = 0;
+            if (g.client != NULL) {
+                waits0 = bench_pool_waits(g.client);
+                req0 = bench_requests(g.client);
+            }
             bench_progress(ctx, "threads %s: %d threads, %d rounds", bench_kind_name(kind), T,
                            o->rounds_threads);
             double lib_sum = 0, floor_sum = 0, ratios[64];
             int nr = 0;
+            long max_conns = -1;
             for (int r = 0; r < o->rounds_threads && r < 64; r++) {
                 double fl, lb;
                 if (r % 2 == 0) {
-                    fl = tbatch(&g, w, TM_FLOOR, o->thread_secs);
-                    lb = tbatch(&g, w, TM_LIB, o->thread_secs);
+                    fl = tbatch(&g, w, TM_FLOOR, o->thread_secs, raw, &max_conns);
+                    lb = tbatch(&g, w, TM_LIB, o->thread_secs, raw, &max_conns);
                 } else {
-                    lb = tbatch(&g, w, TM_LIB, o->thread_secs);
-                    fl = tbatch(&g, w, TM_FLOOR, o->thread_secs);
+                    lb = tbatch(&g, w, TM_LIB, o->thread_secs, raw, &max_conns);
+                    fl = tbatch(&g, w, TM_FLOOR, o->thread_secs, raw, &max_conns);
                 }
                 lib_sum += lb;
                 floor_sum += fl;
                 ratios[nr++] = ratio(lb, fl);
             }
+            /* every thread waits on start: the shared client is idle */
+            uint64_t waits = 0, requests = 0;
+            if (g.client != NULL) {
+                waits = bench_pool_waits(g.client) - waits0;
+                requests = bench_requests(g.client) - req0;
+            }
             g.mode = TM_EXIT;
             pthread_barrier_wait(&g.start);
             for (int i = 0; i < T; i++)
                 pthread_join(w[i].th, NULL);
+            redsem_client_free(g.client);
+            redisFree(raw);
+            pthread_barrier_destroy(&g.setup);
             pthread_barrier_destroy(&g.start);
             pthread_barrier_destroy(&g.end);
+            bool known = conns0 >= 0 && max_conns >= 0;
+            long lib_conns = known ? max_conns - conns0 : -1;
 
             char trips[16], rr[256] = "";
             print_trips(kind, trips, sizeof trips);
@@ -458,19 +517,37 @@ void bench_run_threads(bench_ctx *ctx)
             double tmp[64];
             memcpy(tmp, ratios, sizeof tmp);
             double med = bench_median(tmp, (size_t)nr);
-            printf("%-10s %5s %7d | %10.0f %10.0f %8.3f | %s\n", bench_kind_name(kind), trips, T,
-                   lib_sum / nr, floor_sum / nr, med, rr);
+            char cs[24] = "-", ws[24] = "-";
+            if (known)
+                snprintf(cs, sizeof cs, "%ld", lib_conns);
+            if (o->shared_client)
+                snprintf(ws, sizeof ws, "%llu", (unsigned long long)waits);
+            printf("%-10s %5s %7d | %10.0f %10.0f %8.3f | %5s %10s | %s\n", bench_kind_name(kind),
+                   trips, T, lib_sum / nr, floor_sum / nr, med, cs, ws, rr);
             fflush(stdout);
-            json_array_append_new(
-                arr, json_pack("{s:s, s:i, s:i, s:b, s:f, s:f, s:f, s:o}", "strategy",
-                               bench_kind_name(kind), "threads", T, "acquire_round_trips",
-                               bench_kind_acquire_trips(kind), "shared_semaphore",
-                               o->threads_shared, "pairs_per_s", lib_sum / nr,
-                               "floor_pairs_per_s", floor_sum / nr, "ratio_pairs_per_s", med,
-                               "round_ratios", jr));
+            json_t *row = json_pack(
+                "{s:s, s:i, s:i, s:b, s:b, s:f, s:f, s:f, s:o}", "strategy", bench_kind_name(kind),
+                "threads", T, "acquire_round_trips", bench_kind_acquire_trips(kind),
+                "shared_semaphore", o->threads_shared, "shared_client", o->shared_client,
+                "pairs_per_s", lib_sum / nr, "floor_pairs_per_s", floor_sum / nr,
+                "ratio_pairs_per_s", med, "round_ratios", jr);
+            json_object_set_new(row, "lib_connections",
+                                known ? json_integer(lib_conns) : json_null());
+            json_object_set_new(row, "pool_waits",
+                                o->shared_client ? json_integer((json_int_t)waits) : json_null());
+            json_object_set_new(row, "library_requests",
+                                o->shared_client ? json_integer((json_int_t)requests)
+                                                 : json_null());
+            json_array_append_new(arr, row);
             free(w);
             bench_cleanup(ctx, NULL);
         }
     }
+    printf("conns: connections the library had open on the server during the library batches "
+           "(INFO clients connected_clients, largest of %d samples per batch, minus its value "
+           "with the floor's and the bench's own connections open and no library client made);"
+           " pool waits (--shared): the shared client's requests that waited for a free request "
+           "connection in the library batches (redsem_client_stats.pool_waits).\n",
+           CONN_SAMPLES);
     json_object_set_new(ctx->json, "threads", arr);
 }

@@ -216,6 +216,8 @@ int bench_client_try(const bench_ctx *ctx, redsem_client **ret, char *err, size_
         rc = redsem_options_set_tls_ca(o, ctx->tls_ca, NULL);
     if (rc == REDSEM_OK && ctx->sync_replicas > 0)
         rc = redsem_options_set_sync_replicas(o, ctx->sync_replicas, ctx->sync_timeout_ms);
+    if (rc == REDSEM_OK && ctx->o != NULL && ctx->o->max_connections > 0)
+        rc = redsem_options_set_max_connections(o, ctx->o->max_connections);
     if (rc == REDSEM_OK)
         rc = redsem_client_new_verbose(o, ret, err, errlen);
     else
@@ -234,9 +236,37 @@ redsem_client *bench_client(const bench_ctx *ctx)
     return c;
 }
 
+void bench_floor_name(const char *name, char *out, size_t outlen)
+{
+    snprintf(out, outlen, "%s", name);
+    if (out[0] != '\0')
+        out[0] = out[0] == 'F' ? 'G' : 'F';
+}
+
+/* CRC16-XMODEM, as the Redis Cluster specification's HASH_SLOT (the library has its own; the
+ * bench links only the public API). */
+int bench_name_slot(const char *name)
+{
+    uint16_t crc = 0;
+    for (const char *p = name; *p; p++) {
+        crc ^= (uint16_t)((unsigned char)*p << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
+    }
+    return crc & 16383;
+}
+
 void bench_name(bench_ctx *ctx, const char *tag, char *out, size_t outlen)
 {
-    snprintf(out, outlen, "%s-%u", tag, ++ctx->seq);
+    char fname[REDSEM_NAME_MAX + 1];
+    for (;;) {
+        snprintf(out, outlen, "%s-%u", tag, ++ctx->seq);
+        if (ctx->raw_slots == NULL)
+            return;
+        bench_floor_name(out, fname, sizeof fname);
+        if (ctx->raw_slots[bench_name_slot(out)] && ctx->raw_slots[bench_name_slot(fname)])
+            return;
+    }
 }
 
 int bench_handle_open(redsem_client *c, int kind, const char *name, uint32_t limit,
@@ -290,12 +320,22 @@ void bench_lib_pair(bench_handle *h, redsem_client *c, int64_t *acq_ns, int64_t 
     *rel_ns = t2 - t1;
 }
 
-uint64_t bench_requests(const redsem_client *c)
+static redsem_client_stats client_stats(const redsem_client *c)
 {
     redsem_client_stats st;
     if (redsem_client_get_stats(c, &st) != REDSEM_OK)
-        return 0;
-    return st.requests;
+        memset(&st, 0, sizeof st);
+    return st;
+}
+
+uint64_t bench_requests(const redsem_client *c)
+{
+    return client_stats(c).requests;
+}
+
+uint64_t bench_pool_waits(const redsem_client *c)
+{
+    return client_stats(c).pool_waits;
 }
 
 /* ================================================================ raw hiredis */
@@ -338,6 +378,8 @@ static int parse_url(const char *url, raw_target *t)
     const char *p;
     if (strncmp(url, "redis://", 8) == 0) {
         p = url + 8;
+    } else if (strncmp(url, "redis+cluster://", 16) == 0) {
+        p = url + 16; /* the first seed node (the host ends at ':' or ',') */
     } else if (strncmp(url, "unix://", 7) == 0) {
         p = url + 7;
         t->unix_socket = true;
@@ -380,7 +422,7 @@ static int parse_url(const char *url, raw_target *t)
         memcpy(t->host, p + 1, (size_t)(hend - p - 1));
         hend++;
     } else {
-        hend = p + strcspn(p, ":/?");
+        hend = p + strcspn(p, ":/?,");
         if (hend == p || (size_t)(hend - p) >= sizeof t->host)
             return -1;
         memcpy(t->host, p, (size_t)(hend - p));
@@ -424,6 +466,37 @@ redisContext *bench_raw_connect(const bench_ctx *ctx)
     if (t.db != 0 && !reply_ok(c, redisCommand(c, "SELECT %ld", t.db), "SELECT"))
         bench_die("raw connection: SELECT failed");
     return c;
+}
+
+unsigned char *bench_raw_slots(const bench_ctx *ctx)
+{
+    if (strncmp(ctx->url, "redis+cluster://", 16) != 0)
+        return NULL;
+    redisContext *c = bench_raw_connect(ctx);
+    redisReply *id = redisCommand(c, "CLUSTER MYID");
+    redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+    if (id == NULL || id->type != REDIS_REPLY_STRING || r == NULL || r->type != REDIS_REPLY_ARRAY)
+        bench_die("%s: CLUSTER MYID / CLUSTER SLOTS failed", ctx->url);
+    unsigned char *slots = calloc(16384, 1);
+    if (slots == NULL)
+        bench_die("out of memory");
+    size_t served = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[2]->elements < 3 ||
+            strcmp(e->element[2]->element[2]->str, id->str) != 0)
+            continue;
+        for (long long s = e->element[0]->integer; s <= e->element[1]->integer && s < 16384; s++)
+            slots[s] = 1;
+        served += (size_t)(e->element[1]->integer - e->element[0]->integer + 1);
+    }
+    if (served == 0)
+        bench_die("%s: the first node of the URL serves no hash slot (name a primary first)",
+                  ctx->url);
+    freeReplyObject(id);
+    freeReplyObject(r);
+    redisFree(c);
+    return slots;
 }
 
 int bench_cmdstats_get(redisContext *c, bench_cmdstats *out)
@@ -518,6 +591,13 @@ void bench_info_field(redisContext *c, const char *section, const char *field, c
         }
     }
     freeReplyObject(r);
+}
+
+long bench_connected_clients(redisContext *c)
+{
+    char v[32];
+    bench_info_field(c, "clients", "connected_clients", v, sizeof v);
+    return v[0] ? strtol(v, NULL, 10) : -1;
 }
 
 long bench_cleanup(const bench_ctx *ctx, const char *name)

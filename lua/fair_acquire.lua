@@ -1,17 +1,27 @@
 -- fair_acquire: Redis in Action 6.3.2-6.3.3 (fair semaphore), also the body of the locked
--- strategy (6.3.4), plus queued waiters.
--- KEYS: 1 meta (hash: strategy, limit, fence, exp, t:<id> -> token of each holder)
---       2 owners (zset id -> ticket), 3 timeouts (zset id -> deadline, ms; same members)
---       4 wake-up list prefix (a waiter blocks on KEYS[4] .. id), 5 guard (locked only)
+-- strategy (6.3.4), plus queued waiters, weights (several permits per request) and direct
+-- hand-off to the head of the queue.
+-- KEYS: 1 meta (hash: strategy, limit, fence, exp, used, q, t:<id> -> token of each holder,
+--       w:<id> -> weight of a holder or waiter of more than one permit)
+--       2 owners (zset: the queue, waiter id -> arrival number), 3 timeouts (zset id ->
+--       deadline, ms, of holders and waiters), 4 wake-up list prefix (a waiter blocks on
+--       KEYS[4] .. id), 5 guard (locked only)
 -- ARGV: 1 id, 2 limit (used if new), 3 lease ms, 4 mode (0 try, 1 wait, 2 again, 3 last),
 --       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked),
---       8 not after (server us; 0: none)
--- A request is granted iff fewer than `limit` requests rank ahead of it by ticket. Instead
--- of the book's ZINTERSTORE over the whole set on every call, expired members are removed
--- by score (at most 256 per call) and only when they are in the way.
--- Returns {1, token, limit, now us} granted; {0, ms until the earliest deadline (-1 none),
--- limit, now us} not granted; {-2} the locked strategy's guard is not held by the caller;
--- {-3, now us} the request came after its not-after time.
+--       8 not after (server us; 0: none), 9 weight n (permits wanted, >= 1; absent: 1)
+-- meta 'used' is the weight held. A new request is granted iff nobody is queued and
+-- used + n <= limit; otherwise it queues at the tail (mode 1) with the next arrival number
+-- (meta 'q'). Queued waiters are granted only at the head of the queue, by grant_heads():
+-- every script that frees weight or moves the head (release, the cleanup of expired
+-- entries, a waiter leaving, set_limit) hands permits to the head while it fits and wakes
+-- the waiters it granted. A waiter's attempt finds the permit handed to it (t:<id>) and
+-- takes it with the lease of its own handle. Every step is O(log N) per grant.
+-- Expired requests are removed by deadline (at most 256 per call) on the paths that wait.
+-- Returns '1 token limit now-us' granted; '0 ms-until-the-earliest-deadline (-1 none) limit
+-- now-us' not granted (one string: cheaper for Redis than a table, see basic_acquire.lua); {-2} the locked strategy's guard is not held by the caller;
+-- {-3, now us} the request came after its not-after time; {-4, weight, now us} the id holds
+-- or waits for another weight; {-5, limit, now us} n exceeds the limit (a queued waiter
+-- then leaves the queue). -3, -4 and -5 write nothing else.
 -- locked: the guard is checked first and deleted at once (the compare-and-delete that the
 -- book runs after the acquire): the script is atomic, so nothing can run between the
 -- deletion and the rest of the script, and the caller gets the grant one round trip sooner.
@@ -21,20 +31,37 @@ if strategy == 'locked' then
   redis.call('DEL', KEYS[5])
 end
 local now, now_us, now_us_str = clock()
-if too_late(ARGV[8], now_us) then return {-3, now_us} end
+if too_late(ARGV[8], now_us, now_us_str) then return {-3, now_us} end
 local meta, owners, timeouts, sigp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, lease, mode = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+local n = tonumber(ARGV[9]) or 1
 local tkey = 't:' .. id
-local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey)
+local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'used', 'q',
+  'w:' .. id)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
 local limit = tonumber(m[2]) or tonumber(ARGV[2])
+local st = {used = tonumber(m[6]) or 0, fence = m[3], now_us = now_us, now_us_str = now_us_str}
 local wait_lease = tonumber(ARGV[5])
 local deadline = now + lease
 local deadline_str = string.format('%d', deadline)
 local exp = new_exp(m[4], now + math.max(lease, wait_lease))
 local e = exp or tonumber(m[4])
-local all = {meta, owners, timeouts}
+local all = exp and {meta, owners, timeouts} -- only when their expiry moves
 if exp then check_types(all, 'hzz') end
+
+-- A semaphore kept by redsem 0.2 (owners ranked holders and waiters by ticket; no 'used' or
+-- 'q' in meta) must not be mixed with this layout: refuse until its entries are gone.
+if m[1] and not m[6] and not m[7] and
+    redis.call('ZCARD', owners) + redis.call('ZCARD', timeouts) > 0 then
+  return redis.error_reply('CONFLICT ' .. meta .. ' is in use by redsem 0.2 clients (fair ' ..
+    'queue without weights); let its permits and waiters end first')
+end
+
+-- Whether this request is queued (ZSCORE of a missing member is false in Lua). A first
+-- attempt looks too when a weight above 1 is asked for or recorded: one that retries a
+-- request whose reply was lost must not change the weight its id waits for (-4 below).
+local queued = (mode >= 2 or m[8] or n > 1) and redis.call('ZSCORE', owners, id)
+local held = tonumber(m[8]) or 1
 
 local function save_meta(fields)
   if not m[1] then
@@ -44,78 +71,131 @@ local function save_meta(fields)
   if exp then
     table.insert(fields, 'exp'); table.insert(fields, exp)
   end
-  redis.call('HSET', meta, unpack(fields))
+  if #fields > 0 then redis.call('HSET', meta, unpack(fields)) end
   if exp then expire_at(all, exp) end
 end
 
--- The same identifier holding a live permit gets it back, renewed (idempotent retry).
+-- Leave the queue; if this waiter was its head, the next ones may fit now.
+local function leave()
+  local head = redis.call('ZRANGE', owners, 0, 0)[1]
+  forget(meta, {owners, timeouts}, {id})
+  if head == id then grant_heads(meta, owners, sigp, limit, st, nil, 1) end
+end
+
+if n > limit then
+  if queued then leave() end
+  return {-5, limit, now_us}
+end
+if queued and held ~= n then return {-4, held, now_us} end
+
+-- A holder: the same identifier holding a live permit gets it back, renewed (idempotent
+-- retry), and so does a waiter that was handed its permit; a permit of another weight is
+-- refused (one id is one permit object). This id's own expired permit, not cleaned up yet,
+-- gives its weight back first.
 if m[5] then
   local d = redis.call('ZSCORE', timeouts, id)
   if d and tonumber(d) > now then
+    if held ~= n then return {-4, held, now_us} end
     redis.call('ZADD', timeouts, deadline_str, id)
-    if exp then save_meta({}) end
-    return {1, tonumber(m[5]), limit, now_us}
+    save_meta({})
+    return '1 ' .. m[5] .. ' ' .. limit .. ' ' .. now_us_str
   end
+  st.used = math.max(0, st.used - held)
+  forget(meta, {timeouts}, {id})
+  redis.call('HSET', meta, 'used', st.used)
+  grant_heads(meta, owners, sigp, limit, st, nil, 1)
 end
 
--- Remove expired requests (holders and waiters alike); wake the waiters that moved into
--- the first `limit` ranks. Returns how many were removed.
+-- Remove expired requests: holders give their weight back, waiters leave the queue; then
+-- hand what is free to the head. Returns the token if this request got a permit.
+local cleaned_up = 0
 local function cleanup()
   local gone = redis.call('ZRANGEBYSCORE', timeouts, '-inf', now, 'LIMIT', 0, 256)
-  if #gone == 0 then return 0 end
-  local entitled = 0
-  for _, g in ipairs(gone) do
-    local r = redis.call('ZRANK', owners, g)
-    if r and r < limit then entitled = entitled + 1 end
+  cleaned_up = #gone
+  if #gone == 0 then return nil end
+  local f = {}
+  for i, g in ipairs(gone) do f[2 * i - 1] = 't:' .. g; f[2 * i] = 'w:' .. g end
+  local tw = redis.call('HMGET', meta, unpack(f))
+  for i = 1, #gone do
+    if tw[2 * i - 1] then st.used = st.used - (tonumber(tw[2 * i]) or 1) end
   end
+  if st.used < 0 then st.used = 0 end
   forget(meta, {owners, timeouts}, gone)
-  wake_waiters(meta, owners, sigp, limit - entitled, limit - 1, id)
-  return #gone
+  redis.call('HSET', meta, 'used', st.used)
+  return grant_heads(meta, owners, sigp, limit, st, id, n)
 end
 
--- ZRANK of a missing member is false in Lua, not nil. A waiter whose entry is gone (its wait
--- lease ran out before it could renew it, and a cleanup removed it) queues again as new.
-local rank = nil
-if mode >= 2 then rank = redis.call('ZRANK', owners, id) or nil end
-local fresh = rank == nil
-if fresh then rank = redis.call('ZCARD', owners) end
-if rank >= limit and cleanup() > 0 then
-  if not fresh then
-    rank = redis.call('ZRANK', owners, id) or nil
-    fresh = rank == nil
-  end
-  if fresh then rank = redis.call('ZCARD', owners) end
-end
-
-local tok, tok_str = next_token(m[3], now_us, now_us_str)
-if rank < limit then
-  -- A new request's ticket doubles as its token; a waiter's token is drawn now, at its
-  -- grant, so tokens increase in grant order even when waiters claim out of order.
-  if fresh then redis.call('ZADD', owners, 'NX', tok_str, id) end
+local function granted(tok, tok_str)
   redis.call('ZADD', timeouts, deadline_str, id)
-  if rank == 0 and not exp then
-    redis.call('PEXPIREAT', owners, m[4])
-    redis.call('PEXPIREAT', timeouts, m[4])
+  -- timeouts had no entry (nothing held, nobody queued) and so no expiry: give it one
+  if not exp and st.used == n then redis.call('PEXPIREAT', timeouts, m[4]) end
+  local f = {}
+  if tok_str then
+    f = {'fence', tok_str, tkey, tok_str, 'used', st.used}
+    if n > 1 then table.insert(f, 'w:' .. id); table.insert(f, n) end
   end
-  save_meta({'fence', tok_str, tkey, tok_str})
-  return {1, tok, limit, now_us}
+  save_meta(f)
+  if n == 1 and m[8] and not queued then redis.call('HDEL', meta, 'w:' .. id) end
+  return '1 ' .. (tok_str or string.format('%d', tok)) .. ' ' .. limit .. ' ' .. now_us_str
+end
+
+local head = nil
+local function fits_now()
+  head = redis.call('ZRANGE', owners, 0, 0)[1]
+  return not head and st.used + n <= limit
+end
+
+-- A queued waiter not handed a permit yet: expired entries ahead may be in its way. A
+-- waiter whose own entry the cleanup removed (its wait lease ran out before it renewed it)
+-- goes on as a new request.
+local cleaned = false
+if queued then
+  local tok = cleanup()
+  if tok then return granted(tok, nil) end
+  cleaned = true
+  queued = redis.call('ZSCORE', owners, id)
+end
+-- A new request: granted iff nobody waits and its weight fits.
+if not queued then
+  local ok = fits_now()
+  if not ok and not cleaned then
+    -- this id may be queued all the same (a wait-mode retry of a request whose reply was
+    -- lost): the cleanup may then hand it its permit at the head; take it, do not queue again
+    local tok = cleanup()
+    if tok then return granted(tok, nil) end
+    if cleaned_up > 0 then ok = fits_now() end
+  end
+  if ok then
+    local tok, tok_str = next_token(st.fence, now_us, now_us_str)
+    st.used = st.used + n
+    return granted(tok, tok_str)
+  end
 end
 
 local first = redis.call('ZRANGE', timeouts, 0, 0, 'WITHSCORES')
 local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
-if mode == 0 then return {0, next_ms, limit, now_us} end
+if mode == 0 then return '0 ' .. next_ms .. ' ' .. limit .. ' ' .. now_us_str end
 if mode == 3 then
-  if not fresh then forget(meta, {owners, timeouts}, {id}) end
-  return {0, next_ms, limit, now_us}
+  if queued then leave() end
+  return '0 ' .. next_ms .. ' ' .. limit .. ' ' .. now_us_str
 end
--- Queue (or stay queued) under the wait lease; a new waiter's ticket is taken now.
-if fresh then
-  redis.call('ZADD', owners, 'NX', tok_str, id)
+-- Queue (or stay queued) under the wait lease; a new waiter takes the next arrival number.
+if not queued then
+  local q = string.format('%d', (tonumber(m[7]) or 0) + 1)
+  redis.call('ZADD', owners, 'NX', q, id)
   redis.call('ZADD', timeouts, now + wait_lease, id)
-  save_meta({'fence', tok_str})
+  if not exp and not head then
+    -- the first waiter created owners (and timeouts if nobody holds): give them the expiry
+    redis.call('PEXPIREAT', owners, m[4])
+    if st.used == 0 then redis.call('PEXPIREAT', timeouts, m[4]) end
+  end
+  local f = {'q', q}
+  if n > 1 then table.insert(f, 'w:' .. id); table.insert(f, n) end
+  save_meta(f)
+  if n == 1 and m[8] then redis.call('HDEL', meta, 'w:' .. id) end
 else
   redis.call('ZADD', timeouts, now + wait_lease, id)
-  if exp then save_meta({}) end
+  save_meta({})
 end
-return {0, next_ms, limit, now_us}
+return '0 ' .. next_ms .. ' ' .. limit .. ' ' .. now_us_str

@@ -31,7 +31,11 @@ end
 -- An acquire carries the latest server time (us) at which it may still run: the client's
 -- command timeout, translated to the server's clock. A request that a stalled server only
 -- executes later (the client gave up on it and reported an unknown outcome) must not grant.
-local function too_late(not_after, now_us)
+-- Digits of the same length compare as numbers: no tonumber (glibc's strtod costs about as
+-- much as a redis.call) when now_us_str is given.
+local function too_late(not_after, now_us, now_us_str)
+  if not_after == '0' then return false end
+  if now_us_str and #not_after == #now_us_str then return now_us_str > not_after end
   local na = tonumber(not_after) or 0
   return na > 0 and now_us > na
 end
@@ -43,6 +47,10 @@ end
 -- Lua double until the year 2255. Returned as a number and as a decimal string (usually
 -- the clock's own digits: formatting numbers costs more than the Redis call around them).
 local function next_token(last, now_us, now_us_str)
+  -- Usually the clock is ahead: same-length digits compare as numbers, without tonumber.
+  if not last or (#last == #now_us_str and last < now_us_str) then
+    return now_us, now_us_str
+  end
   local n = (tonumber(last) or 0) + 1
   if n < now_us then return now_us, now_us_str end
   return n, string.format('%d', n)
@@ -82,33 +90,72 @@ local function expire_at(keys, exp)
 end
 
 -- @fn forget
--- Remove ids from a sorted set and their tokens from the meta hash.
+-- Remove ids from sorted sets and their tokens (t:) and weights (w:) from the meta hash.
 local function forget(meta, zsets, ids)
   for _, z in ipairs(zsets) do redis.call('ZREM', z, unpack(ids)) end
   local f = {}
-  for i, g in ipairs(ids) do f[i] = 't:' .. g end
+  for _, g in ipairs(ids) do
+    table.insert(f, 't:' .. g); table.insert(f, 'w:' .. g)
+  end
   redis.call('HDEL', meta, unpack(f))
 end
 
--- @fn wake_waiters
--- Fair: push a wake-up to each queued waiter (not holder) at ranks from..to, except `self`.
-local function wake_waiters(meta, owners, sigp, from, to, self)
-  if to < from then return end
-  for _, w in ipairs(redis.call('ZRANGE', owners, from, to)) do
-    if w ~= self and redis.call('HEXISTS', meta, 't:' .. w) == 0 then
-      redis.call('LPUSH', sigp .. w, '1')
-      redis.call('PEXPIRE', sigp .. w, IDLE)
+-- @fn weights_of
+-- Weighted acquire: the number of permits each of `ids` holds or waits for. A weight above
+-- 1 is kept in the meta hash as w:<id>; an id without one has weight 1. One HMGET.
+local function weights_of(meta, ids)
+  local f = {}
+  for i, g in ipairs(ids) do f[i] = 'w:' .. g end
+  local w = redis.call('HMGET', meta, unpack(f))
+  for i = 1, #ids do w[i] = tonumber(w[i]) or 1 end
+  return w
+end
+
+-- @fn grant_heads
+-- Fair and locked: hand permits to the head of the queue (owners: waiter id -> arrival
+-- number) while its weight fits: used + its weight <= limit. Strict FIFO with weights: only
+-- the head is ever considered, so a large request at the head is never overtaken, and a
+-- permit is granted (its token drawn) the moment it becomes free, in queue order. A waiter
+-- granted here finds its token when it wakes (its next acquire attempt returns it: the
+-- same path as an idempotent retry), with the deadline its wait lease gave it. st: {used,
+-- fence, now_us, now_us_str}, updated (now_us may be nil: the server's clock is then read
+-- here, only if a permit is granted). `self`, `selfw`: the caller's own id and weight (not
+-- woken; its token is returned). Cost per grant O(log N): ZRANGE of the head, HGET of its
+-- weight, ZREM, HSET, LPUSH.
+local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
+  local got = nil
+  while st.used < limit do
+    local h = redis.call('ZRANGE', owners, 0, 0)[1]
+    if not h then break end
+    local hw = selfw
+    if h ~= self then hw = tonumber(redis.call('HGET', meta, 'w:' .. h)) or 1 end
+    if st.used + hw > limit then break end
+    if not st.now_us then
+      local _, us, us_str = clock()
+      st.now_us, st.now_us_str = us, us_str
+    end
+    local tok, tok_str = next_token(st.fence, st.now_us, st.now_us_str)
+    st.fence = tok_str
+    st.used = st.used + hw
+    redis.call('ZREM', owners, h)
+    redis.call('HSET', meta, 't:' .. h, tok_str, 'fence', tok_str, 'used', st.used)
+    if h == self then
+      got = tok
+    else
+      redis.call('LPUSH', sigp .. h, '1')
+      redis.call('PEXPIRE', sigp .. h, IDLE)
     end
   end
+  return got
 end
 
 -- @fn wake_one
--- Basic and lock: wake one registered waiter, keeping at most one pending wake-up per
--- registered waiter.
-local function wake_one(waiters, signal)
+-- Basic and lock: wake `k` (default 1) registered waiters, keeping at most one pending
+-- wake-up per registered waiter.
+local function wake_one(waiters, signal, k)
   local nw = redis.call('ZCARD', waiters)
-  if nw > 0 and redis.call('LLEN', signal) < nw then
-    redis.call('LPUSH', signal, '1')
-    redis.call('PEXPIRE', signal, IDLE)
-  end
+  if nw == 0 then return end
+  local push = math.min(k or 1, nw - redis.call('LLEN', signal))
+  for _ = 1, push do redis.call('LPUSH', signal, '1') end
+  if push > 0 then redis.call('PEXPIRE', signal, IDLE) end
 end

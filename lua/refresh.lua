@@ -6,13 +6,13 @@
 --       drift + early warning). A refresh that reaches the server later than that (delayed in
 --       a socket buffer while the server was stalled, say) arrives after the holder was told
 --       its permit is lost, and must not bring the lease back to life.
--- Returns {1} extended, {-1} lost.
+-- Returns 1 extended, -1 lost.
 local now = clock()
 local meta, dz, id = KEYS[1], KEYS[2], ARGV[1]
 local m = redis.call('HMGET', meta, 't:' .. id, 'exp')
-if not m[1] then return {-1} end
+if not m[1] then return -1 end
 local d = redis.call('ZSCORE', dz, id)
-if not d or tonumber(d) - now < math.max(1, tonumber(ARGV[3])) then return {-1} end
+if not d or tonumber(d) - now < math.max(1, tonumber(ARGV[3])) then return -1 end
 local deadline = now + tonumber(ARGV[2])
 local exp = new_exp(m[2], deadline)
 -- the other keys are about to get a new expiry without having been read: basic passes
@@ -23,4 +23,4 @@ if exp then check_types(KEYS, #KEYS == 4 and 'hzzl' or 'hzz') end
 if exp then expire_at(KEYS, exp) else redis.call('PEXPIREAT', meta, tonumber(m[2])) end
 redis.call('ZADD', dz, 'XX', deadline, id)
 if exp then redis.call('HSET', meta, 'exp', exp) end
-return {1}
+return 1

@@ -1,10 +1,11 @@
--- set_limit: change the recorded limit; wake as many waiters as there are new permits.
+-- set_limit: change the recorded limit; basic: wake as many waiters as there are new
+-- permits; fair and locked: hand the new permits to the head of the queue (grant_heads).
 -- KEYS: basic: 1 meta, 2 holders, 3 waiters, 4 signal;
 --       fair/locked: 1 meta, 2 owners, 3 timeouts, 4 wake-up list prefix.
 -- ARGV: 1 strategy, 2 new limit.  Returns {old limit}.
-local now = clock()
+local now, now_us, now_us_str = clock()
 local meta, strategy, limit = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local m = redis.call('HMGET', meta, 'strategy', 'limit', 'exp')
+local m = redis.call('HMGET', meta, 'strategy', 'limit', 'exp', 'used', 'fence')
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
 local old = tonumber(m[2]) or limit
 if m[1] then
@@ -20,7 +21,9 @@ if limit > old then
     for _ = 1, n do redis.call('LPUSH', KEYS[4], '1') end
     if n > 0 then redis.call('PEXPIRE', KEYS[4], IDLE) end
   else
-    wake_waiters(meta, KEYS[2], KEYS[4], old, limit - 1, nil)
+    local st = {used = tonumber(m[4]) or 0, fence = m[5], now_us = now_us,
+      now_us_str = now_us_str}
+    grant_heads(meta, KEYS[2], KEYS[4], limit, st, nil, 1)
   end
 end
 return {old}

@@ -15,34 +15,75 @@
 
 const char *const redsem__mode_names[4] = {"try", "wait", "again", "last"};
 
-/* Parse the {status, a, b, ...} reply of an acquire script. */
+/* The values of an acquire script's reply, in either of its two shapes: an array of integers
+ * {status, a, b, now us}, or the same integers in one bulk string separated by single spaces
+ * ("1 1700000000123456 4 1700000000123456"). The scripts return the string on their hot
+ * paths: Redis 7.0 converts a Lua table to a reply at several times the cost of a string
+ * (docs/design.md, "What a script costs"). Returns how many values were read (1..4), or 0. */
+static size_t attempt_values(const redisReply *r, long long v[4])
+{
+    size_t n = 0;
+    if (r->type == REDIS_REPLY_ARRAY) {
+        for (; n < r->elements && n < 4; n++)
+            if (!redsem__reply_int(r->element[n], &v[n]))
+                return n == 0 ? 0 : n;
+        return n;
+    }
+    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 96)
+        return 0;
+    const char *p = r->str, *end = r->str + r->len;
+    while (n < 4) {
+        bool neg = p < end && *p == '-';
+        const char *d = p + neg;
+        unsigned long long x = 0;
+        while (d < end && *d >= '0' && *d <= '9' && d - p < 18 + (int)neg)
+            x = x * 10 + (unsigned)(*d++ - '0');
+        if (d == p + neg || (d < end && *d != ' '))
+            return 0; /* no digits, too many, or a stray byte */
+        v[n++] = neg ? -(long long)x : (long long)x;
+        if (d == end)
+            return n;
+        p = d + 1;
+        if (p == end)
+            return 0; /* a trailing space */
+    }
+    return 0; /* more than four values */
+}
+
+/* Parse the reply of an acquire script: {status, a, b, now us} (see attempt_values). */
 int redsem__parse_attempt(redsem_client *c, const redisReply *r, redsem__attempt *att,
                          const char *what)
 {
-    long long st = 0, a = 0, b = 0;
+    long long v[4] = {0, 0, 0, 0};
     memset(att, 0, sizeof *att);
     att->next_ms = -1;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
-        !redsem__reply_int(r->element[0], &st))
+    size_t n = attempt_values(r, v);
+    if (n < 1)
         return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply shape", what);
+    long long st = v[0], a = v[1], b = v[2];
     if (st == REDSEM__ATT_GUARD_BUSY) {
         att->outcome = REDSEM__ATT_GUARD_BUSY;
         return REDSEM_OK;
     }
+    if (st == REDSEM__ATT_WEIGHT || st == REDSEM__ATT_TOO_MANY) {
+        if (n < 2 || a < 1 || a > UINT32_MAX)
+            return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply values", what);
+        att->outcome = (int)st;
+        att->weight = (uint32_t)a;
+        att->limit = (uint32_t)a;
+        return REDSEM_OK;
+    }
     if (st == REDSEM__ATT_TOO_LATE) {
-        if (r->elements < 2 || !redsem__reply_int(r->element[1], &a) || a <= 0)
+        if (n < 2 || a <= 0)
             return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply values", what);
         att->outcome = REDSEM__ATT_TOO_LATE;
         att->server_us = a;
         return REDSEM_OK;
     }
-    if (r->elements < 3 || !redsem__reply_int(r->element[1], &a) ||
-        !redsem__reply_int(r->element[2], &b) || (st != 0 && st != 1) || b < 0 ||
-        b > UINT32_MAX)
+    if (n < 3 || (st != 0 && st != 1) || b < 0 || b > UINT32_MAX)
         return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply values", what);
-    long long now_us = 0;
-    if (r->elements >= 4 && redsem__reply_int(r->element[3], &now_us) && now_us > 0)
-        att->server_us = now_us;
+    if (n >= 4 && v[3] > 0)
+        att->server_us = v[3];
     if (st == 1) {
         att->outcome = REDSEM__ATT_GRANTED;
         att->token = (uint64_t)a;
@@ -69,8 +110,8 @@ static int granted(redsem__attempt *att, const redsem__req_info *info)
 
 static int unknown(redsem_client *c, const char *id, int rc)
 {
-    char detail[sizeof c->ctx.errmsg];
-    memcpy(detail, c->ctx.errmsg, sizeof detail);
+    char detail[REDSEM__ERRMSG_LEN];
+    memcpy(detail, redsem__errbuf(c), sizeof detail);
     return redsem__set_err(c, REDSEM_EUNKNOWN,
                            "%s (%s); the request may have been applied: holder %s may hold a "
                            "permit until its lease expires; acquire again with that id to "
@@ -90,16 +131,16 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
     redsem_client *c = q->client;
     if (rc != REDSEM_ECONN)
         return rc;
-    char saved[sizeof c->ctx.errmsg];
-    memcpy(saved, c->ctx.errmsg, sizeof saved);
+    char saved[REDSEM__ERRMSG_LEN];
+    memcpy(saved, redsem__errbuf(c), sizeof saved);
     redsem__req_info info;
-    int rc2 = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
+    int rc2 = q->attempt(q->handle, id, REDSEM__MODE_LAST, q->weight, att, &info);
     if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
         return granted(att, &info);
     }
     if (rc2 != REDSEM_OK && info.maybe_applied)
         return unknown(c, id, rc2);
-    memcpy(c->ctx.errmsg, saved, sizeof saved);
+    memcpy(redsem__errbuf(c), saved, sizeof saved);
     return rc;
 }
 
@@ -120,7 +161,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
 
     for (;;) {
         redsem__req_info info;
-        int rc = q->attempt(q->handle, id, mode, att, &info);
+        int rc = q->attempt(q->handle, id, mode, q->weight, att, &info);
         if (rc != REDSEM_OK && info.maybe_applied)
             return unknown(c, id, rc);
         if (rc != REDSEM_OK)
@@ -128,6 +169,17 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         if (att->outcome == REDSEM__ATT_GRANTED) {
             return granted(att, &info);
         }
+        if (att->outcome == REDSEM__ATT_WEIGHT)
+            return redsem__set_err(c, REDSEM_EINVAL,
+                                   "holder %s already holds (or waits for) %u permits; this "
+                                   "request wants %u: one holder id is one permit object "
+                                   "(nothing was changed)",
+                                   id, att->weight, q->weight);
+        if (att->outcome == REDSEM__ATT_TOO_MANY)
+            return redsem__set_err(c, REDSEM_EINVAL,
+                                   "%u permits wanted, but the limit on the server is %u "
+                                   "(nothing was taken)",
+                                   q->weight, att->limit);
         if (att->outcome == REDSEM__ATT_TOO_LATE) {
             /* The server ran the request after the time we had given it: our estimate of its
              * clock was off (a clock step, a long idle drift) or it was stalled. The attempt
@@ -152,7 +204,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             if (!registered)
                 return redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
             /* Leave the queue; a permit handed over at the last moment is still taken. */
-            rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, att, &info);
+            rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, q->weight, att, &info);
             if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
                 return granted(att, &info);
             }
@@ -242,11 +294,12 @@ int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, 
     int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
     if (rc != REDSEM_OK)
         return rc;
+    att.weight = q->weight ? q->weight : 1;
     if (c->sync_replicas > 0 && att.replicas_acked < c->sync_replicas) {
         /* Granted on the primary, but not known to the replicas the caller asked for: a
          * failover now could hand the permit to someone else. Give it back. */
-        char why[sizeof c->ctx.errmsg];
-        memcpy(why, c->ctx.errmsg, sizeof why);
+        char why[REDSEM__ERRMSG_LEN];
+        memcpy(why, redsem__errbuf(c), sizeof why);
         redsem_permit tmp = {.kind = kind, .handle = q->handle, .client = c};
         memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
         (void)kind->release(c, q->handle, &tmp);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
@@ -13,12 +14,43 @@
 
 /* ================================================================ errors */
 
+/* A client may be used by many threads at once, so the text of the last error is the calling
+ * thread's, as errno is: each thread keeps the texts of the last few clients it used
+ * (ERR_SLOTS), keyed by the client's serial number (never reused, unlike its address). */
+#define ERR_SLOTS 8
+typedef struct err_slot {
+    uint64_t serial;
+    char text[REDSEM__ERRMSG_LEN];
+} err_slot;
+static _Thread_local err_slot err_slots[ERR_SLOTS];
+static _Thread_local unsigned err_next;
+static atomic_uint_fast64_t client_serials;
+
+static err_slot *err_find(const redsem_client *c)
+{
+    for (unsigned i = 0; i < ERR_SLOTS; i++)
+        if (err_slots[i].serial == c->serial)
+            return &err_slots[i];
+    return NULL;
+}
+
+char *redsem__errbuf(const redsem_client *c)
+{
+    err_slot *e = err_find(c);
+    if (e == NULL) {
+        e = &err_slots[err_next++ % ERR_SLOTS];
+        e->serial = c->serial;
+        e->text[0] = '\0';
+    }
+    return e->text;
+}
+
 int redsem__set_err(redsem_client *c, int code, const char *fmt, ...)
 {
     if (c != NULL) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(c->ctx.errmsg, sizeof c->ctx.errmsg, fmt, ap);
+        vsnprintf(redsem__errbuf(c), REDSEM__ERRMSG_LEN, fmt, ap);
         va_end(ap);
     }
     return code;
@@ -26,12 +58,17 @@ int redsem__set_err(redsem_client *c, int code, const char *fmt, ...)
 
 void redsem__clear_err(redsem_client *c)
 {
-    c->ctx.errmsg[0] = '\0';
+    err_slot *e = err_find(c);
+    if (e != NULL)
+        e->text[0] = '\0';
 }
 
 const char *redsem_client_errmsg(const redsem_client *c)
 {
-    return c ? c->ctx.errmsg : "";
+    if (c == NULL)
+        return "";
+    const err_slot *e = err_find(c);
+    return e != NULL ? e->text : "";
 }
 
 int redsem__check_owner(redsem_client *c)
@@ -64,44 +101,536 @@ int redsem__refresh_synced(redsem_client *c, const redsem__req_info *info)
                            (long long)c->sync_timeout_ms);
 }
 
+/* ================================================================ the pool */
+
+/* A lane is borrowed for one routed call and given back. Request lanes: at most
+ * max_connections, made on demand, a thread finding them all busy waits for one within the
+ * command timeout (nothing was sent: a plain REDSEM_ETIMEDOUT). Wait lanes (BLPOP): as many as
+ * threads wait at once, kept for reuse, so that a blocked waiter never holds a connection
+ * that requests need. A new lane connects on its first request (node.c), with the usual
+ * retries. */
+static int lane_new(redsem_client *c, bool for_wait, redsem__lane **ret)
+{
+    redsem__lane *l = redsem__calloc(1, sizeof *l);
+    if (l == NULL)
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    char err[512] = "";
+    int rc = redsem__topo_init(&l->topo, &l->ctx, &c->ep, &c->cfg, err, sizeof err);
+    if (rc != REDSEM_OK) {
+        redsem__topo_close(&l->topo);
+        redsem__free(l);
+        return redsem__set_err(c, rc, "%s", err);
+    }
+    l->for_wait = for_wait;
+    if (l->topo.kind != REDSEM__TOPO_CLUSTER)
+        l->topo.single.clock = &c->clock; /* one server: one clock for every lane */
+    pthread_mutex_lock(&c->pool_mu);
+    l->epoch = c->fault_epoch;
+    if (c->nlanes == c->lanes_cap) {
+        size_t cap = c->lanes_cap ? c->lanes_cap * 2 : 8;
+        redsem__lane **v = redsem__realloc(c->lanes, cap * sizeof *v);
+        if (v == NULL) {
+            pthread_mutex_unlock(&c->pool_mu);
+            redsem__topo_close(&l->topo);
+            redsem__free(l);
+            return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+        }
+        c->lanes = v;
+        c->lanes_cap = cap;
+    }
+    c->lanes[c->nlanes++] = l;
+    pthread_mutex_unlock(&c->pool_mu);
+    *ret = l;
+    return REDSEM_OK;
+}
+
+/* A thread waiting for a request lane, in the pool's FIFO queue. A lane given back goes to
+ * the first waiter (handed over in ->lane); while the head may make a lane, it is told to
+ * (->make). A waiter with a script call (->item) may instead be served by a thread that
+ * holds a lane and takes it into its batch (->taken, then ->done). */
+typedef struct pool_waiter {
+    struct pool_waiter *next;
+    pthread_cond_t cv;
+    redsem__batch_item *item; /* NULL: wants a lane for itself */
+    redsem__lane *lane;
+    int64_t since; /* when it started waiting */
+    bool make, taken, done;
+} pool_waiter;
+
+/* The deadline cap of a call that waited for a connection since `since` (0: it did not): a
+ * call's wait for a connection and its round trip share one command timeout, so that a
+ * call sent at its caller's deadline (an acquire's last attempt) ends one command timeout
+ * after it, stalled server or not. */
+static int64_t cap_after_wait(const redsem_client *c, int64_t since)
+{
+    int64_t cap = c->deadline_cap_ns;
+    if (since != 0) {
+        int64_t end = since + c->command_timeout_ms * REDSEM__NS_PER_MS;
+        if (cap == 0 || end < cap)
+            cap = end;
+    }
+    return cap;
+}
+
+static void queue_push(redsem_client *c, pool_waiter *w)
+{
+    w->next = NULL;
+    if (c->queue_tail != NULL)
+        c->queue_tail->next = w;
+    else
+        c->queue_head = w;
+    c->queue_tail = w;
+}
+
+static bool queue_remove(redsem_client *c, pool_waiter *w)
+{
+    for (pool_waiter **p = &c->queue_head, *prev = NULL; *p != NULL; prev = *p, p = &(*p)->next)
+        if (*p == w) {
+            *p = w->next;
+            if (c->queue_tail == w)
+                c->queue_tail = prev;
+            return true;
+        }
+    return false;
+}
+
+/* Under pool_mu: claim an idle request lane (*ret), or the right to make one (*make). */
+static bool lane_claim(redsem_client *c, redsem__lane **ret, bool *make, bool *stale)
+{
+    *make = *stale = false;
+    redsem__lane *l = c->idle_req;
+    if (l != NULL) {
+        c->idle_req = l->next_idle;
+        *stale = l->epoch != c->fault_epoch;
+        l->epoch = c->fault_epoch;
+        *ret = l;
+        return true;
+    }
+    if (c->nreq < c->max_connections) {
+        c->nreq++;
+        *make = true;
+        return true;
+    }
+    return false;
+}
+
+/* Under pool_mu, nothing claimable: queue w and wait until it is handed a lane, told to make
+ * one, or (a script call) served; w is then out of the queue. REDSEM_ETIMEDOUT if nothing
+ * came within the command timeout and no thread had taken w into a batch. */
+static int queue_wait(redsem_client *c, pool_waiter *w)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    c->pool_waits++;
+    w->since = redsem__now_ns();
+    queue_push(c, w);
+    int64_t dl = redsem__deadline_after_ms(c->command_timeout_ms);
+    if (c->deadline_cap_ns && c->deadline_cap_ns < dl)
+        dl = c->deadline_cap_ns;
+    struct timespec until = {(time_t)(dl / 1000000000), (long)(dl % 1000000000)};
+    int rc = REDSEM_OK;
+    while (w->lane == NULL && !w->make && !w->done) {
+        if (w->taken) {
+            /* in a batch: its round trip has its own deadline */
+            pthread_cond_wait(&w->cv, &c->pool_mu);
+            continue;
+        }
+        if (pthread_cond_timedwait(&w->cv, &c->pool_mu, &until) == ETIMEDOUT &&
+            w->lane == NULL && !w->make && !w->done && !w->taken) {
+            queue_remove(c, w);
+            rc = REDSEM_ETIMEDOUT;
+            break;
+        }
+    }
+    pthread_cond_destroy(&w->cv);
+    return rc;
+}
+
+static int busy_error(redsem_client *c)
+{
+    return redsem__set_err(c, REDSEM_ETIMEDOUT,
+                           "all %d connections of the client were busy with other threads' "
+                           "requests for the command timeout (%lld ms); nothing was sent",
+                           c->max_connections, (long long)c->command_timeout_ms);
+}
+
+/* Make the lane a claim allowed, or give the right back to the next waiter. */
+static int lane_make(redsem_client *c, redsem__lane **ret)
+{
+    int rc = lane_new(c, false, ret);
+    if (rc != REDSEM_OK) {
+        pthread_mutex_lock(&c->pool_mu);
+        c->nreq--;
+        if (c->queue_head != NULL && c->nreq < c->max_connections) {
+            pool_waiter *h = c->queue_head;
+            queue_remove(c, h);
+            c->nreq++;
+            h->make = true;
+            pthread_cond_signal(&h->cv);
+        }
+        pthread_mutex_unlock(&c->pool_mu);
+    }
+    return rc;
+}
+
+int redsem__lane_get(redsem_client *c, bool for_wait, redsem__lane **ret)
+{
+    if (for_wait) {
+        /* wait lanes: one per acquire waiting now, made as needed, kept */
+        pthread_mutex_lock(&c->pool_mu);
+        redsem__lane *l = c->idle_wait;
+        bool stale = false;
+        if (l != NULL) {
+            c->idle_wait = l->next_idle;
+            stale = l->epoch != c->fault_epoch;
+            l->epoch = c->fault_epoch;
+        }
+        pthread_mutex_unlock(&c->pool_mu);
+        if (l == NULL) {
+            int rc = lane_new(c, true, ret);
+            if (rc == REDSEM_OK)
+                (*ret)->queued_since = 0;
+            return rc;
+        }
+        if (stale)
+            redsem__topo_disconnect(&l->topo);
+        l->queued_since = 0;
+        *ret = l;
+        return REDSEM_OK;
+    }
+    pthread_mutex_lock(&c->pool_mu);
+    bool make = false, stale = false;
+    int64_t since = 0;
+    *ret = NULL;
+    if (!lane_claim(c, ret, &make, &stale)) {
+        pool_waiter w = {.item = NULL};
+        int rc = queue_wait(c, &w);
+        if (rc == REDSEM_OK && w.lane != NULL) {
+            stale = w.lane->epoch != c->fault_epoch;
+            w.lane->epoch = c->fault_epoch;
+        }
+        pthread_mutex_unlock(&c->pool_mu);
+        if (rc != REDSEM_OK)
+            return busy_error(c);
+        *ret = w.lane;
+        make = w.make;
+        since = w.since;
+    } else {
+        pthread_mutex_unlock(&c->pool_mu);
+    }
+    if (make) {
+        int rc = lane_make(c, ret);
+        if (rc != REDSEM_OK)
+            return rc;
+    } else if (stale) {
+        redsem__topo_disconnect(&(*ret)->topo);
+    }
+    (*ret)->queued_since = since;
+    return REDSEM_OK;
+}
+
+/* A call that lost its connection (a server restart, CLIENT KILL, an idle timeout) marks
+ * every other idle connection of the pool as suspect: each is closed and opened anew when it
+ * is next borrowed, instead of failing that call too (with a retry window of 0, or an
+ * acquire's "maybe applied"). A request lane given back goes to the first queued thread. */
+void redsem__lane_put(redsem_client *c, redsem__lane *l, int rc)
+{
+    pthread_mutex_lock(&c->pool_mu);
+    if (rc == REDSEM_ECONN || rc == REDSEM_EUNKNOWN)
+        l->epoch = ++c->fault_epoch;
+    if (!l->for_wait && c->queue_head != NULL) {
+        pool_waiter *h = c->queue_head;
+        queue_remove(c, h);
+        h->lane = l;
+        pthread_cond_signal(&h->cv);
+    } else {
+        redsem__lane **idle = l->for_wait ? &c->idle_wait : &c->idle_req;
+        l->next_idle = *idle;
+        *idle = l;
+    }
+    pthread_mutex_unlock(&c->pool_mu);
+}
+
+/* The thread's error text goes down into the lane for the call (the node layer writes its
+ * own there) and comes back up after it. */
+void redsem__text_copy(char *dst, const char *src)
+{
+    size_t n = strnlen(src, REDSEM__ERRMSG_LEN - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static int lane_begin(redsem_client *c, bool for_wait, redsem__lane **ret)
+{
+    int rc = redsem__lane_get(c, for_wait, ret);
+    if (rc != REDSEM_OK)
+        return rc;
+    redsem__text_copy((*ret)->ctx.errmsg, redsem__errbuf(c));
+    (*ret)->ctx.deadline_cap_ns = cap_after_wait(c, (*ret)->queued_since);
+    return REDSEM_OK;
+}
+
+static void lane_end(redsem_client *c, redsem__lane *l, int rc)
+{
+    redsem__text_copy(redsem__errbuf(c), l->ctx.errmsg);
+    redsem__lane_put(c, l, rc);
+}
+
 /* ================================================================ routed calls */
 
-static redsem__node *node_for(redsem_client *c, const char *key, size_t len)
+/* One routed call on a borrowed lane: run call on the node serving key (topo/topo.h). */
+int redsem__routed(redsem_client *c, bool for_wait, const char *key, size_t len, int flags,
+                   redsem__req_info *info, redsem__node_call call, void *arg)
 {
-    return redsem__topo_node(&c->topo, key, len);
+    redsem__lane *l;
+    int rc = lane_begin(c, for_wait, &l);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__topo_route(&l->topo, key, len, flags, info, call, arg);
+    lane_end(c, l, rc);
+    return rc;
+}
+
+/* The three routed requests as redsem__node_call, for redsem__topo_route. */
+typedef struct request_call {
+    const redsem__args *a;
+    int flags;
+    int64_t deadline_ns;
+    redisReply **ret_reply;
+    redsem__req_info *info;
+} request_call;
+
+static int call_request(redsem__node *n, void *arg)
+{
+    request_call *q = arg;
+    return redsem__node_request(n, q->a, q->flags, q->deadline_ns, q->ret_reply, q->info);
+}
+
+typedef struct eval_call {
+    int script, nkeys;
+    const redsem__args *ka;
+    int flags;
+    redsem__req_info *info;
+    redisReply **ret_reply;
+} eval_call;
+
+static int call_eval(redsem__node *n, void *arg)
+{
+    eval_call *q = arg;
+    return redsem__node_eval(n, q->script, q->nkeys, q->ka, q->flags, q->info, q->ret_reply);
+}
+
+typedef struct blpop_call {
+    const char *key;
+    size_t keylen;
+    int64_t wait_ms, hard_deadline_ns;
+    bool *signaled;
+} blpop_call;
+
+static int call_blpop(redsem__node *n, void *arg)
+{
+    blpop_call *q = arg;
+    return redsem__node_blpop(n, q->key, q->keylen, q->wait_ms, q->hard_deadline_ns, q->signaled);
 }
 
 int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t deadline_ns,
                     redisReply **ret_reply, redsem__req_info *info)
 {
     /* the calls sent this way (PING) name no key */
-    return redsem__node_request(node_for(c, NULL, 0), a, flags, deadline_ns, ret_reply, info);
+    request_call q = {a, flags, deadline_ns, ret_reply, info};
+    return redsem__routed(c, false, NULL, 0, flags, info, call_request, &q);
+}
+
+/* A script call of a client with one server (not a cluster), no WAIT: sent with the calls
+ * of other threads waiting for a connection, in one write and one round trip (pipelined).
+ * The thread that gets a request lane leads: it takes up to REDSEM__BATCH_MAX - 1 queued
+ * script calls along, runs them with its own (redsem__node_eval_batch), wakes their threads
+ * and hands the lane on. A queued call is either handed a lane of its own, or taken into a
+ * batch and done when woken. */
+static int eval_batched(redsem_client *c, redsem__batch_item *mine)
+{
+    pthread_mutex_lock(&c->pool_mu);
+    redsem__lane *l = NULL;
+    bool make = false, stale = false;
+    int64_t since = 0; /* the earliest wait for a connection among the batch's calls */
+    if (!lane_claim(c, &l, &make, &stale)) {
+        pool_waiter w = {.item = mine};
+        int rc = queue_wait(c, &w);
+        if (rc != REDSEM_OK || w.done) {
+            pthread_mutex_unlock(&c->pool_mu);
+            return rc != REDSEM_OK ? busy_error(c) : mine->rc;
+        }
+        l = w.lane;
+        make = w.make;
+        since = w.since;
+        stale = l != NULL && l->epoch != c->fault_epoch;
+        if (l != NULL)
+            l->epoch = c->fault_epoch;
+    }
+    pthread_mutex_unlock(&c->pool_mu);
+    if (make && (mine->rc = lane_make(c, &l)) != REDSEM_OK)
+        return mine->rc;
+    if (stale)
+        redsem__topo_disconnect(&l->topo);
+    /* lead: take queued script calls along */
+    pool_waiter *taken[REDSEM__BATCH_MAX];
+    redsem__batch_item items[REDSEM__BATCH_MAX];
+    int k = 0;
+    items[0] = *mine;
+    pthread_mutex_lock(&c->pool_mu);
+    for (pool_waiter *w = c->queue_head, *next; w != NULL && k + 1 < REDSEM__BATCH_MAX;
+         w = next) {
+        next = w->next;
+        if (w->item == NULL)
+            continue;
+        queue_remove(c, w);
+        w->taken = true;
+        taken[k++] = w;
+        items[k] = *w->item;
+        if (since == 0 || w->since < since)
+            since = w->since;
+    }
+    pthread_mutex_unlock(&c->pool_mu);
+    l->ctx.deadline_cap_ns = cap_after_wait(c, since);
+    redsem__node_eval_batch(redsem__topo_node(&l->topo, NULL, 0), items, k + 1);
+    *mine = items[0];
+    int worst = mine->rc;
+    pthread_mutex_lock(&c->pool_mu);
+    for (int i = 0; i < k; i++) {
+        *taken[i]->item = items[i + 1];
+        if (items[i + 1].rc == REDSEM_ECONN)
+            worst = REDSEM_ECONN;
+        taken[i]->done = true;
+        pthread_cond_signal(&taken[i]->cv);
+    }
+    pthread_mutex_unlock(&c->pool_mu);
+    redsem__lane_put(c, l, worst);
+    return mine->rc;
 }
 
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka, int flags,
                  redsem__req_info *info, redisReply **ret_reply)
 {
+    if (c->ep.kind != REDSEM__EP_CLUSTER &&
+        !((flags & REDSEM__REQ_SYNC) && c->sync_replicas > 0)) {
+        redsem__batch_item it = {script, nkeys, ka, flags, info, ret_reply,
+                                 redsem__errbuf(c), REDSEM_OK};
+        return eval_batched(c, &it);
+    }
     /* every key of one call shares a hash tag: the first one routes it */
-    redsem__node *n = nkeys > 0 ? node_for(c, ka->v[0], ka->len[0]) : node_for(c, NULL, 0);
-    return redsem__node_eval(n, script, nkeys, ka, flags, info, ret_reply);
+    eval_call q = {script, nkeys, ka, flags, info, ret_reply};
+    return redsem__routed(c, false, nkeys > 0 ? ka->v[0] : NULL, nkeys > 0 ? ka->len[0] : 0, flags,
+                          info, call_eval, &q);
 }
 
-int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
-                  int64_t hard_deadline_ns, bool *signaled)
+void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k)
 {
-    return redsem__node_blpop(node_for(c, key, keylen), key, keylen, wait_ms, hard_deadline_ns,
-                              signaled);
+    char *mine = redsem__errbuf(c);
+    if (c->ep.kind == REDSEM__EP_CLUSTER || k == 1) {
+        for (int i = 0; i < k; i++) {
+            redsem__batch_item *it = &items[i];
+            redsem__text_copy(mine, it->errmsg);
+            it->rc = redsem__eval(c, it->script, it->nkeys, it->ka, it->flags, it->info,
+                                  it->ret_reply);
+            redsem__text_copy(it->errmsg, mine);
+        }
+        return;
+    }
+    redsem__lane *l;
+    int rc = redsem__lane_get(c, false, &l);
+    if (rc != REDSEM_OK) {
+        for (int i = 0; i < k; i++) {
+            items[i].rc = rc;
+            redsem__text_copy(items[i].errmsg, mine);
+            if (items[i].info != NULL)
+                *items[i].info = (redsem__req_info){false, 0, 0, -1};
+        }
+        return;
+    }
+    l->ctx.deadline_cap_ns = cap_after_wait(c, l->queued_since);
+    redsem__node_eval_batch(redsem__topo_node(&l->topo, NULL, 0), items, k);
+    int worst = REDSEM_OK;
+    for (int i = 0; i < k; i++)
+        if (items[i].rc == REDSEM_ECONN)
+            worst = REDSEM_ECONN;
+    redsem__lane_put(c, l, worst);
+}
+
+int redsem__eval_status(redsem_client *c, int script, int nkeys, const redsem__args *ka,
+                        int flags, redsem__req_info *info, const char *what, long long *status)
+{
+    redisReply *r = NULL;
+    int rc = redsem__eval(c, script, nkeys, ka, flags, info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__reply_status(c, r, what, status);
+    freeReplyObject(r);
+    return rc;
+}
+
+int redsem__blpop_alone(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
+                        int64_t hard_deadline_ns, bool *signaled)
+{
+    /* a wait cut by a redirection waits on the slot's new owner, within the same deadline */
+    blpop_call q = {key, keylen, wait_ms, hard_deadline_ns, signaled};
+    return redsem__routed(c, true, key, keylen, REDSEM__REQ_RETRY, NULL, call_blpop, &q);
+}
+
+/* What the object layer asks of the node serving a key, outside a request: on a borrowed
+ * request lane (every lane's node measures the same server's clock). */
+typedef struct node_query {
+    int what; /* 0 served by, 1 not after, 2 note server clock */
+    char *buf;
+    size_t len;
+    int64_t server_us, recv_ns, result;
+} node_query;
+
+static void query_node(redsem_client *c, const char *key, node_query *q)
+{
+    redsem__lane *l;
+    if (lane_begin(c, false, &l) != REDSEM_OK)
+        return; /* nothing known */
+    redsem__node *n = redsem__topo_node(&l->topo, key, key != NULL ? strlen(key) : 0);
+    if (q->what == 1)
+        q->result = n != NULL ? redsem__node_not_after_us(n) : 0;
+    else if (q->what == 2 && n != NULL)
+        redsem__node_note_server_clock(n, q->server_us, q->recv_ns);
+    else if (q->what == 0 && n != NULL && n->ep.kind == REDSEM__EP_UNIX && n->ep.path != NULL)
+        snprintf(q->buf, q->len, "%s", n->ep.path);
+    else if (q->what == 0 && n != NULL && n->ep.kind == REDSEM__EP_TCP && n->ep.host != NULL)
+        snprintf(q->buf, q->len, strchr(n->ep.host, ':') ? "[%s]:%d" : "%s:%d", n->ep.host,
+                 n->ep.port);
+    lane_end(c, l, REDSEM_OK);
+}
+
+void redsem__served_by(redsem_client *c, const char *key, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", ""); /* not known (a Sentinel primary not resolved yet) */
+    node_query q = {.what = 0, .buf = buf, .len = len};
+    query_node(c, key, &q);
 }
 
 int64_t redsem__not_after_us(redsem_client *c, const char *key)
 {
-    return redsem__node_not_after_us(node_for(c, key, strlen(key)));
+    if (c->ep.kind != REDSEM__EP_CLUSTER)
+        return redsem__clock_not_after_us(&c->clock, c->command_timeout_ms);
+    node_query q = {.what = 1};
+    query_node(c, key, &q);
+    return q.result;
 }
 
 void redsem__note_server_clock(redsem_client *c, const char *key, int64_t server_us,
                                int64_t recv_ns)
 {
-    redsem__node_note_server_clock(node_for(c, key, strlen(key)), server_us, recv_ns);
+    if (c->ep.kind != REDSEM__EP_CLUSTER) {
+        redsem__clock_note(&c->clock, server_us, recv_ns);
+        return;
+    }
+    node_query q = {.what = 2, .server_us = server_us, .recv_ns = recv_ns};
+    query_node(c, key, &q);
 }
 
 /* ================================================================ client */
@@ -137,6 +666,11 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
         return REDSEM_ENOMEM;
     }
     c->pid = getpid();
+    c->serial = atomic_fetch_add(&client_serials, 1) + 1;
+    redsem__clock_init(&c->clock);
+    pthread_mutex_init(&c->pool_mu, NULL);
+    pthread_mutex_init(&c->renew_mu, NULL);
+    pthread_mutex_init(&c->wake_mu, NULL);
     c->connect_timeout_ms = o->connect_timeout_ms;
     c->command_timeout_ms = o->command_timeout_ms;
     c->retry_ms = o->retry_ms;
@@ -148,6 +682,11 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
         return REDSEM_ENOMEM;
     }
     c->prefix_len = strlen(c->prefix);
+    if (redsem__wake_init(c) != REDSEM_OK) {
+        redsem_client_free(c);
+        snprintf(err, errlen, "out of memory");
+        return REDSEM_ENOMEM;
+    }
     if (o->sync_replicas > 0 && o->sync_timeout_ms >= o->command_timeout_ms) {
         snprintf(err, errlen, "the replica sync timeout (%lld ms) must be shorter than the "
                  "command timeout (%lld ms)", (long long)o->sync_timeout_ms,
@@ -157,15 +696,23 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     }
     c->sync_replicas = o->sync_replicas;
     c->sync_timeout_ms = o->sync_timeout_ms;
-    redsem__node_cfg cfg = {c->connect_timeout_ms, c->command_timeout_ms, c->retry_ms, &c->tls,
-                            c->sync_replicas, c->sync_timeout_ms};
-    int rc = redsem__topo_init(&c->topo, &c->ctx, &c->ep, &cfg, err, errlen);
+    c->max_connections = o->max_connections;
+    c->cfg = (redsem__node_cfg){c->connect_timeout_ms, c->command_timeout_ms, c->retry_ms,
+                                &c->tls, c->sync_replicas, c->sync_timeout_ms};
+    /* the first request lane, connected now: client creation fails early and clearly */
+    c->nreq = 1;
+    redsem__lane *l = NULL;
+    int rc = lane_new(c, false, &l);
     if (rc == REDSEM_OK)
-        rc = redsem__topo_connect(&c->topo, err, errlen);
+        rc = redsem__topo_connect(&l->topo, err, errlen);
+    else
+        snprintf(err, errlen, "%s", redsem__errbuf(c));
     if (rc != REDSEM_OK) {
         redsem_client_free(c);
         return rc;
     }
+    l->next_idle = NULL;
+    c->idle_req = l;
     *ret = c;
     return REDSEM_OK;
 }
@@ -222,6 +769,7 @@ int redsem__client_options(const redsem_client *c, redsem_options **ret)
     o->retry_ms = c->retry_ms;
     o->sync_replicas = c->sync_replicas;
     o->sync_timeout_ms = c->sync_timeout_ms;
+    o->max_connections = c->max_connections;
     o->prefix = redsem__strdup(c->prefix);
     if (o->prefix == NULL || redsem__endpoint_copy(&o->ep, &c->ep) != REDSEM_OK ||
         redsem__tls_opts_copy(&o->tls, &c->tls) != REDSEM_OK) {
@@ -238,11 +786,41 @@ void redsem_client_free(redsem_client *c)
         return;
     if (c->renewer != NULL)
         c->renew_ops->stop(c);
-    redsem__topo_close(&c->topo);
+    for (size_t i = 0; i < c->nlanes; i++) {
+        redsem__topo_close(&c->lanes[i]->topo);
+        redsem__free(c->lanes[i]);
+    }
+    redsem__free(c->lanes);
+    if (c->pid == getpid()) {
+        /* in a forked child another thread of the parent may have held them: leave them */
+        pthread_mutex_destroy(&c->pool_mu);
+        pthread_mutex_destroy(&c->renew_mu);
+        pthread_mutex_destroy(&c->wake_mu);
+    }
     redsem__endpoint_clear(&c->ep);
     redsem__tls_opts_clear(&c->tls);
+    redsem__free(c->wake_ctl);
     redsem__free(c->prefix);
     redsem__free(c);
+}
+
+/* PING on a borrowed lane, its error reply classified by the node that sent it. */
+static int call_ping(redsem__node *n, void *arg)
+{
+    (void)arg;
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, "PING");
+    redisReply *r = NULL;
+    int rc = redsem__node_request(n, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = redsem__node_error_reply(n, r, "PING");
+    else if (r->type != REDIS_REPLY_STATUS)
+        rc = redsem__ctx_err(n->ctx, REDSEM_EPROTO, "PING: unexpected reply");
+    freeReplyObject(r);
+    return rc;
 }
 
 int redsem_client_ping(redsem_client *c)
@@ -252,25 +830,30 @@ int redsem_client_ping(redsem_client *c)
     int rc = redsem__check_owner(c);
     if (rc != REDSEM_OK)
         return rc;
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, "PING");
-    redisReply *r = NULL;
-    rc = redsem__request(c, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
-    if (rc != REDSEM_OK)
-        return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = redsem__node_error_reply(node_for(c, NULL, 0), r, "PING");
-    else if (r->type != REDIS_REPLY_STATUS)
-        rc = redsem__set_err(c, REDSEM_EPROTO, "PING: unexpected reply");
-    freeReplyObject(r);
-    return rc;
+    return redsem__routed(c, false, NULL, 0, REDSEM__REQ_RETRY, NULL, call_ping, NULL);
 }
 
 int redsem_client_get_stats(const redsem_client *c, redsem_client_stats *ret_stats)
 {
     if (c == NULL || ret_stats == NULL)
         return REDSEM_EINVAL;
-    *ret_stats = c->ctx.stats;
+    memset(ret_stats, 0, sizeof *ret_stats);
+    redsem_client *m = (redsem_client *)c; /* the pool's lock only */
+    pthread_mutex_lock(&m->pool_mu);
+    for (size_t i = 0; i < c->nlanes; i++) {
+        const redsem_client_stats *s = &c->lanes[i]->ctx.stats;
+#define SUM(f) ret_stats->f += __atomic_load_n(&s->f, __ATOMIC_RELAXED)
+        SUM(requests);
+        SUM(connects);
+        SUM(script_loads);
+        SUM(noscript);
+        SUM(retries);
+        SUM(wakeups);
+        SUM(redirects);
+        SUM(pipelined);
+#undef SUM
+    }
+    ret_stats->pool_waits = c->pool_waits;
+    pthread_mutex_unlock(&m->pool_mu);
     return REDSEM_OK;
 }

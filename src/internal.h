@@ -17,8 +17,28 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
                     struct redisReply **ret_reply, redsem__req_info *info);
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *keys_and_args,
                  int flags, redsem__req_info *info, struct redisReply **ret_reply);
+/* redsem__eval of a script whose reply is {status, ...}: *status is its first element (the
+ * reply is freed). REDSEM_OK, the eval's code, or REDSEM_EPROTO ("what: unexpected reply"). */
+int redsem__eval_status(redsem_client *c, int script, int nkeys,
+                        const redsem__args *keys_and_args, int flags, redsem__req_info *info,
+                        const char *what, long long *status);
+/* k (1..REDSEM__BATCH_MAX) script calls of the calling thread at once: in one write and one
+ * round trip when the client has one server (not a cluster), else one after another. Each
+ * item's errmsg must be a buffer of its own (REDSEM__ERRMSG_LEN bytes), its text given. */
+void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k);
+/* Wait up to wait_ms (our clock: never past hard_deadline_ns) for an element on the list key,
+ * popping it: REDSEM_OK with *signaled, or a fault. One server: through the client's shared
+ * wait (wake.c), one BLPOP for every thread waiting; a cluster: alone, on a wait lane. */
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                   int64_t hard_deadline_ns, bool *signaled);
+/* The same on a wait lane of its own, routed to the node serving key (client.c). */
+int redsem__blpop_alone(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
+                        int64_t hard_deadline_ns, bool *signaled);
+/* One call on a borrowed lane (request or wait), run on the node serving key. */
+int redsem__routed(redsem_client *c, bool for_wait, const char *key, size_t len, int flags,
+                   redsem__req_info *info, redsem__node_call call, void *arg);
+/* The address of the node serving key now ("host:port" or a socket path; "" if not known). */
+void redsem__served_by(redsem_client *c, const char *key, char *buf, size_t len);
 /* The not-after time for an acquire on key (node.h), and a server clock seen in its reply. */
 int64_t redsem__not_after_us(redsem_client *c, const char *key);
 void redsem__note_server_clock(redsem_client *c, const char *key, int64_t server_us,
@@ -44,6 +64,7 @@ struct redsem_options {
     int64_t retry_ms;
     int sync_replicas;       /* 0: no WAIT */
     int64_t sync_timeout_ms;
+    int max_connections; /* request connections per server */
     char *prefix;
 };
 
@@ -58,9 +79,19 @@ typedef struct redsem__renew_ops {
 } redsem__renew_ops;
 
 
-struct redsem_client {
-    redsem__ctx ctx; /* errors, counters, deadline cap: shared with every node */
+/* One set of connections of a client: a topology (its nodes, each with one connection) and
+ * the context its layers share. Used by one thread at a time, borrowed from the client's pool
+ * for one routed call (client.c). */
+typedef struct redsem__lane {
+    redsem__ctx ctx;
     redsem__topo topo;
+    struct redsem__lane *next_idle;
+    bool for_wait;  /* a wait lane (BLPOP), not a request lane */
+    uint64_t epoch; /* the pool's fault epoch its connections have seen (client.c) */
+    int64_t queued_since; /* the borrower waited for it since then (0: it did not) */
+} redsem__lane;
+
+struct redsem_client {
     /* the settings it was made with (the renewer's own client copies them) */
     redsem__endpoint ep;
     redsem__tls_opts tls;
@@ -69,12 +100,54 @@ struct redsem_client {
     int64_t retry_ms;
     int sync_replicas; /* > 0: grants and refreshes must reach this many replicas (WAIT) */
     int64_t sync_timeout_ms;
+    int max_connections; /* request lanes at most */
+    redsem__node_cfg cfg;
+    redsem__clock clock; /* the server's, shared by the lanes (not in a cluster) */
     char *prefix;
     size_t prefix_len;
     pid_t pid; /* owner process */
-    redsem__renewer *renewer; /* NULL unless automatic renewal was enabled */
+    uint64_t serial; /* unique in the process: keys the per-thread error texts (client.c) */
+    /* The pool (client.c): every lane made (freed with the client), the idle ones of each
+     * kind (LIFO, so one thread keeps reusing one connection), request lanes made or being
+     * made. */
+    pthread_mutex_t pool_mu;
+    redsem__lane **lanes;
+    size_t nlanes, lanes_cap;
+    redsem__lane *idle_req, *idle_wait;
+    int nreq;
+    struct pool_waiter *queue_head, *queue_tail; /* threads waiting for a request lane */
+    uint64_t fault_epoch; /* bumped by a call that lost its connection */
+    uint64_t pool_waits;
+    /* Set only on a client one thread uses (the renewer's): no request of it outlives this. */
+    int64_t deadline_cap_ns;
+    pthread_mutex_t renew_mu; /* serialises starting the renewer */
+    /* The shared wait (wake.c): the threads waiting for a wake-up, one of which (the
+     * leader) runs one BLPOP on all their lists and the control list wake_ctl. */
+    pthread_mutex_t wake_mu;
+    struct redsem__waiter *waiters;
+    bool wake_leading; /* a leader exists */
+    bool wake_blocked; /* the leader is inside its BLPOP */
+    bool wake_poked;   /* wake_ctl was pushed since that BLPOP started */
+    int64_t wake_until, wake_hard; /* that BLPOP's timeout and hard deadline */
+    char *wake_ctl;
+    redsem__renewer *renewer; /* NULL unless automatic renewal was enabled (atomic access) */
     const redsem__renew_ops *renew_ops; /* set with renewer */
 };
+
+/* Borrow a lane (request or wait) of c's pool, and give it back; rc: the call's outcome
+ * (a lost connection makes the pool's other connections suspect). client.c. */
+int redsem__lane_get(redsem_client *c, bool for_wait, redsem__lane **ret);
+void redsem__lane_put(redsem_client *c, redsem__lane *l, int rc);
+/* Copy an error text (REDSEM__ERRMSG_LEN bytes at most). */
+void redsem__text_copy(char *dst, const char *src);
+/* wake.c: set up c's shared wait (its control list's name). REDSEM_OK or REDSEM_ENOMEM. */
+int redsem__wake_init(redsem_client *c);
+
+/* The calling thread's error text for c: a buffer of REDSEM__ERRMSG_LEN bytes that the
+ * thread's next call on c may overwrite (client.c). */
+char *redsem__errbuf(const redsem_client *c);
+/* The renewer of c, or NULL (an atomic read: another thread may be starting it). */
+redsem__renewer *redsem__renewer_of(const redsem_client *c);
 
 /* Open a client (used for the caller's client and for the renewer's own connection). */
 int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err, size_t errlen);
@@ -90,9 +163,13 @@ char *redsem__key(const redsem_client *c, const char *name, const char *suffix);
  * never call up into sem.c or lock.c. */
 typedef struct redsem__kind {
     const char *name; /* "sem" or "lock": holder.lua's argument */
-    /* Server-side refresh / release of one permit through client c (the renewer passes its
-     * own client), without touching renewal. */
-    int (*refresh)(redsem_client *c, void *handle, redsem_permit *p, int64_t *sent_ns);
+    /* The refresh of permit p: its script call (keys, then arguments, into a: the script's
+     * id is returned, its key count in *nkeys); and, when the script said p is no longer
+     * held, the REDSEM_ELOST message (set on c). Run by permit.c, one at a time or several
+     * in one round trip (the renewer). */
+    int (*refresh_call)(void *handle, const redsem_permit *p, redsem__args *a, int *nkeys);
+    int (*refresh_lost)(redsem_client *c, void *handle, const redsem_permit *p);
+    /* Server-side release of one permit through client c, without touching renewal. */
     int (*release)(redsem_client *c, void *handle, redsem_permit *p);
 } redsem__kind;
 
@@ -108,7 +185,9 @@ enum {
     REDSEM__ATT_GRANTED = 1,
     REDSEM__ATT_BUSY = 0,
     REDSEM__ATT_GUARD_BUSY = -2,
-    REDSEM__ATT_TOO_LATE = -3 /* the server ran it after its not-after time: nothing done */
+    REDSEM__ATT_TOO_LATE = -3, /* the server ran it after its not-after time: nothing done */
+    REDSEM__ATT_WEIGHT = -4,   /* the id holds or waits for another weight (in .weight) */
+    REDSEM__ATT_TOO_MANY = -5  /* the weight exceeds the limit (in .limit) */
 };
 
 typedef struct redsem__attempt {
@@ -120,6 +199,7 @@ typedef struct redsem__attempt {
     int64_t sent_ns;   /* granted: when the granting request was sent */
     int replicas_acked; /* granted with sync_replicas: replicas that acknowledged; else -1 */
     int64_t server_us; /* the server's clock when it ran the script (0 if not reported) */
+    uint32_t weight;   /* granted: permits taken (0 = 1); REDSEM__ATT_WEIGHT: held */
 } redsem__attempt;
 
 /* What the generic waiting loop needs from a semaphore strategy or the lock. */
@@ -127,11 +207,12 @@ typedef struct redsem__acquirer {
     redsem_client *client;
     void *handle;
     /* One attempt; returns REDSEM_OK with *att filled, or a code (with info->maybe_applied). */
-    int (*attempt)(void *handle, const char *id, int mode, redsem__attempt *att,
-                   redsem__req_info *info);
+    int (*attempt)(void *handle, const char *id, int mode, uint32_t weight,
+                   redsem__attempt *att, redsem__req_info *info);
     /* Key to BLPOP on while waiting (may depend on id). */
     const char *(*wait_key)(void *handle, const char *id, size_t *len, char *buf, size_t buflen);
     int64_t wait_lease_ms; /* > 0: renew registration at least every third of it */
+    uint32_t weight;       /* permits wanted (1 for a lock) */
 } redsem__acquirer;
 
 /* Parse the {status, a, b, now} reply of an acquire script into att. */
@@ -162,8 +243,19 @@ struct redsem_permit {
     _Atomic int64_t deadline_ns; /* validity deadline, monotonic */
     _Atomic int state;           /* REDSEM__HELD / RELEASED / LOST */
     uint32_t limit_seen;         /* semaphore limit when granted (fair release hint) */
+    uint32_t weight;             /* permits this permit object stands for (1 for a lock) */
     void *renewal;               /* renewer entry, NULL if not renewed */
 };
+
+/* Refresh p on the server through client c (the renewer passes its own), without touching
+ * its state or deadline: REDSEM_OK with *sent_ns (when the request that extended it was
+ * sent), REDSEM_ELOST (no longer held: the message says why), REDSEM_EREPLICA, or a fault. */
+int redsem__refresh(redsem_client *c, redsem_permit *p, int64_t *sent_ns);
+/* The same for k permits (1..REDSEM__BATCH_MAX) at once, in one round trip where the client
+ * can pipeline (redsem__eval_many); rcs[i] and sent_ns[i] for each. The error text is the
+ * last failure's. */
+void redsem__refresh_many(redsem_client *c, redsem_permit *const *ps, int k, int *rcs,
+                          int64_t *sent_ns);
 
 redsem_permit *redsem__permit_new(const redsem__kind *kind, void *handle, redsem_client *c,
                                   const char *id, const redsem__attempt *att, int64_t lease_ms);
@@ -177,7 +269,7 @@ struct redsem_sem {
     redsem_client *client;
     char *name;
     redsem_strategy strategy;
-    uint32_t limit;
+    _Atomic uint32_t limit; /* as last seen on the server: threads sharing s update it */
     int64_t lease_ms;
     int64_t wait_lease_ms;
     int64_t guard_lease_ms;
@@ -202,6 +294,7 @@ typedef struct redsem__entry {
     char *id;
     uint64_t token;
     int64_t remaining_ms;
+    uint32_t weight; /* holders: permits held */
 } redsem__entry;
 
 struct redsem_status {
@@ -212,9 +305,12 @@ struct redsem_status {
     size_t nholders, nwaiters;
     redsem__entry *holders, *waiters;
     uint32_t holds;
+    uint64_t in_use; /* permits held (weights summed) */
+    char server[300]; /* the address of the node that serves it ("" if not known) */
 };
 
-int redsem__status_from_reply(redsem_client *c, const struct redisReply *r,
+/* key: the first key of the status call (it names the node that served it). */
+int redsem__status_from_reply(redsem_client *c, const char *key, const struct redisReply *r,
                               redsem_status **ret);
 
 #endif /* REDSEM_INTERNAL_H */

@@ -6,9 +6,11 @@
 #include "internal.h"
 
 /* The permits of a lock refresh and release through these (see redsem__kind). */
-static int lock_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sent_ns);
+static int lock_refresh_call(void *h, const redsem_permit *p, redsem__args *a, int *nkeys);
+static int lock_refresh_lost(redsem_client *c, void *h, const redsem_permit *p);
 static int lock_release(redsem_client *c, void *h, redsem_permit *p);
-static const redsem__kind lock_kind = {"lock", lock_refresh, lock_release};
+static const redsem__kind lock_kind = {"lock", lock_refresh_call, lock_refresh_lost,
+                                        lock_release};
 
 void redsem_lock_free(redsem_lock *l)
 {
@@ -64,9 +66,10 @@ static void lock_keys(const redsem_lock *l, redsem__args *a, int n)
         redsem__args_str(a, k[i]);
 }
 
-static int lock_attempt(void *h, const char *id, int mode, redsem__attempt *att,
+static int lock_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
                         redsem__req_info *info)
 {
+    (void)weight; /* always 1 */
     redsem_lock *l = h;
     redsem_client *c = l->client;
     redsem__args a;
@@ -125,6 +128,7 @@ static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
         .attempt = lock_attempt,
         .wait_key = lock_wait_key,
         .wait_lease_ms = 0,
+        .weight = 1,
     };
     return redsem__acquire_permit(&q, &lock_kind, id, timeout_ms, l->lease_ms,
                                   ret_permit);
@@ -154,35 +158,24 @@ int redsem_lock_adopt(redsem_lock *l, const char *token, redsem_permit **ret_per
                          l->k_mutex, l->k_meta, ret_permit);
 }
 
-static int lock_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sent_ns)
+static int lock_refresh_call(void *h, const redsem_permit *p, redsem__args *a, int *nkeys)
 {
-    redsem_lock *l = h;
-    redsem__args a;
-    redsem__args_init(&a);
-    lock_keys(l, &a, 2);
-    redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
-    redsem__args_i64(&a, l->lease_ms);
-    redsem__args_i64(&a, redsem__refresh_margin_ms(p->lease_ms));
-    redisReply *r = NULL;
-    redsem__req_info info;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_EXTEND, 2, &a,
-                          REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, &info, &r);
-    if (rc != REDSEM_OK)
-        return rc;
-    long long st = 0;
-    rc = redsem__reply_status(c, r, "lock_extend", &st);
-    freeReplyObject(r);
-    if (rc != REDSEM_OK)
-        return rc;
-    if (st != 1)
-        return redsem__set_err(c, REDSEM_ELOST,
-                               "lock '%s' is no longer held by %s, or had less than the refresh "
-                               "margin (%lld ms) left when the refresh reached the server",
-                               l->name, p->id, (long long)redsem__refresh_margin_ms(p->lease_ms));
-    if ((rc = redsem__refresh_synced(c, &info)) != REDSEM_OK)
-        return rc;
-    *sent_ns = info.sent_ns;
-    return REDSEM_OK;
+    const redsem_lock *l = h;
+    lock_keys(l, a, 2);
+    *nkeys = 2;
+    redsem__args_mem(a, p->id, REDSEM_ID_LEN);
+    redsem__args_i64(a, l->lease_ms);
+    redsem__args_i64(a, redsem__refresh_margin_ms(p->lease_ms));
+    return REDSEM__SCRIPT_LOCK_EXTEND;
+}
+
+static int lock_refresh_lost(redsem_client *c, void *h, const redsem_permit *p)
+{
+    const redsem_lock *l = h;
+    return redsem__set_err(c, REDSEM_ELOST,
+                           "lock '%s' is no longer held by %s, or had less than the refresh "
+                           "margin (%lld ms) left when the refresh reached the server",
+                           l->name, p->id, (long long)redsem__refresh_margin_ms(p->lease_ms));
 }
 
 static int lock_release(redsem_client *c, void *h, redsem_permit *p)
@@ -193,14 +186,10 @@ static int lock_release(redsem_client *c, void *h, redsem_permit *p)
     lock_keys(l, &a, 4);
     redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
     redsem__args_str(&a, l->reentrant ? "1" : "0");
-    redisReply *r = NULL;
     redsem__req_info info;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_RELEASE, 4, &a, REDSEM__REQ_RETRY, &info, &r);
-    if (rc != REDSEM_OK)
-        return rc;
     long long st = 0;
-    rc = redsem__reply_status(c, r, "lock_release", &st);
-    freeReplyObject(r);
+    int rc = redsem__eval_status(c, REDSEM__SCRIPT_LOCK_RELEASE, 4, &a, REDSEM__REQ_RETRY, &info,
+                                 "lock_release", &st);
     if (rc != REDSEM_OK)
         return rc;
     if (st != 1 && !info.maybe_applied)
@@ -230,7 +219,7 @@ int redsem_lock_status(redsem_lock *l, size_t max_entries, redsem_status **ret_s
     rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_STATUS, 3, &a, REDSEM__REQ_RETRY, NULL, &r);
     if (rc != REDSEM_OK)
         return rc;
-    rc = redsem__status_from_reply(c, r, ret_status);
+    rc = redsem__status_from_reply(c, l->k_mutex, r, ret_status);
     freeReplyObject(r);
     return rc;
 }

@@ -13,6 +13,7 @@ int redsem_options_new(redsem_options **ret_options)
     o->connect_timeout_ms = REDSEM_DEFAULT_CONNECT_TIMEOUT_MS;
     o->command_timeout_ms = REDSEM_DEFAULT_COMMAND_TIMEOUT_MS;
     o->retry_ms = REDSEM_DEFAULT_RETRY_MS;
+    o->max_connections = REDSEM_DEFAULT_MAX_CONNECTIONS;
     o->prefix = redsem__strdup(REDSEM_DEFAULT_KEY_PREFIX);
     if (o->prefix == NULL ||
         redsem__url_parse(REDSEM_DEFAULT_URL, &o->ep, NULL, 0) != REDSEM_OK) {
@@ -67,6 +68,14 @@ int redsem_options_set_command_timeout_ms(redsem_options *o, int64_t ms)
 int redsem_options_set_retry_ms(redsem_options *o, int64_t ms)
 {
     return o ? set_ms(&o->retry_ms, ms, 0) : REDSEM_EINVAL;
+}
+
+int redsem_options_set_max_connections(redsem_options *o, int n)
+{
+    if (o == NULL || n < 1 || n > REDSEM_MAX_CONNECTIONS_MAX)
+        return REDSEM_EINVAL;
+    o->max_connections = n;
+    return REDSEM_OK;
 }
 
 int redsem_options_set_key_prefix(redsem_options *o, const char *prefix)

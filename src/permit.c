@@ -16,6 +16,7 @@ redsem_permit *redsem__permit_new(const redsem__kind *kind, void *handle, redsem
     p->client = c;
     memcpy(p->id, id, REDSEM_ID_BUFSIZE);
     p->token = att->token;
+    p->weight = att->weight ? att->weight : 1;
     p->lease_ms = lease_ms;
     atomic_store(&p->deadline_ns, redsem__validity_deadline(att->sent_ns, lease_ms));
     atomic_store(&p->state, REDSEM__HELD);
@@ -30,6 +31,11 @@ const char *redsem_permit_id(const redsem_permit *p)
 uint64_t redsem_permit_token(const redsem_permit *p)
 {
     return p ? p->token : 0;
+}
+
+uint32_t redsem_permit_weight(const redsem_permit *p)
+{
+    return p ? p->weight : 0;
 }
 
 int64_t redsem_permit_deadline_ms(const redsem_permit *p)
@@ -50,6 +56,64 @@ bool redsem_permit_held(const redsem_permit *p)
     return redsem_permit_validity_ms(p) > 0;
 }
 
+/* What the refresh script's status (rc, st) means for p. */
+static int refresh_outcome(redsem_client *c, redsem_permit *p, int rc, long long st,
+                           const redsem__req_info *info, int64_t *sent_ns)
+{
+    if (rc != REDSEM_OK)
+        return rc;
+    if (st != 1)
+        return p->kind->refresh_lost(c, p->handle, p);
+    if ((rc = redsem__refresh_synced(c, info)) != REDSEM_OK)
+        return rc;
+    *sent_ns = info->sent_ns;
+    return REDSEM_OK;
+}
+
+int redsem__refresh(redsem_client *c, redsem_permit *p, int64_t *sent_ns)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    int nkeys = 0;
+    int script = p->kind->refresh_call(p->handle, p, &a, &nkeys);
+    redsem__req_info info;
+    long long st = 0;
+    int rc = redsem__eval_status(c, script, nkeys, &a, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC,
+                                 &info, redsem__script_defs[script].name, &st);
+    return refresh_outcome(c, p, rc, st, &info, sent_ns);
+}
+
+void redsem__refresh_many(redsem_client *c, redsem_permit *const *ps, int k, int *rcs,
+                          int64_t *sent_ns)
+{
+    redsem__args a[REDSEM__BATCH_MAX];
+    redsem__req_info info[REDSEM__BATCH_MAX];
+    redisReply *r[REDSEM__BATCH_MAX];
+    char text[REDSEM__BATCH_MAX][REDSEM__ERRMSG_LEN];
+    redsem__batch_item items[REDSEM__BATCH_MAX];
+    for (int i = 0; i < k; i++) {
+        redsem__args_init(&a[i]);
+        int nkeys = 0;
+        int script = ps[i]->kind->refresh_call(ps[i]->handle, ps[i], &a[i], &nkeys);
+        r[i] = NULL;
+        text[i][0] = '\0';
+        items[i] = (redsem__batch_item){script, nkeys, &a[i], REDSEM__REQ_RETRY | REDSEM__REQ_SYNC,
+                                        &info[i], &r[i], text[i], REDSEM_OK};
+    }
+    redsem__eval_many(c, items, k);
+    for (int i = 0; i < k; i++) {
+        long long st = 0;
+        int rc = items[i].rc;
+        if (rc != REDSEM_OK)
+            (void)redsem__set_err(c, rc, "%s", text[i]);
+        else {
+            rc = redsem__reply_status(c, r[i], redsem__script_defs[items[i].script].name, &st);
+            freeReplyObject(r[i]);
+        }
+        rcs[i] = refresh_outcome(c, ps[i], rc, st, &info[i], &sent_ns[i]);
+    }
+}
+
 int redsem_permit_refresh(redsem_permit *p)
 {
     if (p == NULL)
@@ -63,7 +127,7 @@ int redsem_permit_refresh(redsem_permit *p)
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s was already %s", p->id,
                                st == REDSEM__RELEASED ? "released" : "found lost");
     int64_t sent = 0;
-    rc = p->kind->refresh(c, p->handle, p, &sent);
+    rc = redsem__refresh(c, p, &sent);
     if (rc == REDSEM_OK) {
         int64_t d = redsem__validity_deadline(sent, p->lease_ms);
         /* never move the deadline back (a concurrent renewal may have moved it further) */
@@ -128,18 +192,21 @@ int redsem__adopt(redsem_client *c, const redsem__kind *kind, void *handle, cons
     rc = redsem__eval(c, REDSEM__SCRIPT_HOLDER, 3, &a, REDSEM__REQ_RETRY, &info, &r);
     if (rc != REDSEM_OK)
         return rc;
-    long long st = 0, tok = 0, left = 0;
+    long long st = 0, tok = 0, left = 0, weight = 1;
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || !redsem__reply_int(r->element[0], &st) ||
         (st == 1 && (r->elements < 3 || !redsem__reply_int(r->element[1], &tok) ||
                      !redsem__reply_int(r->element[2], &left))))
         rc = redsem__set_err(c, REDSEM_EPROTO, "holder: unexpected reply");
+    if (rc == REDSEM_OK && st == 1 && r->elements >= 4 &&
+        (!redsem__reply_int(r->element[3], &weight) || weight < 1 || weight > UINT32_MAX))
+        rc = redsem__set_err(c, REDSEM_EPROTO, "holder: unexpected weight");
     freeReplyObject(r);
     if (rc != REDSEM_OK)
         return rc;
     if (st != 1 || left <= 0)
         return redsem__set_err(c, REDSEM_ELOST, "%s holds no live permit", id);
     redsem__attempt att = {.outcome = REDSEM__ATT_GRANTED, .token = (uint64_t)tok,
-                           .sent_ns = info.sent_ns};
+                           .sent_ns = info.sent_ns, .weight = (uint32_t)weight};
     redsem_permit *p = redsem__permit_new(kind, handle, c, id, &att, lease_ms);
     if (p == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");

@@ -138,6 +138,38 @@ static void timed_wait(redsem__renewer *r, int64_t until_ns)
     (void)rc;
 }
 
+/* The outcome of one renewal (with the lock held, e in flight). */
+static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
+{
+    redsem_permit *p = e->permit;
+    if (rc == REDSEM_OK) {
+        r->stats.renewals++;
+        int64_t d = redsem__validity_deadline(sent, p->lease_ms);
+        int64_t cur = atomic_load(&p->deadline_ns);
+        while (d > cur && !atomic_compare_exchange_weak(&p->deadline_ns, &cur, d))
+            ;
+        e->next_ns = sent + e->interval_ns;
+        e->backoff_ns = 0;
+        (void)heap_push(r, e); /* capacity exists: e was just removed */
+    } else if (rc == REDSEM_ELOST) {
+        declare_lost(r, e, REDSEM_LOST_EXPIRED);
+    } else {
+        /* Redis unreachable, slow or restarting: retry soon; the deadline check declares the
+         * permit lost in time if this never succeeds. */
+        r->stats.failures++;
+        e->backoff_ns = e->backoff_ns ? e->backoff_ns * 2 : 25 * REDSEM__NS_PER_MS;
+        if (e->backoff_ns > e->interval_ns / 2)
+            e->backoff_ns = e->interval_ns / 2 > 0 ? e->interval_ns / 2 : 1;
+        e->next_ns = redsem__now_ns() + redsem__rand_between(e->backoff_ns / 2, e->backoff_ns);
+        (void)heap_push(r, e);
+    }
+    e->in_flight = false;
+}
+
+/* Renewals due within this much of the first one go in the same round trip (early by at
+ * most this: harmless, a lease is extended from when its refresh is sent). */
+#define RENEW_TOGETHER_NS (10 * REDSEM__NS_PER_MS)
+
 static void *renewer_main(void *arg)
 {
     redsem__renewer *r = arg;
@@ -147,53 +179,55 @@ static void *renewer_main(void *arg)
             pthread_cond_wait(&r->wake, &r->mu);
             continue;
         }
-        renew_entry *e = r->heap[0];
-        int64_t now = redsem__now_ns(), due = wake_at(e);
+        int64_t now = redsem__now_ns(), due = wake_at(r->heap[0]);
         if (now < due) {
             timed_wait(r, due);
             continue;
         }
-        heap_remove(r, e);
-        e->in_flight = true;
-        redsem_permit *p = e->permit;
-        int64_t lost_at = atomic_load(&p->deadline_ns) - lost_early_ns(p->lease_ms);
-        if (now >= lost_at) {
-            declare_lost(r, e, REDSEM_LOST_DEADLINE);
-        } else {
+        /* every entry due now, and those due within RENEW_TOGETHER_NS, up to a batch */
+        renew_entry *batch[REDSEM__BATCH_MAX];
+        redsem_permit *ps[REDSEM__BATCH_MAX];
+        int k = 0;
+        int64_t cap = INT64_MAX;
+        while (r->n > 0 && k < REDSEM__BATCH_MAX && !r->stop) {
+            renew_entry *e = r->heap[0];
+            now = redsem__now_ns();
+            if (wake_at(e) > now + (k == 0 ? 0 : RENEW_TOGETHER_NS))
+                break;
+            heap_remove(r, e);
+            e->in_flight = true;
+            redsem_permit *p = e->permit;
+            int64_t lost_at = atomic_load(&p->deadline_ns) - lost_early_ns(p->lease_ms);
+            if (now >= lost_at) {
+                declare_lost(r, e, REDSEM_LOST_DEADLINE); /* may unlock for the callback */
+                e->in_flight = false;
+                pthread_cond_broadcast(&r->idle);
+                continue;
+            }
             int64_t late = (now - e->next_ns) / REDSEM__NS_PER_MS;
             if (late > r->stats.max_lateness_ms)
                 r->stats.max_lateness_ms = late;
-            pthread_mutex_unlock(&r->mu);
-            /* Never wait for a reply past the moment the holder must be told. */
-            r->conn->ctx.deadline_cap_ns = lost_at;
-            int64_t sent = 0;
-            int rc = p->kind->refresh(r->conn, p->handle, p, &sent);
-            r->conn->ctx.deadline_cap_ns = 0;
-            pthread_mutex_lock(&r->mu);
-            if (rc == REDSEM_OK) {
-                r->stats.renewals++;
-                int64_t d = redsem__validity_deadline(sent, p->lease_ms);
-                int64_t cur = atomic_load(&p->deadline_ns);
-                while (d > cur && !atomic_compare_exchange_weak(&p->deadline_ns, &cur, d))
-                    ;
-                e->next_ns = sent + e->interval_ns;
-                e->backoff_ns = 0;
-                (void)heap_push(r, e); /* capacity exists: e was just removed */
-            } else if (rc == REDSEM_ELOST) {
-                declare_lost(r, e, REDSEM_LOST_EXPIRED);
-            } else {
-                /* Redis unreachable, slow or restarting: retry soon; the deadline check above
-                 * declares the permit lost in time if this never succeeds. */
-                r->stats.failures++;
-                e->backoff_ns = e->backoff_ns ? e->backoff_ns * 2 : 25 * REDSEM__NS_PER_MS;
-                if (e->backoff_ns > e->interval_ns / 2)
-                    e->backoff_ns = e->interval_ns / 2 > 0 ? e->interval_ns / 2 : 1;
-                e->next_ns = redsem__now_ns() +
-                             redsem__rand_between(e->backoff_ns / 2, e->backoff_ns);
-                (void)heap_push(r, e);
-            }
+            if (lost_at < cap)
+                cap = lost_at;
+            ps[k] = p;
+            batch[k++] = e;
         }
-        e->in_flight = false;
+        if (k == 0)
+            continue;
+        pthread_mutex_unlock(&r->mu);
+        /* Never wait for a reply past the moment the first holder must be told. */
+        r->conn->deadline_cap_ns = cap;
+        int rcs[REDSEM__BATCH_MAX];
+        int64_t sent[REDSEM__BATCH_MAX];
+        if (k == 1)
+            rcs[0] = redsem__refresh(r->conn, ps[0], &sent[0]);
+        else
+            redsem__refresh_many(r->conn, ps, k, rcs, sent);
+        r->conn->deadline_cap_ns = 0;
+        pthread_mutex_lock(&r->mu);
+        r->stats.round_trips++;
+        for (int i = 0; i < k; i++)
+            renewed(r, batch[i], rcs[i], sent[i]);
         pthread_cond_broadcast(&r->idle);
     }
     pthread_mutex_unlock(&r->mu);
@@ -247,8 +281,8 @@ static int renewer_start(redsem_client *c)
         return redsem__set_err(c, REDSEM_ENOMEM, "cannot start the renewer thread: %s",
                                strerror(prc));
     }
-    c->renewer = r;
     c->renew_ops = &renew_ops;
+    __atomic_store_n(&c->renewer, r, __ATOMIC_RELEASE);
     return REDSEM_OK;
 }
 
@@ -279,7 +313,7 @@ static void renewer_stop(redsem_client *c)
 static void renewal_detach(redsem_permit *p)
 {
     renew_entry *e = p->renewal;
-    redsem__renewer *r = p->client->renewer;
+    redsem__renewer *r = redsem__renewer_of(p->client);
     p->renewal = NULL;
     if (e == NULL || r == NULL || p->client->pid != getpid())
         return; /* forked child: the parent's renewer is not ours to touch */
@@ -293,6 +327,11 @@ static void renewal_detach(redsem_permit *p)
 }
 
 /* ------------------------------------------------------------------ public API */
+
+redsem__renewer *redsem__renewer_of(const redsem_client *c)
+{
+    return __atomic_load_n(&c->renewer, __ATOMIC_ACQUIRE);
+}
 
 int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_fn on_lost,
                              void *user_data)
@@ -315,8 +354,15 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s is already renewed", p->id);
     if (!redsem_permit_held(p))
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s is not held", p->id);
-    if (c->renewer == NULL && (rc = renewer_start(c)) != REDSEM_OK)
-        return rc;
+    if (redsem__renewer_of(c) == NULL) {
+        /* threads sharing c may enable renewal at once: one starts the renewer */
+        pthread_mutex_lock(&c->renew_mu);
+        if (c->renewer == NULL)
+            rc = renewer_start(c);
+        pthread_mutex_unlock(&c->renew_mu);
+        if (rc != REDSEM_OK)
+            return rc;
+    }
     renew_entry *e = redsem__calloc(1, sizeof *e);
     if (e == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
@@ -328,7 +374,7 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
     e->on_lost = on_lost;
     e->user_data = user_data;
     e->heap_index = SIZE_MAX;
-    redsem__renewer *r = c->renewer;
+    redsem__renewer *r = redsem__renewer_of(c);
     pthread_mutex_lock(&r->mu);
     rc = heap_push(r, e);
     pthread_cond_broadcast(&r->wake);
@@ -358,7 +404,7 @@ int redsem_client_renew_stats(redsem_client *c, redsem_renew_stats *st)
     if (c == NULL || st == NULL)
         return REDSEM_EINVAL;
     memset(st, 0, sizeof *st);
-    redsem__renewer *r = c->renewer;
+    redsem__renewer *r = redsem__renewer_of(c);
     if (r != NULL && c->pid == getpid()) {
         pthread_mutex_lock(&r->mu);
         *st = r->stats;

@@ -32,9 +32,10 @@ void redsem_sem_free(redsem_sem *s)
 }
 
 /* The permits of a semaphore refresh and release through these (see redsem__kind). */
-static int sem_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sent_ns);
+static int sem_refresh_call(void *h, const redsem_permit *p, redsem__args *a, int *nkeys);
+static int sem_refresh_lost(redsem_client *c, void *h, const redsem_permit *p);
 static int sem_release(redsem_client *c, void *h, redsem_permit *p);
-static const redsem__kind sem_kind = {"sem", sem_refresh, sem_release};
+static const redsem__kind sem_kind = {"sem", sem_refresh_call, sem_refresh_lost, sem_release};
 
 /* -------------------------------------------------------------- per-strategy attempts */
 
@@ -56,7 +57,7 @@ static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args
     return rc;
 }
 
-static int basic_attempt(void *h, const char *id, int mode, redsem__attempt *att,
+static int basic_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
                          redsem__req_info *info)
 {
     redsem_sem *s = h;
@@ -72,6 +73,7 @@ static int basic_attempt(void *h, const char *id, int mode, redsem__attempt *att
     redsem__args_i64(&a, mode);
     redsem__args_i64(&a, s->wait_lease_ms);
     redsem__args_i64(&a, redsem__not_after_us(s->client, s->k_meta));
+    redsem__args_i64(&a, weight);
     return eval_attempt(s, REDSEM__SCRIPT_BASIC_ACQUIRE, 4, &a, info, att);
 }
 
@@ -98,7 +100,7 @@ static int take_guard(redsem_sem *s, const char *id, bool *taken)
     return rc;
 }
 
-static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
+static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
                         redsem__req_info *info)
 {
     redsem_sem *s = h;
@@ -134,6 +136,7 @@ static int fair_attempt(void *h, const char *id, int mode, redsem__attempt *att,
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
     redsem__args_i64(&a, redsem__not_after_us(s->client, s->k_meta));
+    redsem__args_i64(&a, weight);
     /* locked: fair_acquire.lua deletes the guard as soon as it has checked it. If the script
      * did not run (a timeout, a lost connection, a refusal), the guard expires after
      * guard_lease_ms: one more request to a server that did not answer would double this
@@ -284,7 +287,7 @@ int64_t redsem_sem_lease_ms(const redsem_sem *s)
 
 /* -------------------------------------------------------------- acquire */
 
-static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required,
+static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
                        int64_t timeout_ms, redsem_permit **ret_permit)
 {
     if (s == NULL)
@@ -293,12 +296,18 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required,
     int rc = redsem__acquire_args(s->client, ret_permit, timeout_ms, holder_id, id_required, id);
     if (rc != REDSEM_OK)
         return rc;
+    /* n above the limit recorded on the server is refused by the script, before it writes:
+     * this handle's limit may be stale (redsem_sem_set_limit() by another client). */
+    if (n < 1 || n > REDSEM_LIMIT_MAX)
+        return redsem__set_err(s->client, REDSEM_EINVAL,
+                               "%u permits: a weighted acquire takes 1..limit permits", n);
     redsem__acquirer q = {
         .client = s->client,
         .handle = s,
         .attempt = is_basic(s) ? basic_attempt : fair_attempt,
         .wait_key = is_basic(s) ? basic_wait_key : fair_wait_key,
         .wait_lease_ms = is_basic(s) ? 0 : s->wait_lease_ms,
+        .weight = n,
     };
     return redsem__acquire_permit(&q, &sem_kind, id, timeout_ms, s->lease_ms,
                                   ret_permit);
@@ -306,18 +315,35 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required,
 
 int redsem_sem_try_acquire(redsem_sem *s, redsem_permit **ret_permit)
 {
-    return sem_acquire(s, NULL, false, 0, ret_permit);
+    return sem_acquire(s, NULL, false, 1, 0, ret_permit);
 }
 
 int redsem_sem_acquire(redsem_sem *s, int64_t timeout_ms, redsem_permit **ret_permit)
 {
-    return sem_acquire(s, NULL, false, timeout_ms, ret_permit);
+    return sem_acquire(s, NULL, false, 1, timeout_ms, ret_permit);
 }
 
 int redsem_sem_acquire_as(redsem_sem *s, const char *holder_id, int64_t timeout_ms,
                           redsem_permit **ret_permit)
 {
-    return sem_acquire(s, holder_id, true, timeout_ms, ret_permit);
+    return sem_acquire(s, holder_id, true, 1, timeout_ms, ret_permit);
+}
+
+int redsem_sem_try_acquire_n(redsem_sem *s, uint32_t n, redsem_permit **ret_permit)
+{
+    return sem_acquire(s, NULL, false, n, 0, ret_permit);
+}
+
+int redsem_sem_acquire_n(redsem_sem *s, uint32_t n, int64_t timeout_ms,
+                         redsem_permit **ret_permit)
+{
+    return sem_acquire(s, NULL, false, n, timeout_ms, ret_permit);
+}
+
+int redsem_sem_acquire_as_n(redsem_sem *s, const char *holder_id, uint32_t n,
+                            int64_t timeout_ms, redsem_permit **ret_permit)
+{
+    return sem_acquire(s, holder_id, true, n, timeout_ms, ret_permit);
 }
 
 int redsem_sem_adopt(redsem_sem *s, const char *holder_id, redsem_permit **ret_permit)
@@ -344,37 +370,25 @@ static void refresh_keys(const redsem_sem *s, redsem__args *a)
     }
 }
 
-static int sem_refresh(redsem_client *c, void *h, redsem_permit *p, int64_t *sent_ns)
+static int sem_refresh_call(void *h, const redsem_permit *p, redsem__args *a, int *nkeys)
 {
-    redsem_sem *s = h;
-    redsem__args a;
-    redsem__args_init(&a);
-    refresh_keys(s, &a);
-    int nkeys = a.n;
-    redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
-    redsem__args_i64(&a, s->lease_ms);
-    redsem__args_i64(&a, redsem__refresh_margin_ms(p->lease_ms));
-    redisReply *r = NULL;
-    redsem__req_info info;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_REFRESH, nkeys, &a,
-                          REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, &info, &r);
-    if (rc != REDSEM_OK)
-        return rc;
-    long long st;
-    rc = redsem__reply_status(c, r, "refresh", &st);
-    freeReplyObject(r);
-    if (rc != REDSEM_OK)
-        return rc;
-    if (st != 1)
-        return redsem__set_err(c, REDSEM_ELOST,
-                               "lease lost: holder %s of '%s' had expired, was released, or had "
-                               "less than the refresh margin (%lld ms) left when the refresh "
-                               "reached the server",
-                               p->id, s->name, (long long)redsem__refresh_margin_ms(p->lease_ms));
-    if ((rc = redsem__refresh_synced(c, &info)) != REDSEM_OK)
-        return rc;
-    *sent_ns = info.sent_ns;
-    return REDSEM_OK;
+    const redsem_sem *s = h;
+    refresh_keys(s, a);
+    *nkeys = a->n;
+    redsem__args_mem(a, p->id, REDSEM_ID_LEN);
+    redsem__args_i64(a, s->lease_ms);
+    redsem__args_i64(a, redsem__refresh_margin_ms(p->lease_ms));
+    return REDSEM__SCRIPT_REFRESH;
+}
+
+static int sem_refresh_lost(redsem_client *c, void *h, const redsem_permit *p)
+{
+    const redsem_sem *s = h;
+    return redsem__set_err(c, REDSEM_ELOST,
+                           "lease lost: holder %s of '%s' had expired, was released, or had "
+                           "less than the refresh margin (%lld ms) left when the refresh "
+                           "reached the server",
+                           p->id, s->name, (long long)redsem__refresh_margin_ms(p->lease_ms));
 }
 
 static int sem_release(redsem_client *c, void *h, redsem_permit *p)
@@ -396,14 +410,11 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
         redsem__args_str(&a, s->k_sigprefix);
     }
     redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
-    redisReply *r = NULL;
+    /* the weight: a release of weight 1 then reads nothing more on the server (basic) */
+    redsem__args_i64(&a, p->weight);
     redsem__req_info info;
-    int rc = redsem__eval(c, script, 4, &a, REDSEM__REQ_RETRY, &info, &r);
-    if (rc != REDSEM_OK)
-        return rc;
     long long st;
-    rc = redsem__reply_status(c, r, "release", &st);
-    freeReplyObject(r);
+    int rc = redsem__eval_status(c, script, 4, &a, REDSEM__REQ_RETRY, &info, "release", &st);
     if (rc != REDSEM_OK)
         return rc;
     /* After a lost reply the request was re-sent; "not held" then may mean that the first copy
@@ -441,13 +452,9 @@ int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
     redsem__args_str(&a, is_basic(s) ? s->k_signal : s->k_sigprefix);
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_i64(&a, limit);
-    redisReply *r = NULL;
-    rc = redsem__eval(c, REDSEM__SCRIPT_SET_LIMIT, 4, &a, REDSEM__REQ_RETRY, NULL, &r);
-    if (rc != REDSEM_OK)
-        return rc;
     long long old;
-    rc = redsem__reply_status(c, r, "set_limit", &old);
-    freeReplyObject(r);
+    rc = redsem__eval_status(c, REDSEM__SCRIPT_SET_LIMIT, 4, &a, REDSEM__REQ_RETRY, NULL,
+                             "set_limit", &old);
     if (rc == REDSEM_OK)
         s->limit = limit;
     return rc;
@@ -469,7 +476,7 @@ static int status_keys(redsem_client *c, const redsem_sem *s, const char *kind,
     int rc = redsem__eval(c, REDSEM__SCRIPT_STATUS, 5, &a, REDSEM__REQ_RETRY, NULL, &r);
     if (rc != REDSEM_OK)
         return rc;
-    rc = redsem__status_from_reply(c, r, ret_status);
+    rc = redsem__status_from_reply(c, s->k_meta, r, ret_status);
     freeReplyObject(r);
     return rc;
 }

@@ -38,15 +38,32 @@ static int entries(const redisReply *r, redsem__entry **out, size_t *n)
             return REDSEM_ENOMEM;
         (*out)[i].token = tok < 0 ? 0 : (uint64_t)tok;
         (*out)[i].remaining_ms = left;
+        (*out)[i].weight = 1;
         *n = i + 1;
     }
     return REDSEM_OK;
 }
 
-int redsem__status_from_reply(redsem_client *c, const redisReply *r, redsem_status **ret)
+/* {weight, ...} parallel to the listed holders (status.lua); absent (lock_status.lua): 1 */
+static int weights(const redisReply *r, redsem__entry *list, size_t n)
 {
-    long long limit, nh, nw, holds, exists;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 8 ||
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != n)
+        return REDSEM_EPROTO;
+    for (size_t i = 0; i < n; i++) {
+        long long w;
+        if (!redsem__reply_int(r->element[i], &w) || w < 1 || w > UINT32_MAX)
+            return REDSEM_EPROTO;
+        list[i].weight = (uint32_t)w;
+    }
+    return REDSEM_OK;
+}
+
+int redsem__status_from_reply(redsem_client *c, const char *key, const redisReply *r,
+                              redsem_status **ret)
+{
+    long long limit, nh, nw, holds, exists, in_use = -1;
+    if (r->type != REDIS_REPLY_ARRAY || (r->elements != 8 && r->elements != 10) ||
+        (r->elements == 10 && (!redsem__reply_int(r->element[8], &in_use) || in_use < 0)) ||
         r->element[0]->type != REDIS_REPLY_STRING || !redsem__reply_int(r->element[1], &limit) ||
         !redsem__reply_int(r->element[2], &nh) || !redsem__reply_int(r->element[3], &nw) ||
         !redsem__reply_int(r->element[6], &holds) || !redsem__reply_int(r->element[7], &exists) ||
@@ -58,13 +75,17 @@ int redsem__status_from_reply(redsem_client *c, const redisReply *r, redsem_stat
     redsem_strategy s;
     st->strategy = redsem_strategy_parse(r->element[0]->str, &s) == REDSEM_OK ? (int)s : 0;
     st->exists = exists != 0;
+    redsem__served_by(c, key, st->server, sizeof st->server);
     st->limit = st->exists ? (uint32_t)limit : 0;
     st->holder_count = (size_t)nh;
     st->waiter_count = (size_t)nw;
     st->holds = holds > 0 ? (uint32_t)holds : 0;
+    st->in_use = in_use >= 0 ? (uint64_t)in_use : (uint64_t)nh;
     int rc = entries(r->element[4], &st->holders, &st->nholders);
     if (rc == REDSEM_OK)
         rc = entries(r->element[5], &st->waiters, &st->nwaiters);
+    if (rc == REDSEM_OK && r->elements == 10)
+        rc = weights(r->element[9], st->holders, st->nholders);
     if (rc != REDSEM_OK) {
         redsem_status_free(st);
         return redsem__set_err(c, rc, "status: %s", redsem_strerror(rc));
@@ -111,6 +132,21 @@ size_t redsem_status_waiters_listed(const redsem_status *st)
 uint32_t redsem_status_hold_count(const redsem_status *st)
 {
     return st ? st->holds : 0;
+}
+
+uint64_t redsem_status_permits_in_use(const redsem_status *st)
+{
+    return st ? st->in_use : 0;
+}
+
+uint32_t redsem_status_holder_weight(const redsem_status *st, size_t i)
+{
+    return st && i < st->nholders ? st->holders[i].weight : 0;
+}
+
+const char *redsem_status_server(const redsem_status *st)
+{
+    return st ? st->server : "";
 }
 
 static int entry(const redsem__entry *list, size_t n, size_t i, const char **id, uint64_t *tok,

@@ -264,3 +264,34 @@ Test(lock, an_expired_lease_is_taken_over_at_once, TO)
     redsem_client_free(w);
     ts_server_stop(&srv);
 }
+
+/* The lock's meta hash (fencing counter, current token, reentrant hold count) records its
+ * own expiry, and an acquire gives it a new one only when that record runs short. A refresh
+ * set it to expire its lease + 60 s from then: sooner than recorded after a grant with a
+ * longer lease, so that the hash could expire under a held lock while every acquire trusted
+ * the record (a reentrant hold count lost: the inner release frees the lock). The hash never
+ * expires before the time it records. */
+Test(lock, a_refresh_never_brings_the_meta_hash_expiry_closer, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("metaexp");
+    redsem_lock *lasting = open_lock(c, name, 600000);
+    redsem_lock *brief = open_lock(c, name, 1000);
+    redsem_permit *p = NULL;
+    OK(c, redsem_lock_try_acquire(lasting, &p));
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    OK(c, redsem_lock_try_acquire(brief, &p));
+    OK(c, redsem_permit_refresh(p));
+    char meta[160], exp[64] = "", at[64] = "";
+    snprintf(meta, sizeof meta, "redsem:{%s}:mutex:meta", name);
+    cr_assert_eq(ts_command(tf_server(), exp, sizeof exp, "HGET", meta, "exp", NULL), 0);
+    cr_assert_eq(ts_command(tf_server(), at, sizeof at, "PEXPIRETIME", meta, NULL), 0);
+    cr_assert(strtoll(at, NULL, 10) >= strtoll(exp, NULL, 10),
+              "the meta hash expires at %s, before the %s it records", at, exp);
+    OK(c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_lock_free(brief);
+    redsem_lock_free(lasting);
+    redsem_client_free(c);
+}

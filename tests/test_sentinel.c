@@ -27,21 +27,6 @@ static void stop_cluster(cluster *c)
     ts_sentinels_stop(c);
 }
 
-static redsem_client *client_of(const char *url, int64_t retry_ms, int *rc_out, char *err,
-                                size_t errlen)
-{
-    redsem_options *o = NULL;
-    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK, "%s", url);
-    if (retry_ms >= 0)
-        cr_assert_eq(redsem_options_set_retry_ms(o, retry_ms), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_connect_timeout_ms(o, 1000), REDSEM_OK);
-    redsem_client *c = NULL;
-    *rc_out = redsem_client_new_verbose(o, &c, err, errlen);
-    redsem_options_free(o);
-    return c;
-}
-
 Test(sentinel, every_strategy_and_the_lock_through_sentinel, TO)
 {
     cluster c;
@@ -52,7 +37,7 @@ Test(sentinel, every_strategy_and_the_lock_through_sentinel, TO)
     char url[600];
     snprintf(url, sizeof url, "redis+sentinel://127.0.0.1:%d,%s", ts_free_port(),
              c.url + strlen("redis+sentinel://"));
-    redsem_client *cl = client_of(url, -1, &rc, err, sizeof err);
+    redsem_client *cl = tf_client_try(url, -1, &rc, err, sizeof err);
     cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
     for (int k = 0; k < 4; k++) {
         char name[32];
@@ -89,7 +74,7 @@ Test(sentinel, a_failover_is_followed, TO)
     start_cluster(&c);
     char err[512];
     int rc;
-    redsem_client *cl = client_of(c.url, 20000, &rc, err, sizeof err);
+    redsem_client *cl = tf_client_try(c.url, 20000, &rc, err, sizeof err);
     cr_assert_eq(rc, REDSEM_OK, "%s", err);
     redsem_sem *s = NULL;
     OK(cl, redsem_sem_open(cl, "failover", REDSEM_STRATEGY_FAIR, 1, 5000, &s));
@@ -141,7 +126,7 @@ Test(sentinel, refusals_are_clear, TO)
     snprintf(url, sizeof url, "redis+sentinel://127.0.0.1:%d,127.0.0.1:%d/mymaster",
              ts_free_port(), ts_free_port());
     int64_t t0 = tf_now_ms();
-    redsem_client *cl = client_of(url, 0, &rc, err, sizeof err);
+    redsem_client *cl = tf_client_try(url, 0, &rc, err, sizeof err);
     cr_assert_eq(rc, REDSEM_ECONN, "%s: %s", redsem_err_name(rc), err);
     cr_assert(strstr(err, "Sentinel 127.0.0.1:") != NULL && strstr(err, "mymaster") != NULL,
               "%s", err);
@@ -149,12 +134,12 @@ Test(sentinel, refusals_are_clear, TO)
     cr_assert_null(cl);
     /* a name no Sentinel knows */
     snprintf(url, sizeof url, "redis+sentinel://127.0.0.1:%d/nosuchmaster", c.sentinel[0].port);
-    cl = client_of(url, 0, &rc, err, sizeof err);
+    cl = tf_client_try(url, 0, &rc, err, sizeof err);
     cr_assert_eq(rc, REDSEM_ECONN, "%s: %s", redsem_err_name(rc), err);
     cr_assert(strstr(err, "knows no primary named 'nosuchmaster'") != NULL, "%s", err);
     /* a plain Redis given as a Sentinel */
     snprintf(url, sizeof url, "redis+sentinel://127.0.0.1:%d/mymaster", c.replica[0].port);
-    cl = client_of(url, 0, &rc, err, sizeof err);
+    cl = tf_client_try(url, 0, &rc, err, sizeof err);
     cr_assert_neq(rc, REDSEM_OK);
     cr_assert(strstr(err, "SENTINEL") != NULL || strstr(err, "sentinel") != NULL, "%s", err);
     /* a Sentinel that names a replica as the primary */
@@ -165,7 +150,7 @@ Test(sentinel, refusals_are_clear, TO)
                  0);
     snprintf(url, sizeof url, "redis+sentinel://127.0.0.1:%d/fake", c.sentinel[0].port);
     t0 = tf_now_ms();
-    cl = client_of(url, 0, &rc, err, sizeof err);
+    cl = tf_client_try(url, 0, &rc, err, sizeof err);
     cr_assert_eq(rc, REDSEM_ECONN, "%s: %s", redsem_err_name(rc), err);
     cr_assert(strstr(err, "not the primary") != NULL, "%s", err);
     cr_assert_lt(tf_now_ms() - t0, 3000);
@@ -269,4 +254,134 @@ Test(sentinel, the_cli_with_sync_replicas, TO)
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 69, "with 3 replicas required: status %d", st);
     cr_assert_neq(access(marker, F_OK), 0, "CMD ran although the grant was given back");
     stop_cluster(&c);
+}
+
+typedef struct failover_waiter {
+    redsem_client *c;
+    redsem_sem *s;
+    int rc;
+    char msg[256];
+} failover_waiter;
+
+static ts_server *server_on(cluster *c, int port)
+{
+    if (c->primary.port == port)
+        return &c->primary;
+    for (int i = 0; i < 2; i++)
+        if (c->replica[i].port == port)
+            return &c->replica[i];
+    return NULL;
+}
+
+static bool is_primary(const ts_server *s, bool want)
+{
+    char out[2048] = "";
+    if (s == NULL || ts_command(s, out, sizeof out, "INFO", "replication", NULL) != 0)
+        return false;
+    return strstr(out, want ? "role:master" : "role:slave") != NULL;
+}
+
+static void *wait_through_failover(void *arg)
+{
+    failover_waiter *w = arg;
+    redsem_permit *p = NULL;
+    w->rc = redsem_sem_acquire(w->s, 60000, &p);
+    snprintf(w->msg, sizeof w->msg, "%s", redsem_client_errmsg(w->c));
+    if (w->rc == REDSEM_OK)
+        w->rc = redsem_permit_release(p);
+    redsem_permit_free(p);
+    return NULL;
+}
+
+/* A waiter blocked in BLPOP on the primary while demote() makes it a replica; once the old
+ * primary is a replica and the Sentinels name another one that says it is a primary, the
+ * holder releases (its client follows too) and the waiter must be granted there: never an
+ * error, in particular not ESERVER "UNBLOCKED". */
+static void waiter_through_a_demotion(void (*demote)(cluster *c, ts_server *primary))
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *holder = tf_client_try(c.url, 60000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    redsem_client *waiter = tf_client_try(c.url, 60000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    redsem_sem *hs = NULL;
+    failover_waiter w = {.c = waiter};
+    OK(holder, redsem_sem_open(holder, "blocked", REDSEM_STRATEGY_FAIR, 1, 60000, &hs));
+    OK(waiter, redsem_sem_open(waiter, "blocked", REDSEM_STRATEGY_FAIR, 1, 60000, &w.s));
+    redsem_permit *p = NULL;
+    OK(holder, redsem_sem_acquire(hs, 1000, &p));
+    int before = ts_sentinels_primary_port(&c);
+    ts_server *primary = server_on(&c, before);
+    cr_assert_not_null(primary);
+    /* the grant reaches both replicas before the failover */
+    cr_assert_eq(ts_command(primary, NULL, 0, "WAIT", "2", "2000", NULL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, wait_through_failover, &w), 0);
+    /* the waiter is blocked on the primary */
+    char out[2048] = "";
+    for (int i = 0; i < 1000 && strstr(out, "blocked_clients:1") == NULL; i++) {
+        usleep(10000);
+        cr_assert_eq(ts_command(primary, out, sizeof out, "INFO", "clients", NULL), 0);
+    }
+    cr_assert(strstr(out, "blocked_clients:1") != NULL, "the waiter is not blocked");
+    int64_t t0 = tf_now_ms();
+    demote(&c, primary);
+    int now = -1;
+    while (tf_now_ms() - t0 < 50000) {
+        now = ts_sentinels_primary_port(&c);
+        if (now != before && is_primary(server_on(&c, now), true) && is_primary(primary, false))
+            break;
+        usleep(50000);
+    }
+    cr_assert(now != before && is_primary(primary, false), "no failover within 50 s");
+    fprintf(stderr, "old primary demoted, Sentinels name %d: %lld ms\n", now,
+            (long long)(tf_now_ms() - t0));
+    OK(holder, redsem_permit_release(p));
+    redsem_permit_free(p);
+    pthread_join(th, NULL);
+    cr_assert(w.rc == REDSEM_OK || w.rc == REDSEM_EBUSY, "waiter: %s (%s)",
+              redsem_err_name(w.rc), w.msg);
+    cr_assert_null(strstr(w.msg, "UNBLOCKED"), "%s", w.msg);
+    redsem_sem_free(w.s);
+    redsem_sem_free(hs);
+    redsem_client_free(waiter);
+    redsem_client_free(holder);
+    stop_cluster(&c);
+}
+
+static void sentinel_failover(cluster *c, ts_server *primary)
+{
+    (void)primary;
+    cr_assert_eq(ts_command(&c->sentinel[0], NULL, 0, "SENTINEL", "FAILOVER", "mymaster", NULL),
+                 0, "SENTINEL FAILOVER refused");
+}
+
+/* SENTINEL FAILOVER: the Sentinel demotes the old primary with REPLICAOF and CLIENT KILL TYPE
+ * normal in one MULTI, so the waiter's connection is closed (the "-UNBLOCKED" the server
+ * queued is never written): a lost connection, re-resolved. */
+Test(sentinel, a_waiter_blocked_during_sentinel_failover, TO)
+{
+    waiter_through_a_demotion(sentinel_failover);
+}
+
+static void replicaof_failover(cluster *c, ts_server *primary)
+{
+    /* promote a replica, then demote the primary under it: the primary answers its blocked
+     * clients "-UNBLOCKED" at once; the Sentinels then see the change and converge */
+    ts_server *to = primary == &c->replica[0] ? &c->replica[1] : &c->replica[0];
+    char port[16];
+    snprintf(port, sizeof port, "%d", to->port);
+    cr_assert_eq(ts_command(to, NULL, 0, "REPLICAOF", "NO", "ONE", NULL), 0);
+    cr_assert_eq(ts_command(primary, NULL, 0, "REPLICAOF", "127.0.0.1", port, NULL), 0);
+}
+
+/* A demotion without CLIENT KILL (FAILOVER on the primary by an operator; the Sentinels then
+ * converge): the blocked BLPOP is answered "-UNBLOCKED force unblock ... (MASTER -> REPLICA)".
+ * The waiter re-resolves the primary through the Sentinels and waits there. */
+Test(sentinel, a_waiter_cut_by_unblocked_follows_the_new_primary, TO)
+{
+    waiter_through_a_demotion(replicaof_failover);
 }

@@ -12,13 +12,25 @@ extern "C" {
 #endif
 
 /*
- * THREADS. A redsem_client, and every semaphore, lock and permit made from it, may be used by
- * one thread at a time: callers that share a client between threads must serialise the calls
- * themselves (a mutex around each call is enough). Distinct clients share nothing and may be
- * used concurrently from different threads. There is no global state: no global connection,
- * no global script cache, no global initialisation call (sodium_init() is called for you,
- * it is idempotent and thread-safe). redsem_strerror(), redsem_err_name(), redsem_is_fault(),
- * redsem_id_generate() and the version calls may be called from any thread at any time.
+ * THREADS. Since 0.4 a redsem_client, and every semaphore, lock, rate limiter and permit made
+ * from it, may be used by any number of threads at once: a thread pool shares one client.
+ * Each request borrows one of the client's connections to the server that serves its key for
+ * one round trip (at most redsem_options_set_max_connections() of them per server, opened on
+ * demand; a thread that finds them all busy queues, and its script call may go out in the
+ * same write as other threads' calls: pipelined). The blocking acquires waiting for a
+ * wake-up share one separate wait connection (one BLPOP on all their lists), so blocked
+ * waiters never starve the requests of other threads (in a Redis Cluster: one wait
+ * connection per waiting acquire). The text of redsem_client_errmsg() is per thread, like errno. Three things remain
+ * the caller's to order: freeing a handle (no call on it may be running or start after), the
+ * handle setters redsem_sem_set_wait_lease_ms(), redsem_sem_set_guard_lease_ms() and
+ * redsem_lock_set_reentrant() (before the handle is shared), and the use of one permit by two
+ * threads at once (refresh and release race on the server, which decides; redsem never
+ * corrupts memory, but the loser gets REDSEM_ELOST or REDSEM_ESTATE). A reentrant lock handle
+ * is one owner: the threads that share it share its holds. There is no global state: no
+ * global connection, no global script cache, no global initialisation call (sodium_init() is
+ * called for you, it is idempotent and thread-safe). redsem_strerror(), redsem_err_name(),
+ * redsem_is_fault(), redsem_id_generate() and the version calls may be called from any thread
+ * at any time. Before 0.4 a client was one thread's at a time.
  *
  * The one background thread redsem ever starts is the renewer of a client, started by the
  * first redsem_permit_auto_renew() (renew.h); it has its own connection and never touches
@@ -41,7 +53,8 @@ extern "C" {
 /** Opaque connection options, built with redsem_options_new(). Since: 0.1 */
 typedef struct redsem_options redsem_options;
 
-/** Opaque client: one Redis connection plus its script cache and last error. Since: 0.1 */
+/** Opaque client: a small pool of Redis connections with their script caches, shared by the
+ * threads that use it (see THREADS above). Since: 0.1 */
 typedef struct redsem_client redsem_client;
 
 /** Default URL when none is set: "redis://127.0.0.1:6379". */
@@ -50,6 +63,10 @@ typedef struct redsem_client redsem_client;
 #define REDSEM_DEFAULT_CONNECT_TIMEOUT_MS 2000
 /** Default command timeout, ms: how long one request waits for its reply. */
 #define REDSEM_DEFAULT_COMMAND_TIMEOUT_MS 2000
+/** Default request connections per server (redsem_options_set_max_connections). */
+#define REDSEM_DEFAULT_MAX_CONNECTIONS 4
+/** Largest value of redsem_options_set_max_connections(). */
+#define REDSEM_MAX_CONNECTIONS_MAX 64
 /** Default retry window, ms, after a connection-level failure (see set_retry_ms). */
 #define REDSEM_DEFAULT_RETRY_MS 1000
 /** Default key prefix. */
@@ -103,6 +120,19 @@ REDSEM_API void redsem_options_free(redsem_options *options);
  *           credentials. rediss+sentinel:// uses TLS for the Sentinels and the data nodes
  *           alike (the same CA and client certificate options; each verified by its own
  *           host name).
+ *             redis+cluster://[user[:password]@]host[:port][,host[:port]...][/]
+ *           a Redis Cluster (Since: 0.3): the seed nodes (1..16; port default 6379) are
+ *           asked in turn for the slot map (CLUSTER SLOTS) when the client is made, within
+ *           the connect timeout; a semaphore or lock is served by the primary that owns the
+ *           hash slot of {NAME} (CRC16 mod 16384), each primary with its own connection,
+ *           opened on first use. MOVED updates the map (re-read at most every 100 ms) and
+ *           resends there; ASK resends once with ASKING to the node named; TRYAGAIN,
+ *           CLUSTERDOWN and an unreachable primary (a failover) back off with jitter and
+ *           resend within the retry window. user and password are every node's; no db (a
+ *           cluster has only 0); no query. rediss+cluster:// is the same over TLS, every node
+ *           verified by its own address or redsem_options_set_tls_server_name().
+ *           redsem_client_new() fails with REDSEM_ECONN if no seed answers, REDSEM_EINVAL
+ *           if a seed is not in cluster mode.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL or a malformed URL (the options are unchanged);
  *          REDSEM_ENOMEM.
  * Server: none (the URL is parsed now, used by redsem_client_new()).
@@ -236,6 +266,30 @@ REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, in
 REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
 
 /**
+ * redsem_options_set_max_connections - how many connections to each Redis server the client's
+ * requests share.
+ *
+ * A client may be used by many threads at once. Each request (an acquire attempt, a release,
+ * a refresh, a status read ...) borrows one of the client's request connections to the server
+ * that serves its key for one round trip, and gives it back. A thread that finds them all
+ * busy queues (counted in redsem_client_stats.pool_waits) and is served in arrival order,
+ * within the command timeout; a script call (every acquire, release and refresh) queued
+ * there is taken along by the next thread that gets a connection: up to 16 script calls of
+ * different threads go out in one write and come back in one round trip (pipelined; counted
+ * in redsem_client_stats.pipelined; not in a Redis Cluster, nor with
+ * redsem_options_set_sync_replicas()). Connections are opened on demand, so a client used by
+ * one thread opens one. A thread's wait for a connection and its round trip share one
+ * command timeout. Blocking acquires waiting for a wake-up do not hold request connections:
+ * they share one wait connection (one BLPOP on all their lists; in a Redis Cluster one per
+ * waiting acquire); automatic renewal has one more of its own.
+ *
+ * @n  1 .. REDSEM_MAX_CONNECTIONS_MAX. Default REDSEM_DEFAULT_MAX_CONNECTIONS.
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or n out of range (options unchanged).
+ * Thread safety: one thread at a time per options object. Since: 0.4
+ */
+REDSEM_API int redsem_options_set_max_connections(redsem_options *options, int n);
+
+/**
  * redsem_options_set_key_prefix - prefix of every key redsem creates.
  *
  * A semaphore NAME lives in keys PREFIX{NAME}:suffix (see docs/design.md), so one
@@ -263,7 +317,9 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *          key that does not match its certificate; a sync timeout not shorter than the
  *          command timeout); REDSEM_ENOMEM; REDSEM_ECONN (refused, unreachable, name not
  *          found, a TLS handshake that failed, no Sentinel that names a primary, an address
- *          that is not the primary); REDSEM_ETIMEDOUT (connect timeout); REDSEM_ETLS (the
+ *          that is not the primary, no cluster seed that answers); REDSEM_EINVAL also for a
+ *          cluster URL whose seed is not in cluster mode; REDSEM_ETIMEDOUT (connect timeout);
+ *          REDSEM_ETLS (the
  *          server's certificate was refused: unknown CA, expired, name mismatch);
  *          REDSEM_EPERM (AUTH refused: WRONGPASS, NOAUTH, NOPERM; also a Sentinel's);
  *          REDSEM_ESERVER (SELECT refused or other error reply); REDSEM_EPROTO. On failure no
@@ -273,8 +329,10 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *         connect (the TLS handshake for rediss://), then AUTH and SELECT as the URL asks,
  *         then TIME once (the server's clock, from which acquires get their not-after time; a
  *         TIME refused by an ACL is ignored, one that gets no reply within the command
- *         timeout fails with REDSEM_ETIMEDOUT); under Sentinel, ROLE (must be master).
- * Thread safety: the new client belongs to the calling thread until handed over. Since: 0.1
+ *         timeout fails with REDSEM_ETIMEDOUT); under Sentinel, ROLE (must be master). In
+ *         a cluster: CLUSTER SLOTS on the seeds in turn (after AUTH and TIME on the seed);
+ *         the primaries are connected on their first call.
+ * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,
                                             redsem_client **ret_client);
@@ -287,7 +345,7 @@ REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,
  *             pair or user is disabled."). Untouched on success.
  * @errbuf_len size of errbuf in bytes; ignored when errbuf is NULL.
  * Everything else as redsem_client_new().
- * Thread safety: the new client belongs to the calling thread until handed over. Since: 0.1
+ * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_new_verbose(const redsem_options *options,
                                                     redsem_client **ret_client, char *errbuf,
@@ -298,7 +356,7 @@ REDSEM_API REDSEM_WUR int redsem_client_new_verbose(const redsem_options *option
  *
  * @url  borrowed; NULL means REDSEM_DEFAULT_URL. Format as redsem_options_set_url().
  * Returns: as redsem_client_new(); REDSEM_EINVAL also for a malformed URL.
- * Thread safety: the new client belongs to the calling thread until handed over. Since: 0.1
+ * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_connect(const char *url, redsem_client **ret_client);
 
@@ -320,7 +378,8 @@ REDSEM_API void redsem_client_free(redsem_client *client);
  *
  * @client  borrowed; NULL gives "".
  * Returns: view; valid until the next call on the same client; never NULL.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread: the text of the calling thread's own last call on this client, as
+ * errno (Since 0.4). Since: 0.1
  */
 REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
 
@@ -329,7 +388,8 @@ REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
  *
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL); REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_EPERM;
  *          REDSEM_ESERVER; REDSEM_EPROTO; REDSEM_EFORKED.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_client_ping(redsem_client *client);
 
@@ -340,9 +400,15 @@ typedef struct redsem_client_stats {
     uint64_t script_loads; /* EVALs carrying a script's body: its first use, and each retry
                               after NOSCRIPT (redsem never sends SCRIPT LOAD) */
     uint64_t noscript;     /* NOSCRIPT replies seen (each followed by one EVAL of the body) */
-    uint64_t retries;      /* requests re-sent after a connection-level failure */
+    uint64_t retries;      /* requests re-sent after a connection-level failure (or, in a
+                              Redis Cluster, after TRYAGAIN or CLUSTERDOWN) */
     uint64_t wakeups;      /* blocking waits ended by a wake-up signal */
-    uint64_t reserved[8];  /* zero; room for later counters without an ABI break */
+    uint64_t redirects;    /* Redis Cluster MOVED and ASK replies followed (Since: 0.3) */
+    uint64_t pool_waits;   /* requests that waited for a free request connection, all of
+                              them busy with other threads' requests (Since: 0.4) */
+    uint64_t pipelined;    /* script calls written in one write with other threads' calls
+                              (a batch of 2 counts 2) (Since: 0.4) */
+    uint64_t reserved[5];  /* zero; room for later counters without an ABI break */
 } redsem_client_stats;
 
 /**
@@ -350,7 +416,8 @@ typedef struct redsem_client_stats {
  *
  * @client     borrowed; must not be NULL.
  * @ret_stats  borrowed; must not be NULL; filled on REDSEM_OK.
- * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: the client's thread. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: any thread, at the same time as
+ * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_client_get_stats(const redsem_client *client,
                                        redsem_client_stats *ret_stats);

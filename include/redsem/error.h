@@ -34,7 +34,7 @@ extern "C" {
     XX(ESERVER, -14, "Redis answered with an error reply")                                     \
     XX(EPERM, -15, "Redis refused: authentication failed or ACL permission denied")            \
     XX(EPROTO, -16, "unexpected reply from Redis")                                             \
-    XX(ECONFLICT, -17, "the semaphore exists on the server with another strategy or limit")   \
+    XX(ECONFLICT, -17, "the name exists on the server with another strategy, limit or rate")   \
     XX(EFORKED, -18, "handle used in a process other than the one that created it (fork)")    \
     XX(ESTATE, -19, "operation not valid in the handle's current state")                      \
     XX(ETLS, -20, "TLS: the server's certificate was refused (unknown CA, expired, name mismatch)") \

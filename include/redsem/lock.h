@@ -32,7 +32,8 @@ typedef struct redsem_lock redsem_lock;
  * @lease_ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS: the key's PX.
  * @ret_lock  owned-out; free with redsem_lock_free(). Must not be NULL.
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_EFORKED.
- * Server: none. Thread safety: the client's thread. Since: 0.1
+ * Server: none. Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_open(redsem_client *client, const char *name,
                                            int64_t lease_ms, redsem_lock **ret_lock);
@@ -40,7 +41,7 @@ REDSEM_API REDSEM_WUR int redsem_lock_open(redsem_client *client, const char *na
 /**
  * redsem_lock_free - free the handle; NULL is a no-op. Permits from it must be freed first
  * (a held lock is not released: its lease expires on the server). Server: none.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, once no call on the handle is running or can start. Since: 0.1
  */
 REDSEM_API void redsem_lock_free(redsem_lock *lock);
 
@@ -65,7 +66,8 @@ REDSEM_API REDSEM_WUR int redsem_lock_try_acquire(redsem_lock *lock, redsem_perm
  * @ret_permit  owned-out; free with redsem_permit_free(). Written only on REDSEM_OK.
  * Returns: as redsem_sem_acquire() (REDSEM_EBUSY: held by someone else).
  * Server: per attempt one EVALSHA of lock_acquire.lua; BLPOP while waiting.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_acquire(redsem_lock *lock, int64_t timeout_ms,
                                               redsem_permit **ret_permit);
@@ -75,7 +77,8 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire(redsem_lock *lock, int64_t timeout
  * lower-case hex chars), idempotent per token: if the lock is already held with this token,
  * the same grant is returned with its lease renewed. Not allowed on a reentrant handle
  * (REDSEM_EINVAL): there the token is the handle's owner identity.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *token,
                                                  int64_t timeout_ms, redsem_permit **ret_permit);
@@ -83,7 +86,8 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *
 /**
  * redsem_lock_adopt - a local permit object for the lock's current owner token (see
  * redsem_sem_adopt()). Returns REDSEM_ELOST if the lock is not held with that token.
- * Server: one EVALSHA of holder.lua (read-only). Thread safety: the client's thread. Since: 0.1
+ * Server: one EVALSHA of holder.lua (read-only). Thread safety: any thread, at the same time as
+ * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_adopt(redsem_lock *lock, const char *token,
                                             redsem_permit **ret_permit);
@@ -94,7 +98,8 @@ REDSEM_API REDSEM_WUR int redsem_lock_adopt(redsem_lock *lock, const char *token
  * The status reports strategy 0 and limit 1; its holder (if any) is the owner token with
  * its fencing token and remaining lease, redsem_status_hold_count() the reentrant count.
  * Arguments and returns as redsem_sem_status(). Server: one EVALSHA of lock_status.lua.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_lock_status(redsem_lock *lock, size_t max_entries,
                                   redsem_status **ret_status);

@@ -50,6 +50,17 @@ REDSEM_API const char *redsem_permit_id(const redsem_permit *permit);
 REDSEM_API uint64_t redsem_permit_token(const redsem_permit *permit);
 
 /**
+ * redsem_permit_weight - how many permits of its semaphore this permit object stands for.
+ *
+ * @permit  borrowed; NULL gives 0.
+ * Returns: n of the redsem_sem_acquire_n() family that granted it; 1 for a permit from the
+ *          other acquire calls and for a lock; for redsem_sem_adopt() the weight recorded on
+ *          the server. Refresh, release, renewal and the fencing token apply to all n.
+ * Server: none. Thread safety: immutable: any thread, while the permit exists. Since: 0.3
+ */
+REDSEM_API uint32_t redsem_permit_weight(const redsem_permit *permit);
+
+/**
  * redsem_permit_deadline_ms - the validity deadline on redsem_monotonic_ms()'s clock (ms).
  *
  * Moved forward by each successful refresh. 0 for NULL. Server: none.
@@ -103,7 +114,8 @@ REDSEM_API bool redsem_permit_held(const redsem_permit *permit);
  *          acknowledged it in time; the validity deadline is unchanged).
  * Server: one EVALSHA (refresh.lua or lock_extend.lua; EVAL with the body on the client's
  *         first call of that script) on the permit's client.
- * Thread safety: the permit's client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_permit_refresh(redsem_permit *permit);
 
@@ -125,7 +137,8 @@ REDSEM_API int redsem_permit_refresh(redsem_permit *permit);
  *          REDSEM_EFORKED. After a connection-level failure the permit stays releasable; if
  *          it is never released, the lease expires on the server by itself.
  * Server: one EVALSHA (basic_release.lua, fair_release.lua or lock_release.lua).
- * Thread safety: the permit's client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_permit_release(redsem_permit *permit);
 
@@ -134,7 +147,8 @@ REDSEM_API int redsem_permit_release(redsem_permit *permit);
  *
  * Does NOT release it on the server (call redsem_permit_release() first, or let the lease
  * expire). Stops its automatic renewal, if any, waiting for a renewal in flight.
- * Thread safety: the client's thread (never from a lost-lease callback). Since: 0.1
+ * Thread safety: any thread, once no call on the permit is running or can start; never from a
+ * lost-lease callback. Since: 0.1
  */
 REDSEM_API void redsem_permit_free(redsem_permit *permit);
 

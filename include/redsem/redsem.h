@@ -18,5 +18,6 @@
 #include "semaphore.h"
 #include "lock.h"
 #include "renew.h"
+#include "rate.h"
 
 #endif /* REDSEM_REDSEM_H */

@@ -79,7 +79,8 @@ typedef void (*redsem_lost_fn)(redsem_permit *permit, redsem_lost_reason reason,
  *          connection; nothing started); REDSEM_EFORKED.
  * Server: the renewer opens one connection per client (AUTH, SELECT as the client's URL),
  *         then sends one EVALSHA of refresh.lua / lock_extend.lua per renewal.
- * Thread safety: the permit's client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_permit_auto_renew(redsem_permit *permit, int64_t interval_ms,
                                         redsem_lost_fn on_lost, void *user_data);
@@ -89,7 +90,8 @@ REDSEM_API int redsem_permit_auto_renew(redsem_permit *permit, int64_t interval_
  * waits for a renewal in flight.
  *
  * Returns: REDSEM_OK (also if it was not renewed); REDSEM_EINVAL; REDSEM_EFORKED.
- * Thread safety: the permit's client's thread; never from the callback. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h); never from the callback. Since: 0.1
  */
 REDSEM_API int redsem_permit_stop_renewal(redsem_permit *permit);
 
@@ -100,13 +102,17 @@ typedef struct redsem_renew_stats {
     uint64_t lost_expired;  /* permits declared lost: the lease was gone */
     uint64_t lost_deadline; /* permits declared lost: validity ran out without a renewal */
     int64_t max_lateness_ms; /* worst delay of a renewal behind its schedule */
-    uint64_t reserved[8];
+    uint64_t round_trips;   /* round trips the renewals took: renewals falling due within
+                               10 ms of each other go together, up to 16 in one round trip
+                               (Since: 0.4) */
+    uint64_t reserved[7];
 } redsem_renew_stats;
 
 /**
  * redsem_client_renew_stats - copy the renewer's counters (all zero if it never started).
  * @client, @ret_stats  borrowed; must not be NULL.
- * Returns: REDSEM_OK; REDSEM_EINVAL. Thread safety: the client's thread. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Thread safety: any thread, at the same time as others (Since
+ * 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_client_renew_stats(redsem_client *client, redsem_renew_stats *ret_stats);
 
@@ -124,7 +130,7 @@ REDSEM_API int redsem_client_renew_stats(redsem_client *client, redsem_renew_sta
  *
  * @on  true to enable; must be called before the first acquire on this handle.
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL). Server: none.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: before the handle is shared: not while another thread uses it. Since: 0.1
  */
 REDSEM_API int redsem_lock_set_reentrant(redsem_lock *lock, bool on);
 

@@ -25,11 +25,12 @@ typedef struct redsem_sem redsem_sem;
  * BASIC (6.3.1): one sorted set holder -> lease deadline. Cheapest. Waiters are unordered:
  *   whoever retries first after a release wins ("barging"), so a busy client can starve
  *   others.
- * FAIR (6.3.2-6.3.3): a counter gives each request a ticket; an owner sorted set ranks
- *   requests by ticket and a timeout sorted set holds their deadlines. A request is granted
- *   iff fewer than `limit` requests are ahead of it. A waiter blocked in acquire keeps its
- *   ticket in the queue under a short wait lease that it renews, so permits go to waiters in
- *   arrival order and none starves.
+ * FAIR (6.3.2-6.3.3): requests are served in arrival order: a queue sorted set (waiters by
+ *   arrival) and a timeout sorted set (deadlines). A new request is granted iff nobody waits
+ *   and its permits fit; otherwise it waits in the queue, and every release hands the freed
+ *   permits to the head of the queue while they fit (since 0.3, with weights:
+ *   redsem_sem_acquire_n()). A waiter blocked in acquire keeps its place under a short wait
+ *   lease that it renews, so permits go to waiters in arrival order and none starves.
  * LOCKED (6.3.4): the fair acquire performed while holding a short-lived guard lock
  *   PREFIX{NAME}:lock (SET NX PX, then compare-and-delete). Two more round trips per attempt
  *   and spurious failures when the guard is busy; see docs/design.md for what the guard buys
@@ -97,7 +98,8 @@ REDSEM_API int redsem_strategy_parse(const char *name, redsem_strategy *ret_stra
  *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of sem_open.lua: creates PREFIX{NAME}:meta (strategy, limit) if absent,
  *         with a TTL, else compares.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_open(redsem_client *client, const char *name,
                                           redsem_strategy strategy, uint32_t limit,
@@ -106,23 +108,24 @@ REDSEM_API REDSEM_WUR int redsem_sem_open(redsem_client *client, const char *nam
 /**
  * redsem_sem_free - free the handle. NULL is a no-op. Permits from it must be freed first
  * (their leases are not released; they expire on the server). Server: none.
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, once no call on the handle is running or can start. Since: 0.1
  */
 REDSEM_API void redsem_sem_free(redsem_sem *sem);
 
 /**
  * redsem_sem_set_wait_lease_ms - lease of this handle's queued waiters (fair and locked).
  *
- * A waiter blocked in redsem_sem_acquire() keeps its ticket under this lease and renews it
+ * A waiter blocked in redsem_sem_acquire() keeps its place under this lease and renews it
  * every third of it; if the waiter dies, its place is dropped after at most this long. A
- * waiter that dies just as a permit is handed to it (it ranks among the first `limit`)
+ * waiter that dies just as a permit is handed to it (it was at the head of the queue)
  * withholds that permit until then, so a wait lease longer than the lease makes a crashed
  * waiter cost more than a crashed holder. No effect for the basic strategy (its waiters hold
  * no place).
  *
  * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default the shorter of
  *      REDSEM_DEFAULT_WAIT_LEASE_MS and the semaphore's lease.
- * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: the client's thread. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: before the handle is shared: not
+ * while another thread uses it. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_wait_lease_ms(redsem_sem *sem, int64_t ms);
 
@@ -133,7 +136,8 @@ REDSEM_API int redsem_sem_set_wait_lease_ms(redsem_sem *sem, int64_t ms);
  *      holder of the guard that dies blocks every acquire of this semaphore this long, and
  *      so does an acquire whose request timed out or lost its connection while it held the
  *      guard (it leaves the guard to expire rather than wait for the server again).
- * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: the client's thread. Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: before the handle is shared: not
+ * while another thread uses it. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_guard_lease_ms(redsem_sem *sem, int64_t ms);
 
@@ -158,8 +162,9 @@ REDSEM_API int64_t redsem_sem_lease_ms(const redsem_sem *sem);
  *
  * Exactly redsem_sem_acquire(sem, 0, ret_permit): arguments, ownership, return codes
  * (REDSEM_EBUSY when no permit is free), server requests and thread rules as documented
- * there. The fair and locked strategies take a ticket and leave at once if not granted
- * (Redis in Action 6.3.2); a try never barges ahead of queued waiters. Since: 0.1
+ * there. The fair and locked strategies grant a try only if nobody is queued (as in Redis in
+ * Action 6.3.2 a try never barges ahead of queued waiters) and leave without writing
+ * otherwise. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit **ret_permit);
 
@@ -169,15 +174,15 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  * Waiting does not poll: a release wakes one waiter through a Redis list it blocks on
  * (BLPOP), and a lease that expires wakes the waiters when it is due; a bounded, jittered
  * backoff (50 ms doubling to 1 s) covers lost wake-ups. Fair and locked waiters keep their
- * place in the queue (ticket order); basic waiters compete on every wake-up. The call
+ * place in the queue (arrival order); basic waiters compete on every wake-up. The call
  * returns by its deadline plus a few ms (one reconnect and one round trip at most). A wait
  * cut short by a lost connection (REDSEM_ECONN) leaves the queue first, with one more
  * attempt on a new connection (which takes a permit handed over meanwhile), so that no
  * registration of it withholds a permit afterwards.
  *
  * @sem         borrowed; must not be NULL.
- * @timeout_ms  0 = try once (fair: take a ticket and leave at once if not granted, as in
- *              the book); 1..REDSEM_WAIT_MAX_MS; REDSEM_WAIT_FOREVER.
+ * @timeout_ms  0 = try once (fair, locked: granted only if nobody is queued, as in the
+ *              book); 1..REDSEM_WAIT_MAX_MS; REDSEM_WAIT_FOREVER.
  * @ret_permit  owned-out; free with redsem_permit_free() (after redsem_permit_release()).
  *              Must not be NULL. Written only on REDSEM_OK.
  * Returns: REDSEM_OK; REDSEM_EBUSY (no permit free, or none became free in time: expected);
@@ -198,7 +203,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *         a busy guard is retried after 100 us doubling to 5 ms, jittered); while
  *         waiting, BLPOP on the semaphore's wake-up list (basic) or the waiter's own list
  *         (fair, locked).
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_acquire(redsem_sem *sem, int64_t timeout_ms,
                                              redsem_permit **ret_permit);
@@ -213,10 +219,71 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire(redsem_sem *sem, int64_t timeout_ms
  * @holder_id  borrowed; must not be NULL; exactly REDSEM_ID_LEN lower-case hex chars, e.g.
  *             from redsem_id_generate() or redsem_permit_id().
  * Other arguments and returns as redsem_sem_acquire().
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *holder_id,
                                                 int64_t timeout_ms, redsem_permit **ret_permit);
+
+/**
+ * redsem_sem_acquire_n - take n permits at once, as one permit object (weighted acquire),
+ * waiting up to timeout_ms.
+ *
+ * All or nothing: the n permits are granted together or not at all, never some of them
+ * (so two jobs needing 2 of a limit of 3 cannot deadlock as they can when each takes its
+ * permits one by one). Refresh, release, renewal (redsem_renew_add()) and the fencing token
+ * apply to the whole; redsem_permit_weight() returns n. n = 1 is redsem_sem_acquire().
+ * basic: granted iff the permits held + n <= limit; a waiter for many permits can be
+ * overtaken by smaller requests (basic has no queue). fair and locked: strict arrival order
+ * with weights: a request is granted iff the permits held + the permits wanted by the
+ * waiters queued ahead of it + n <= limit, so a large request at the head of the queue is
+ * never overtaken by smaller ones behind it (no starvation; the permits that free up
+ * meanwhile stay free for it). Every step is O(log N) in holders and waiters (design.md,
+ * "Weights"). A waiter that leaves the queue from the middle may hold the waiters behind it
+ * back (never ahead) until the head of the queue moves past its place.
+ *
+ * @sem         borrowed; must not be NULL.
+ * @n           1..the limit recorded on the server (checked by the script before it writes
+ *              anything: this handle's redsem_sem_limit() may be stale).
+ * @timeout_ms  as redsem_sem_acquire().
+ * @ret_permit  owned-out; as redsem_sem_acquire().
+ * Returns: as redsem_sem_acquire(), and REDSEM_EINVAL when n = 0 or n exceeds the limit on
+ *          the server (nothing written; a queued waiter whose n exceeds a limit lowered
+ *          while it waits leaves the queue and gets REDSEM_EINVAL).
+ * Server: as redsem_sem_acquire(); the weight is one more argument of the acquire script;
+ *         a weight above 1 is kept in the semaphore's meta hash (w:ID).
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.3
+ */
+REDSEM_API REDSEM_WUR int redsem_sem_acquire_n(redsem_sem *sem, uint32_t n, int64_t timeout_ms,
+                                               redsem_permit **ret_permit);
+
+/**
+ * redsem_sem_try_acquire_n - take n permits if they are free now; never waits.
+ *
+ * Exactly redsem_sem_acquire_n(sem, n, 0, ret_permit) (fair and locked: never ahead of
+ * queued waiters). Since: 0.3
+ */
+REDSEM_API REDSEM_WUR int redsem_sem_try_acquire_n(redsem_sem *sem, uint32_t n,
+                                                   redsem_permit **ret_permit);
+
+/**
+ * redsem_sem_acquire_as_n - redsem_sem_acquire_n() with a holder identifier chosen by the
+ * caller: idempotent as redsem_sem_acquire_as().
+ *
+ * If the identifier already holds a live permit of the same weight n (an earlier call's
+ * reply was lost), that permit is returned, its lease renewed, with the same token. If it
+ * holds (or, queued, waits for) another weight, the call fails with REDSEM_EINVAL and
+ * changes nothing: one identifier is one permit object; release it first.
+ *
+ * @holder_id  borrowed; must not be NULL; rules as redsem_sem_acquire_as().
+ * Other arguments and returns as redsem_sem_acquire_n().
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.3
+ */
+REDSEM_API REDSEM_WUR int redsem_sem_acquire_as_n(redsem_sem *sem, const char *holder_id,
+                                                  uint32_t n, int64_t timeout_ms,
+                                                  redsem_permit **ret_permit);
 
 /**
  * redsem_sem_adopt - a local permit object for a holder identifier that holds a permit now,
@@ -231,7 +298,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *hol
  * Returns: REDSEM_OK; REDSEM_ELOST (no live permit with that identifier); REDSEM_EINVAL;
  *          REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM;
  *          REDSEM_EPROTO; REDSEM_EFORKED.
- * Server: one EVALSHA of holder.lua (read-only). Thread safety: the client's thread. Since: 0.1
+ * Server: one EVALSHA of holder.lua (read-only). Thread safety: any thread, at the same time as
+ * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_id,
                                            redsem_permit **ret_permit);
@@ -239,7 +307,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_i
 /**
  * redsem_sem_set_limit - change the semaphore's limit on the server, for every client.
  *
- * Raising it wakes as many waiters as there are new permits. Lowering it revokes nothing:
+ * Raising it wakes as many waiters as there are new permits (fair, locked: hands the new
+ * permits to the head of the queue while they fit). Lowering it revokes nothing:
  * existing holders keep their permits and new grants resume once fewer than the new limit
  * are held. Other handles pick the new limit up at their next acquire.
  *
@@ -247,7 +316,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_i
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ECONFLICT (the server has another strategy);
  *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
  *          REDSEM_EFORKED.
- * Server: one EVALSHA of set_limit.lua. Thread safety: the client's thread. Since: 0.1
+ * Server: one EVALSHA of set_limit.lua. Thread safety: any thread, at the same time as others
+ * (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_sem_set_limit(redsem_sem *sem, uint32_t limit);
 
@@ -264,7 +334,8 @@ typedef struct redsem_status redsem_status;
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER;
  *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of status.lua (no writes; works on a read-only ACL user).
- * Thread safety: the client's thread. Since: 0.1
+ * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_sem_status(redsem_sem *sem, size_t max_entries,
                                  redsem_status **ret_status);
@@ -280,8 +351,8 @@ REDSEM_API int redsem_sem_status(redsem_sem *sem, size_t max_entries,
  *               (and the counts 0) when the server has no record of NAME.
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT;
  *          REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
- * Server: one EVALSHA of status.lua (read-only). Thread safety: the client's thread.
- * Since: 0.1
+ * Server: one EVALSHA of status.lua (read-only). Thread safety: any thread, at the same time as
+ * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_sem_inspect(redsem_client *client, const char *name, size_t max_entries,
                                   redsem_status **ret_status);
@@ -302,10 +373,15 @@ REDSEM_API void redsem_status_free(redsem_status *status);
  *                                it does not exist.
  * redsem_status_holder_count   - exact number of live (unexpired) holders.
  * redsem_status_waiter_count   - exact number of live registered or queued waiters.
- * redsem_status_holders_listed - how many holders are listed (at most max_entries).
+ * redsem_status_holders_listed - how many holders are listed (at most max_entries; fair
+ *                                and locked with very many waiters: possibly fewer, as
+ *                                status reads at most 4 x max_entries + 1024 deadlines).
  * redsem_status_waiters_listed - how many waiters are listed (at most max_entries).
  * redsem_status_hold_count     - a lock's reentrant hold count (0 if free or not
  *                                reentrant-held); 0 for a semaphore.
+ * redsem_status_permits_in_use - permits held by the live holders, their weights summed
+ *                                (redsem_sem_acquire_n()); equals the holder count when
+ *                                every holder holds one. Since: 0.3
  */
 REDSEM_API int redsem_status_strategy(const redsem_status *status);
 REDSEM_API bool redsem_status_exists(const redsem_status *status);
@@ -315,10 +391,24 @@ REDSEM_API size_t redsem_status_waiter_count(const redsem_status *status);
 REDSEM_API size_t redsem_status_holders_listed(const redsem_status *status);
 REDSEM_API size_t redsem_status_waiters_listed(const redsem_status *status);
 REDSEM_API uint32_t redsem_status_hold_count(const redsem_status *status);
+REDSEM_API uint64_t redsem_status_permits_in_use(const redsem_status *status);
 
 /**
- * redsem_status_holder - the i-th listed holder (fair/locked: in ticket order; basic: by
- * deadline; lock: the owner).
+ * redsem_status_server - the address of the Redis node that serves the semaphore or lock, as
+ * the client knew it when the status was read: "host:port" ("[v6]:port"), or the socket path
+ * of a unix:// URL. Under Sentinel the primary's address; in a Redis Cluster the primary
+ * serving the hash slot of the name's keys (after any redirection the status call followed).
+ *
+ * @status  borrowed; NULL gives "".
+ * Returns: a view valid until redsem_status_free(); "" if the address is not known.
+ * Thread safety: a status is immutable: any thread may read it until it is freed (once).
+ * Since: 0.3
+ */
+REDSEM_API const char *redsem_status_server(const redsem_status *status);
+
+/**
+ * redsem_status_holder - the i-th listed holder (by lease deadline; lock: the owner). (Up to
+ * 0.2 fair/locked holders were listed in ticket order; since 0.3 holders leave the queue.)
  *
  * @i                 0..holders_listed-1.
  * @ret_id            borrowed, may be NULL; receives a view valid until redsem_status_free().
@@ -331,11 +421,23 @@ REDSEM_API int redsem_status_holder(const redsem_status *status, size_t i, const
                                     uint64_t *ret_token, int64_t *ret_remaining_ms);
 
 /**
+ * redsem_status_holder_weight - how many permits the i-th listed holder holds.
+ *
+ * @status  borrowed; NULL gives 0.
+ * @i       0..holders_listed-1; out of range gives 0.
+ * Returns: the holder's weight, >= 1 (1 for a lock's owner).
+ * Thread safety: a status is immutable: any thread may read it until it is freed (once).
+ * Since: 0.3
+ */
+REDSEM_API uint32_t redsem_status_holder_weight(const redsem_status *status, size_t i);
+
+/**
  * redsem_status_waiter - the i-th listed waiter: fair/locked in queue order, with the wait
  * lease left; basic and lock waiters are registered too (unordered, by wait deadline).
  *
- * Arguments as redsem_status_holder(); ret_token receives the waiter's ticket (0 for basic
- * and lock waiters).
+ * Arguments as redsem_status_holder(); ret_token receives the waiter's place in the queue
+ * (fair/locked since 0.3: its end position, each waiter ahead counting its weight; 0 for
+ * basic and lock waiters).
  * Thread safety: a status is immutable: any thread may read it until it is freed (once). Since: 0.1
  */
 REDSEM_API int redsem_status_waiter(const redsem_status *status, size_t i, const char **ret_id,

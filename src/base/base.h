@@ -48,13 +48,19 @@ int redsem__new_id(char out[REDSEM_ID_BUFSIZE]);
 
 /* ---------------------------------------------------------------- per-client context */
 #define REDSEM__ERRMSG_LEN 512
-/* What every layer of one client shares: the text of the last error, the counters, and a cap
- * on how long any request may run. The client owns it; each node it connects points to it. */
+/* What the layers below the client share for one of its connection sets (a pool lane,
+ * client.c): the text of the last error, the counters, and a cap on how long any request may
+ * run. The lane owns it; each node of the lane points to it; one thread at a time uses it. */
 typedef struct redsem__ctx {
     char errmsg[REDSEM__ERRMSG_LEN];
     redsem_client_stats stats;
     int64_t deadline_cap_ns; /* if non-zero, no request (nor its retries) outlives this */
 } redsem__ctx;
+
+/* Add n to one of ctx's counters. A client's counters are read by redsem_client_get_stats()
+ * from any thread while other threads' requests count: relaxed atomic adds. */
+#define REDSEM__COUNT(ctx, field, n) \
+    ((void)__atomic_fetch_add(&(ctx)->stats.field, (uint64_t)(n), __ATOMIC_RELAXED))
 
 /* Format the error text into ctx (may be NULL) and return code. */
 int redsem__ctx_err(redsem__ctx *ctx, int code, const char *fmt, ...)

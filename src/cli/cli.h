@@ -25,7 +25,7 @@ enum {
     CLI_EXIT_TEMPFAIL = 75,    /* EX_TEMPFAIL: no permit within --wait; CMD not run */
     CLI_EXIT_PROTOCOL = 76,    /* EX_PROTOCOL: Redis answered with an error / unexpected reply */
     CLI_EXIT_NOPERM = 77,      /* EX_NOPERM: AUTH or ACL refused */
-    CLI_EXIT_CONFIG = 78,      /* EX_CONFIG: NAME exists with another strategy or limit */
+    CLI_EXIT_CONFIG = 78,      /* EX_CONFIG: NAME exists with another strategy, limit or rate */
     CLI_EXIT_LOST = 79,        /* not in sysexits.h: the lease was lost / ID holds no permit */
     CLI_EXIT_NOEXEC = 126,     /* as shells: CMD found but not executable */
     CLI_EXIT_NOTFOUND = 127    /* as shells: CMD not found */
@@ -66,6 +66,10 @@ typedef struct cli_opts {
     bool strategy_set;
     uint32_t limit;
     bool limit_set;
+    uint32_t rate_n;        /* run --rate N/DURATION: N grants per window (0: no rate) */
+    int64_t rate_window_ms; /* ... and the window */
+    uint32_t permits;       /* --permits: run, acquire take this many at once (default 1) */
+    bool permits_set;
     int64_t lease_ms;
     int64_t wait_ms;        /* REDSEM_WAIT_FOREVER, 0 (try once) or a bound */
     int64_t kill_after_ms;
@@ -100,6 +104,7 @@ typedef struct cli_session {
     redsem_client *client;
     redsem_sem *sem;   /* semaphore commands */
     redsem_lock *lock; /* lock, --lock */
+    redsem_rate *rate; /* run --rate */
 } cli_session;
 
 /* Connect and open NAME. On failure prints the error and returns the exit status (> 0);
@@ -111,6 +116,10 @@ void cli_session_close(cli_session *s);
 /* Acquire a permit, waiting o->wait_ms; retries an acquire whose outcome was unknown with
  * the same holder identifier (idempotent). Prints and returns the exit status on failure. */
 int cli_session_acquire(const cli_opts *o, cli_session *s, redsem_permit **ret_permit);
+/* Open the rate NAME (o->rate_n per o->rate_window_ms) and take a grant, waiting up to
+ * wait_ms (as o->wait_ms); retries an unknown outcome with the same id. Prints and returns
+ * the exit status on failure. */
+int cli_session_rate(const cli_opts *o, cli_session *s, int64_t wait_ms, redsem_rate_grant *g);
 /* A permit object for the holder o->id (redsem_sem_adopt / redsem_lock_adopt). */
 int cli_session_adopt(const cli_opts *o, cli_session *s, redsem_permit **ret_permit);
 

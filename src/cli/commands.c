@@ -53,6 +53,8 @@ static json_t *permit_json(const cli_opts *o, const redsem_permit *p, int64_t le
         put(obj, "kind", json_string(o->lock ? "lock" : "semaphore"), &ok);
         put(obj, "id", json_string(redsem_permit_id(p)), &ok);
         put(obj, "fence", json_u64(redsem_permit_token(p)), &ok);
+        if (!o->lock)
+            put(obj, "permits", json_integer(redsem_permit_weight(p)), &ok);
         put(obj, "lease_ms", json_integer(lease_ms), &ok);
         put(obj, "validity_ms", json_integer(redsem_permit_validity_ms(p)), &ok);
     }
@@ -96,7 +98,8 @@ int cli_cmd_acquire(const cli_opts *o)
 
 /* ------------------------------------------------------------------ refresh, release */
 
-int cli_cmd_refresh(const cli_opts *o)
+/* Adopt the permit NAME ID (o->id) and refresh it (printing it with --json) or release it. */
+static int on_adopted(const cli_opts *o, bool refresh)
 {
     cli_session s;
     int code = cli_session_open(o, &s);
@@ -105,10 +108,10 @@ int cli_cmd_refresh(const cli_opts *o)
     redsem_permit *p = NULL;
     code = cli_session_adopt(o, &s, &p);
     if (code == 0) {
-        int rc = redsem_permit_refresh(p);
+        int rc = refresh ? redsem_permit_refresh(p) : redsem_permit_release(p);
         if (rc != REDSEM_OK)
             code = cli_fail(o, NULL, rc, redsem_client_errmsg(s.client));
-        else if (o->json) {
+        else if (refresh && o->json) {
             json_t *obj = permit_json(o, p, o->lease_ms);
             code = emit(o, obj, obj != NULL);
         }
@@ -118,22 +121,14 @@ int cli_cmd_refresh(const cli_opts *o)
     return code;
 }
 
+int cli_cmd_refresh(const cli_opts *o)
+{
+    return on_adopted(o, true);
+}
+
 int cli_cmd_release(const cli_opts *o)
 {
-    cli_session s;
-    int code = cli_session_open(o, &s);
-    if (code != 0)
-        return code;
-    redsem_permit *p = NULL;
-    code = cli_session_adopt(o, &s, &p);
-    if (code == 0) {
-        int rc = redsem_permit_release(p);
-        if (rc != REDSEM_OK)
-            code = cli_fail(o, NULL, rc, redsem_client_errmsg(s.client));
-        redsem_permit_free(p);
-    }
-    cli_session_close(&s);
-    return code;
+    return on_adopted(o, false);
 }
 
 /* ------------------------------------------------------------------ status */
@@ -162,11 +157,31 @@ static json_t *entries_json(const redsem_status *st, bool holders, bool *ok)
         put(e, "id", json_string(id), ok);
         put(e, holders ? "fence" : "ticket", json_u64(num), ok);
         put(e, "remaining_ms", json_integer(left), ok);
+        if (holders)
+            put(e, "permits", json_integer(redsem_status_holder_weight(st, i)), ok);
     }
     return arr;
 }
 
-static int status_json(const cli_opts *o, const redsem_status *st)
+static json_t *rate_json(const redsem_rate_info *ri, bool *ok)
+{
+    if (!ri->exists)
+        return json_null();
+    json_t *r = json_object();
+    if (r == NULL) {
+        *ok = false;
+        return NULL;
+    }
+    put(r, "limit", json_integer(ri->limit), ok);
+    put(r, "window_ms", json_integer(ri->window_ms), ok);
+    put(r, "in_window", json_integer(ri->in_window), ok);
+    put(r, "waiter_count", json_integer((json_int_t)ri->waiters), ok);
+    put(r, "next_free_ms", json_integer(ri->next_free_ms), ok);
+    put(r, "last_token", json_u64(ri->last_token), ok);
+    return r;
+}
+
+static int status_json(const cli_opts *o, const redsem_status *st, const redsem_rate_info *ri)
 {
     json_t *obj = json_object();
     bool ok = obj != NULL;
@@ -179,17 +194,21 @@ static int status_json(const cli_opts *o, const redsem_status *st)
             o->lock || strategy == 0 ? json_null() : json_string(redsem_strategy_name(strategy)),
             &ok);
         put(obj, "limit", json_integer(redsem_status_limit(st)), &ok);
+        put(obj, "server", json_string(redsem_status_server(st)), &ok);
         put(obj, "holder_count", json_integer((json_int_t)redsem_status_holder_count(st)), &ok);
+        put(obj, "permits_in_use", json_u64(redsem_status_permits_in_use(st)), &ok);
         put(obj, "waiter_count", json_integer((json_int_t)redsem_status_waiter_count(st)), &ok);
         if (o->lock)
             put(obj, "hold_count", json_integer(redsem_status_hold_count(st)), &ok);
         put(obj, "holders", entries_json(st, true, &ok), &ok);
         put(obj, "waiters", entries_json(st, false, &ok), &ok);
+        if (!o->lock)
+            put(obj, "rate", rate_json(ri, &ok), &ok);
     }
     return emit(o, obj, ok);
 }
 
-static int status_text(const cli_opts *o, const redsem_status *st)
+static int status_text(const cli_opts *o, const redsem_status *st, const redsem_rate_info *ri)
 {
     int strategy = redsem_status_strategy(st);
     if (o->lock)
@@ -200,12 +219,17 @@ static int status_text(const cli_opts *o, const redsem_status *st)
     else
         printf("semaphore %s: strategy %s, limit %" PRIu32 "\n", o->name,
                redsem_strategy_name(strategy), redsem_status_limit(st));
+    printf("server: %s\n", redsem_status_server(st));
     for (int pass = 0; pass < 2; pass++) {
         bool holders = pass == 0;
         size_t count = holders ? redsem_status_holder_count(st) : redsem_status_waiter_count(st);
         size_t listed = holders ? redsem_status_holders_listed(st)
                                 : redsem_status_waiters_listed(st);
-        printf("%s: %zu\n", holders ? "holders" : "waiters", count);
+        if (holders && !o->lock)
+            printf("holders: %zu, permits in use: %" PRIu64 "\n", count,
+                   redsem_status_permits_in_use(st));
+        else
+            printf("%s: %zu\n", holders ? "holders" : "waiters", count);
         for (size_t i = 0; i < listed; i++) {
             const char *id = NULL;
             uint64_t num = 0;
@@ -213,7 +237,11 @@ static int status_text(const cli_opts *o, const redsem_status *st)
             if ((holders ? redsem_status_holder(st, i, &id, &num, &left)
                          : redsem_status_waiter(st, i, &id, &num, &left)) != REDSEM_OK)
                 break;
-            if (holders)
+            if (holders && !o->lock)
+                printf("  %s  permits %" PRIu32 "  fence %" PRIu64 "  lease left %" PRId64
+                       "ms\n",
+                       id, redsem_status_holder_weight(st, i), num, left);
+            else if (holders)
                 printf("  %s  fence %" PRIu64 "  lease left %" PRId64 "ms\n", id, num, left);
             else if (num != 0)
                 printf("  %s  ticket %" PRIu64 "  wait lease left %" PRId64 "ms\n", id, num,
@@ -226,6 +254,15 @@ static int status_text(const cli_opts *o, const redsem_status *st)
     }
     if (o->lock && redsem_status_hold_count(st) > 1)
         printf("hold count: %" PRIu32 "\n", redsem_status_hold_count(st));
+    if (ri->exists) {
+        printf("rate %s: at most %" PRIu32 " per %" PRId64 "ms; %" PRIu32
+               " in the current window, %zu waiting; ",
+               o->name, ri->limit, ri->window_ms, ri->in_window, ri->waiters);
+        if (ri->next_free_ms == 0)
+            printf("a slot is free now\n");
+        else
+            printf("next free slot in %" PRId64 "ms\n", ri->next_free_ms);
+    }
     if (fflush(stdout) != 0) {
         cli_msg(o, "cannot write the output");
         return CLI_EXIT_OSERR;
@@ -242,12 +279,16 @@ int cli_cmd_status(const cli_opts *o)
     if (code != 0)
         return code;
     redsem_status *st = NULL;
+    redsem_rate_info ri = {.exists = false};
     int rc = o->lock ? redsem_lock_status(s.lock, CLI_STATUS_MAX_ENTRIES, &st)
                      : redsem_sem_inspect(s.client, o->name, CLI_STATUS_MAX_ENTRIES, &st);
+    /* NAME's rate limit (run --rate), if there is one: its own keys, the same name */
+    if (rc == REDSEM_OK && !o->lock)
+        rc = redsem_rate_inspect(s.client, o->name, &ri);
     if (rc != REDSEM_OK)
         code = cli_fail(o, NULL, rc, redsem_client_errmsg(s.client));
     else
-        code = o->json ? status_json(o, st) : status_text(o, st);
+        code = o->json ? status_json(o, st, &ri) : status_text(o, st, &ri);
     redsem_status_free(st);
     cli_session_close(&s);
     return code;

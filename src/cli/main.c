@@ -24,7 +24,8 @@ static const char help_commands[] =
     "Commands:\n"
     "  run [OPTIONS] NAME -- CMD [ARGS...]\n"
     "        take a permit of the semaphore NAME, run CMD while renewing the lease, release\n"
-    "        the permit when CMD exits, and exit with CMD's status\n"
+    "        the permit when CMD exits, and exit with CMD's status; with --rate, a grant\n"
+    "        of NAME's rate limit first (and a permit only with --limit or --strategy)\n"
     "  lock [OPTIONS] NAME -- CMD [ARGS...]\n"
     "        the same with the lock (mutex) NAME\n"
     "  acquire [OPTIONS] NAME\n"
@@ -35,8 +36,9 @@ static const char help_commands[] =
     "  release [OPTIONS] NAME ID\n"
     "        give the permit ID back\n"
     "  status [OPTIONS] NAME\n"
-    "        show the strategy, the limit, the holders (lease left, fencing token) and\n"
-    "        the waiters\n"
+    "        show the strategy, the limit, the node that serves NAME, the permits in use,\n"
+    "        the holders (permits, lease left, fencing token) and the waiters, and NAME's\n"
+    "        rate window if it has a rate limit\n"
     "  help  show this help\n"
     "\n";
 /* three literals: each stays under the 4095 bytes C11 compilers must support */
@@ -45,7 +47,9 @@ static const char help_text[] =
     "  --url URL            Redis to use: redis://[USER[:PASSWORD]@]HOST[:PORT][/DB],\n"
     "                       rediss://... (TLS), unix:///PATH[?db=DB], or a Sentinel-managed\n"
     "                       primary: redis+sentinel://HOST[:PORT][,HOST[:PORT]...]/MASTER\n"
-    "                       (rediss+sentinel:// over TLS); default $REDSEM_URL, else\n"
+    "                       (rediss+sentinel:// over TLS), or a Redis Cluster (its seed\n"
+    "                       nodes): redis+cluster://HOST[:PORT][,HOST[:PORT]...]\n"
+    "                       (rediss+cluster:// over TLS); default $REDSEM_URL, else\n"
     "                       " REDSEM_DEFAULT_URL "\n"
     "  --tls-ca FILE        rediss://: CA certificates (PEM) that verify the server\n"
     "                       (default $REDSEM_TLS_CA, else the system's)\n"
@@ -68,6 +72,12 @@ static const char help_text[] =
     "                       path could impersonate the server)\n"
     "  --strategy STRATEGY  semaphores: basic, fair or locked (default fair)\n"
     "  --limit N            semaphores: how many permits, 1..1000000 (default 1)\n"
+    "  --rate N/DURATION    run: at most N grants per rolling window (100/1m), on the\n"
+    "                       server's clock; waiters in FIFO order; taken before the\n"
+    "                       permit, so no permit is held while waiting for the rate\n"
+    "  --permits N          run, acquire: take N permits of the semaphore at once, as one\n"
+    "                       permit (all or nothing; fair and locked: in arrival order,\n"
+    "                       never overtaken by smaller requests); 1..--limit (default 1)\n"
     "  --lease DURATION     lease of a permit (default 30s); run and lock renew it every\n"
     "                       third of it\n"
     "  --wait DURATION      run, lock, acquire: how long to wait for a permit; 0 tries once;\n"
@@ -86,8 +96,9 @@ static const char help_text[] =
     "--wait also accepts 'forever'.\n"
     "\n"
     "Every command on one NAME must use the same --strategy and --limit: the server records\n"
-    "them when NAME is first used and refuses others (exit status 78). status needs neither:\n"
-    "it shows what the server records and records nothing.\n"
+    "them when NAME is first used and refuses others (exit status 78); so must every\n"
+    "run --rate on NAME. status needs neither: it shows what the server records and\n"
+    "records nothing.\n"
     "\n"
     "run and lock put CMD in a process group of its own and signal the whole group: SIGHUP,\n"
     "SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to redsem are forwarded; SIGTSTP\n"
@@ -101,8 +112,12 @@ static const char help_env[] =
     "  REDSEM_TLS_SERVER_NAME\n"
     "                the defaults for --tls-ca, --tls-ca-dir, --tls-cert, --tls-key and\n"
     "                --tls-server-name\n"
-    "  CMD is run with REDSEM_NAME (NAME), REDSEM_ID (the permit's ID) and REDSEM_FENCE\n"
-    "  (its fencing token, a decimal number that increases with every grant of NAME).\n"
+    "  CMD is run with REDSEM_NAME (NAME), REDSEM_ID (the permit's ID), REDSEM_FENCE\n"
+    "  (its fencing token, a decimal number that increases with every grant of NAME)\n"
+    "  and REDSEM_PERMITS (how many permits it holds, --permits; 1 by default);\n"
+    "  with --rate, REDSEM_RATE_TOKEN (the rate grant's fencing token) and\n"
+    "  REDSEM_RATE_GRANTED_US (its server time, microseconds since the epoch), and\n"
+    "  REDSEM_ID, REDSEM_FENCE and REDSEM_PERMITS only if a permit is held too.\n"
     "\n"
     "Exit status:\n"
     "  0      success\n"
@@ -112,11 +127,11 @@ static const char help_env[] =
     "         fewer replicas than --sync-replicas acknowledged in time\n"
     "  70     internal error\n"
     "  71     operating system error (pipe, signals, process creation)\n"
-    "  75     no permit within --wait (run, lock: CMD was not run)\n"
+    "  75     no permit (or rate grant) within --wait (run, lock: CMD was not run)\n"
     "  76     Redis answered with an error (its text is printed)\n"
     "  77     Redis refused the password or the ACL user's permissions, or TLS refused\n"
     "         the server's certificate\n"
-    "  78     NAME exists on the server with another strategy or limit\n"
+    "  78     NAME exists on the server with another strategy, limit or rate\n"
     "  79     the lease was lost: run, lock: while CMD ran (it was terminated);\n"
     "         refresh, release: ID holds no permit of NAME\n"
     "  126    CMD was found but could not be executed\n"
@@ -162,6 +177,7 @@ enum {
     OPT_FOREGROUND,
     OPT_LOCK,
     OPT_JSON,
+    OPT_PERMITS,
     OPT_TLS_CA,
     OPT_TLS_CA_DIR,
     OPT_TLS_CERT,
@@ -169,7 +185,8 @@ enum {
     OPT_TLS_SERVER_NAME,
     OPT_TLS_INSECURE,
     OPT_SYNC_REPLICAS,
-    OPT_SYNC_TIMEOUT
+    OPT_SYNC_TIMEOUT,
+    OPT_RATE
 };
 
 #define CMDS_ALL                                                                               \
@@ -187,6 +204,7 @@ static const struct option long_options[] = {
     {"foreground", no_argument, NULL, OPT_FOREGROUND},
     {"lock", no_argument, NULL, OPT_LOCK},
     {"json", no_argument, NULL, OPT_JSON},
+    {"permits", required_argument, NULL, OPT_PERMITS},
     {"tls-ca", required_argument, NULL, OPT_TLS_CA},
     {"tls-ca-dir", required_argument, NULL, OPT_TLS_CA_DIR},
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
@@ -195,6 +213,7 @@ static const struct option long_options[] = {
     {"tls-insecure-skip-verify", no_argument, NULL, OPT_TLS_INSECURE},
     {"sync-replicas", required_argument, NULL, OPT_SYNC_REPLICAS},
     {"sync-timeout", required_argument, NULL, OPT_SYNC_TIMEOUT},
+    {"rate", required_argument, NULL, OPT_RATE},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
@@ -211,9 +230,13 @@ static unsigned option_commands(int opt)
         return CMDS_SEM;
     case OPT_WAIT:
         return CLI_CMD_RUN | CLI_CMD_LOCK | CLI_CMD_ACQUIRE;
+    case OPT_PERMITS:
+        return CLI_CMD_RUN | CLI_CMD_ACQUIRE;
     case OPT_KILL_AFTER:
     case OPT_FOREGROUND:
         return CLI_CMD_RUN | CLI_CMD_LOCK;
+    case OPT_RATE:
+        return CLI_CMD_RUN;
     case OPT_LOCK:
         return CLI_CMD_ACQUIRE | CLI_CMD_REFRESH | CLI_CMD_RELEASE | CLI_CMD_STATUS;
     case OPT_JSON:
@@ -261,21 +284,38 @@ static bool valid_id(const char *s)
     return true;
 }
 
-static int parse_limit(const char *s, uint32_t *ret)
+/* A whole number 1..max, the whole of s[0..len). */
+static int parse_count(const char *s, size_t len, uint32_t max, uint32_t *ret)
 {
     uint64_t n = 0;
-    if (*s == '\0')
+    if (len == 0)
         return -1;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9')
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
             return -1;
-        n = n * 10 + (uint64_t)(*p - '0');
-        if (n > REDSEM_LIMIT_MAX)
+        n = n * 10 + (uint64_t)(s[i] - '0');
+        if (n > max)
             return -1;
     }
     if (n < 1)
         return -1;
     *ret = (uint32_t)n;
+    return 0;
+}
+
+static int parse_limit(const char *s, uint32_t *ret)
+{
+    return parse_count(s, strlen(s), REDSEM_LIMIT_MAX, ret);
+}
+
+/* --rate N/DURATION: N 1..REDSEM_RATE_MAX grants per window, the window a DURATION. */
+static int parse_rate(const char *s, uint32_t *ret_n, int64_t *ret_window_ms)
+{
+    const char *slash = strchr(s, '/');
+    if (slash == NULL || parse_count(s, (size_t)(slash - s), REDSEM_RATE_MAX, ret_n) != 0 ||
+        cli_parse_duration(slash + 1, REDSEM_WINDOW_MAX_MS, ret_window_ms) != 0 ||
+        *ret_window_ms < REDSEM_WINDOW_MIN_MS)
+        return -1;
     return 0;
 }
 
@@ -285,6 +325,7 @@ static int parse(int argc, char **argv, cli_opts *o)
     memset(o, 0, sizeof *o);
     o->strategy = CLI_DEFAULT_STRATEGY;
     o->limit = CLI_DEFAULT_LIMIT;
+    o->permits = 1;
     o->lease_ms = CLI_DEFAULT_LEASE_MS;
     o->wait_ms = REDSEM_WAIT_FOREVER;
     o->kill_after_ms = CLI_DEFAULT_KILL_AFTER_MS;
@@ -388,6 +429,12 @@ static int parse(int argc, char **argv, cli_opts *o)
                                    REDSEM_LIMIT_MAX);
             o->limit_set = true;
             break;
+        case OPT_RATE:
+            if (parse_rate(optarg, &o->rate_n, &o->rate_window_ms) != 0)
+                return usage_error(o, "--rate '%s': use N/DURATION, N from 1 to %u grants per "
+                                      "window and a window from %dms to 30 days, such as 100/1m",
+                                   optarg, REDSEM_RATE_MAX, REDSEM_WINDOW_MIN_MS);
+            break;
         case OPT_LEASE:
             if (cli_parse_duration(optarg, REDSEM_LEASE_MAX_MS, &o->lease_ms) != 0 ||
                 o->lease_ms < REDSEM_LEASE_MIN_MS)
@@ -418,12 +465,21 @@ static int parse(int argc, char **argv, cli_opts *o)
         case OPT_JSON:
             o->json = true;
             break;
+        case OPT_PERMITS:
+            if (parse_limit(optarg, &o->permits) != 0)
+                return usage_error(o, "--permits '%s': use a whole number from 1 to the limit",
+                                   optarg);
+            o->permits_set = true;
+            break;
         default:
             return usage_error(o, "internal: unhandled option %d", opt);
         }
     }
-    if (o->lock && (o->strategy_set || o->limit_set))
-        return usage_error(o, "--strategy and --limit apply to semaphores, not to a lock");
+    if (o->lock && (o->strategy_set || o->limit_set || o->permits_set))
+        return usage_error(o, "--strategy, --limit and --permits apply to semaphores, not to a "
+                              "lock");
+    if (o->permits > o->limit)
+        return usage_error(o, "--permits %u is more than --limit %u", o->permits, o->limit);
 
     int rest = sub_argc - optind;
     char **args = sub_argv + optind;

@@ -78,7 +78,10 @@ int cli_fail(const cli_opts *o, const char *what, int rc, const char *detail)
     if (detail != NULL && *detail)
         fprintf(stderr, ": %s", detail);
     if (rc == REDSEM_ECONFLICT)
-        fputs(" (every command on one NAME must use the same --strategy and --limit)", stderr);
+        fputs(o != NULL && o->rate_n > 0
+                  ? " (every command on one NAME must use the same --strategy, --limit and --rate)"
+                  : " (every command on one NAME must use the same --strategy and --limit)",
+              stderr);
     fputc('\n', stderr);
     return cli_exit_code(rc);
 }

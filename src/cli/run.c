@@ -6,7 +6,8 @@
  *    too, so this holds whatever the library does), so every signal is taken by the main
  *    thread, and a handler never interrupts the renewer's I/O.
  * 3. posix_spawnp() CMD with the original signal mask, default dispositions for the signals
- *    we catch, REDSEM_NAME/ID/FENCE in its environment and (unless --foreground) a process
+ *    we catch, REDSEM_NAME/ID/FENCE/PERMITS (and REDSEM_RATE_TOKEN/GRANTED_US with --rate) in its
+ *    environment and (unless --foreground) a process
  *    group of its own. posix_spawn needs nothing unsafe between fork and exec, which matters
  *    in a process that has a second thread, and reports exec failures (127, 126).
  * 4. Unblock the signals in the main thread and supervise: poll a self-pipe written by the
@@ -160,28 +161,53 @@ static bool starts_with(const char *s, const char *pfx)
     return strncmp(s, pfx, strlen(pfx)) == 0;
 }
 
-/* environ without REDSEM_NAME/ID/FENCE, plus ours. Built before the spawn (no allocation
- * happens between fork and exec). Free with free_env(). */
-static char **child_env(const cli_opts *o, const redsem_permit *p)
+/* Variables of ours in CMD's environment: environ's own copies are dropped. */
+static const char *const own_vars[] = {"REDSEM_NAME=", "REDSEM_ID=", "REDSEM_FENCE=",
+                                       "REDSEM_PERMITS=", "REDSEM_RATE_TOKEN=",
+                                       "REDSEM_RATE_GRANTED_US="};
+#define N_OWN_VARS (sizeof own_vars / sizeof own_vars[0])
+
+static bool own_var(const char *e)
+{
+    for (size_t i = 0; i < N_OWN_VARS; i++)
+        if (starts_with(e, own_vars[i]))
+            return true;
+    return false;
+}
+
+/* environ without our variables, plus ours: REDSEM_NAME; REDSEM_ID, REDSEM_FENCE and
+ * REDSEM_PERMITS (its weight, --permits) of the permit p (if any); REDSEM_RATE_TOKEN and REDSEM_RATE_GRANTED_US of the rate grant g (if
+ * any). Built before the spawn (no allocation happens between fork and exec). Free with
+ * free_env(). */
+static char **child_env(const cli_opts *o, const redsem_permit *p, const redsem_rate_grant *g)
 {
     size_t n = 0;
     for (char **e = environ; e != NULL && *e != NULL; e++)
         n++;
-    char **env = calloc(n + 4, sizeof *env);
+    char **env = calloc(n + N_OWN_VARS + 1, sizeof *env);
     if (env == NULL)
         return NULL;
     size_t k = 0;
     for (char **e = environ; e != NULL && *e != NULL; e++)
-        if (!starts_with(*e, "REDSEM_NAME=") && !starts_with(*e, "REDSEM_ID=") &&
-            !starts_with(*e, "REDSEM_FENCE="))
+        if (!own_var(*e))
             env[k++] = *e;
     size_t own = k;
-    char fence[32];
-    snprintf(fence, sizeof fence, "%" PRIu64, redsem_permit_token(p));
-    const char *vals[3][2] = {
-        {"REDSEM_NAME=", o->name}, {"REDSEM_ID=", redsem_permit_id(p)}, {"REDSEM_FENCE=", fence}};
-    for (int i = 0; i < 3; i++) {
-        size_t len = strlen(vals[i][0]) + strlen(vals[i][1]) + 1;
+    char fence[32] = "", permits[16] = "", rate_token[32] = "", rate_us[32] = "";
+    if (p != NULL) {
+        snprintf(fence, sizeof fence, "%" PRIu64, redsem_permit_token(p));
+        snprintf(permits, sizeof permits, "%" PRIu32, o->permits > 0 ? o->permits : 1);
+    }
+    if (g != NULL) {
+        snprintf(rate_token, sizeof rate_token, "%" PRIu64, g->token);
+        snprintf(rate_us, sizeof rate_us, "%" PRId64, g->granted_us);
+    }
+    const char *vals[N_OWN_VARS] = {o->name,           p ? redsem_permit_id(p) : NULL,
+                                    p ? fence : NULL,  p ? permits : NULL,
+                                    g ? rate_token : NULL, g ? rate_us : NULL};
+    for (size_t i = 0; i < N_OWN_VARS; i++) {
+        if (vals[i] == NULL)
+            continue;
+        size_t len = strlen(own_vars[i]) + strlen(vals[i]) + 1;
         char *v = malloc(len);
         if (v == NULL) {
             for (size_t j = own; j < k; j++)
@@ -189,7 +215,7 @@ static char **child_env(const cli_opts *o, const redsem_permit *p)
             free(env);
             return NULL;
         }
-        snprintf(v, len, "%s%s", vals[i][0], vals[i][1]);
+        snprintf(v, len, "%s%s", own_vars[i], vals[i]);
         env[k++] = v;
     }
     env[k] = NULL;
@@ -200,11 +226,10 @@ static void free_env(char **env)
 {
     if (env == NULL)
         return;
-    size_t n = 0;
-    while (env[n] != NULL)
-        n++;
-    for (size_t i = n - 3; i < n; i++) /* the last three are ours */
-        free(env[i]);
+    /* ours are the entries of our variables: child_env() dropped environ's own */
+    for (size_t i = 0; env[i] != NULL; i++)
+        if (own_var(env[i]))
+            free(env[i]);
     free(env);
 }
 
@@ -317,7 +342,7 @@ static void supervise(const cli_opts *o, redsem_permit *p, pid_t pid, outcome *o
             signal_cmd(o, pid, SIGCONT);
         }
         int reason = atomic_load(&lost_reason);
-        if (!out->lost && (reason != 0 || !redsem_permit_held(p))) {
+        if (!out->lost && (reason != 0 || (p != NULL && !redsem_permit_held(p)))) {
             out->lost = true;
             kill_at = now_ms() + o->kill_after_ms;
             cli_msg(o, "lease lost: %s; sending SIGTERM to %s (pid %ld)%s, SIGKILL after "
@@ -366,13 +391,33 @@ static int exit_status_of(int wstatus)
 
 int cli_cmd_run(const cli_opts *o)
 {
+    /* --rate alone: a rate grant, no permit. --rate with --limit or --strategy: the grant
+     * first, then a permit of the semaphore NAME in what is left of --wait; so a permit is
+     * never held while waiting for the rate, and the two cannot deadlock
+     * (docs/ratelimits.md). */
+    bool rate = o->rate_n > 0;
+    bool permit = !rate || o->lock || o->limit_set || o->strategy_set;
     cli_session s;
-    int code = cli_session_open(o, &s);
+    int code = permit ? cli_session_open(o, &s) : cli_session_connect(o, &s);
     if (code != 0)
         return code;
+    redsem_rate_grant grant;
+    cli_opts po = *o; /* the permit's options: its wait is what the rate left */
+    if (rate) {
+        int64_t start = redsem_monotonic_ms();
+        code = cli_session_rate(o, &s, o->wait_ms, &grant);
+        if (code != 0) {
+            cli_session_close(&s);
+            return code;
+        }
+        if (o->wait_ms > 0) {
+            po.wait_ms = o->wait_ms - (redsem_monotonic_ms() - start);
+            if (po.wait_ms < 0)
+                po.wait_ms = 0;
+        }
+    }
     redsem_permit *p = NULL;
-    code = cli_session_acquire(o, &s, &p);
-    if (code != 0) {
+    if (permit && (code = cli_session_acquire(&po, &s, &p)) != 0) {
         cli_session_close(&s);
         return code;
     }
@@ -388,19 +433,19 @@ int cli_cmd_run(const cli_opts *o)
         code = CLI_EXIT_OSERR;
         goto release;
     }
-    int rc = redsem_permit_auto_renew(p, 0, on_lost, NULL);
+    int rc = p != NULL ? redsem_permit_auto_renew(p, 0, on_lost, NULL) : REDSEM_OK;
     if (rc != REDSEM_OK) {
         code = cli_fail(o, "start automatic renewal", rc, redsem_client_errmsg(s.client));
         goto release;
     }
-    if (atomic_load(&lost_reason) != 0 || !redsem_permit_held(p)) {
+    if (atomic_load(&lost_reason) != 0 || (p != NULL && !redsem_permit_held(p))) {
         cli_msg(o, "lease lost before %s could start: %s", o->argv[0],
                 lost_text(atomic_load(&lost_reason)));
         lost = true;
         code = CLI_EXIT_LOST;
         goto release;
     }
-    env = child_env(o, p);
+    env = child_env(o, p, rate ? &grant : NULL);
     if (env == NULL) {
         cli_msg(o, "out of memory");
         code = CLI_EXIT_SOFTWARE;
@@ -419,7 +464,7 @@ int cli_cmd_run(const cli_opts *o)
     code = lost ? CLI_EXIT_LOST : exit_status_of(out.wstatus);
 
 release:
-    rc = redsem_permit_release(p);
+    rc = p != NULL ? redsem_permit_release(p) : REDSEM_OK;
     if (!lost && rc == REDSEM_ELOST && code != CLI_EXIT_SOFTWARE && code != CLI_EXIT_OSERR) {
         cli_msg(o, "lease lost before %s finished: the release found the permit expired or "
                    "taken over",

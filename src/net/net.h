@@ -13,8 +13,8 @@ struct redisReadTask;
 struct redisReplyObjectFunctions;
 
 /* ---------------------------------------------------------------- URL (url.c) */
-enum { REDSEM__EP_TCP = 1, REDSEM__EP_UNIX = 2, REDSEM__EP_SENTINEL = 3 };
-#define REDSEM__SENTINELS_MAX 16
+enum { REDSEM__EP_TCP = 1, REDSEM__EP_UNIX = 2, REDSEM__EP_SENTINEL = 3, REDSEM__EP_CLUSTER = 4 };
+#define REDSEM__HOSTS_MAX 16
 typedef struct redsem__hostport {
     char *host;
     int port;
@@ -27,11 +27,12 @@ typedef struct redsem__endpoint {
     char *user;     /* NULL: none */
     char *password; /* NULL: none */
     long db;
-    bool tls;       /* rediss://, rediss+sentinel:// */
-    /* SENTINEL: the Sentinels to ask, the primary's name, the Sentinels' own credentials
-     * (user and password are the data nodes') */
-    redsem__hostport *sentinels;
-    size_t nsentinels;
+    bool tls;       /* rediss://, rediss+sentinel://, rediss+cluster:// */
+    /* SENTINEL: the Sentinels to ask (hosts), the primary's name, the Sentinels' own
+     * credentials (user and password are the data nodes'). CLUSTER: the seed nodes (hosts);
+     * user and password are every node's. */
+    redsem__hostport *hosts;
+    size_t nhosts;
     char *master;
     char *sentinel_user;     /* NULL: none */
     char *sentinel_password; /* NULL: none */

@@ -3,6 +3,8 @@
  *   unix://[user[:password]@]/absolute/path[?db=N]
  *   redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/MASTER
  *       [?db=N][&sentinel_user=U&sentinel_password=P]  (rediss+sentinel:// over TLS)
+ *   redis+cluster://[user[:password]@]host[:port][,host[:port]...][/]
+ *                                                      (rediss+cluster:// over TLS)
  * user, password and path may be percent-encoded. Strict: anything else is EINVAL. */
 #include <stdio.h>
 #include <string.h>
@@ -210,6 +212,60 @@ static int parse_redis(const char *p, redsem__endpoint *ep, char *err, size_t er
     return REDSEM_OK;
 }
 
+/* "host[:port][,host[:port]...]" in [list, list+llen) into ep->hosts (at most
+ * REDSEM__HOSTS_MAX; what names them in err). */
+static int parse_hostlist(const char *list, size_t llen, int default_port, const char *what,
+                          redsem__endpoint *ep, char *err, size_t errlen)
+{
+    size_t n = 1;
+    for (size_t i = 0; i < llen; i++)
+        n += list[i] == ',';
+    if (n > REDSEM__HOSTS_MAX) {
+        char why[64];
+        snprintf(why, sizeof why, "more than %d %s", REDSEM__HOSTS_MAX, what);
+        return fail(err, errlen, why);
+    }
+    ep->hosts = redsem__calloc(n, sizeof *ep->hosts);
+    if (ep->hosts == NULL)
+        return REDSEM_ENOMEM;
+    const char *s = list, *end = list + llen;
+    while (ep->nhosts < n) {
+        const char *comma = memchr(s, ',', (size_t)(end - s));
+        const char *e = comma ? comma : end;
+        redsem__hostport *hp = &ep->hosts[ep->nhosts];
+        int rc = parse_hostport(s, (size_t)(e - s), default_port, &hp->host, &hp->port, err,
+                                errlen);
+        if (rc != REDSEM_OK)
+            return rc;
+        ep->nhosts++;
+        s = e + 1;
+    }
+    return REDSEM_OK;
+}
+
+/* redis+cluster://[user[:password]@]host[:port][,host[:port]...][/]: the seed nodes, tried
+ * in turn for the slot map; the credentials are every node's. No database (a cluster has
+ * only 0), no query. */
+static int parse_cluster(const char *p, redsem__endpoint *ep, char *err, size_t errlen)
+{
+    const char *slash = strchr(p, '/');
+    size_t alen = slash ? (size_t)(slash - p) : strlen(p);
+    if (slash != NULL && slash[1] != '\0')
+        return fail(err, errlen, "a cluster URL has no database or path (a cluster has only "
+                                 "database 0)");
+    if (memchr(p, '?', alen) || memchr(p, '#', alen))
+        return fail(err, errlen, "a cluster URL takes no query");
+    const char *list;
+    size_t llen;
+    int rc = split_userinfo(p, alen, ep, &list, &llen, err, errlen);
+    if (rc == REDSEM_OK)
+        rc = parse_hostlist(list, llen, 6379, "seed nodes", ep, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
+    ep->kind = REDSEM__EP_CLUSTER;
+    return REDSEM_OK;
+}
+
 /* redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/MASTER[?query]
  * query: db=N, sentinel_user=U, sentinel_password=P (percent-encoded), joined by '&'. */
 static int parse_sentinel(const char *p, redsem__endpoint *ep, char *err, size_t errlen)
@@ -225,25 +281,9 @@ static int parse_sentinel(const char *p, redsem__endpoint *ep, char *err, size_t
     int rc = split_userinfo(p, alen, ep, &list, &llen, err, errlen);
     if (rc != REDSEM_OK)
         return rc;
-    size_t n = 1;
-    for (size_t i = 0; i < llen; i++)
-        n += list[i] == ',';
-    if (n > REDSEM__SENTINELS_MAX)
-        return fail(err, errlen, "more than 16 Sentinels");
-    ep->sentinels = redsem__calloc(n, sizeof *ep->sentinels);
-    if (ep->sentinels == NULL)
-        return REDSEM_ENOMEM;
-    const char *s = list, *end = list + llen;
-    while (ep->nsentinels < n) {
-        const char *comma = memchr(s, ',', (size_t)(end - s));
-        const char *e = comma ? comma : end;
-        redsem__hostport *hp = &ep->sentinels[ep->nsentinels];
-        rc = parse_hostport(s, (size_t)(e - s), 26379, &hp->host, &hp->port, err, errlen);
-        if (rc != REDSEM_OK)
-            return rc;
-        ep->nsentinels++;
-        s = e + 1;
-    }
+    rc = parse_hostlist(list, llen, 26379, "Sentinels", ep, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
     const char *name = slash + 1;
     const char *q = strchr(name, '?');
     size_t nlen = q ? (size_t)(q - name) : strlen(name);
@@ -347,9 +387,15 @@ int redsem__url_parse(const char *url, redsem__endpoint *out, char *err, size_t 
     else if (strncmp(url, "rediss+sentinel://", 18) == 0) {
         rc = parse_sentinel(url + 18, &ep, err, errlen);
         ep.tls = true;
+    } else if (strncmp(url, "redis+cluster://", 16) == 0)
+        rc = parse_cluster(url + 16, &ep, err, errlen);
+    else if (strncmp(url, "rediss+cluster://", 17) == 0) {
+        rc = parse_cluster(url + 17, &ep, err, errlen);
+        ep.tls = true;
     } else
         rc = fail(err, errlen, "scheme must be redis://, rediss:// (TLS), unix://, "
-                               "redis+sentinel:// or rediss+sentinel://");
+                               "redis+sentinel://, rediss+sentinel://, redis+cluster:// or "
+                               "rediss+cluster://");
     if (rc != REDSEM_OK) {
         redsem__endpoint_clear(&ep);
         return rc;
@@ -363,8 +409,8 @@ int redsem__endpoint_copy(redsem__endpoint *dst, const redsem__endpoint *src)
     redsem__endpoint ep = *src;
     ep.host = ep.path = ep.user = ep.password = NULL;
     ep.master = ep.sentinel_user = ep.sentinel_password = NULL;
-    ep.sentinels = NULL;
-    ep.nsentinels = 0;
+    ep.hosts = NULL;
+    ep.nhosts = 0;
     if ((src->host && !(ep.host = redsem__strdup(src->host))) ||
         (src->path && !(ep.path = redsem__strdup(src->path))) ||
         (src->user && !(ep.user = redsem__strdup(src->user))) ||
@@ -373,19 +419,19 @@ int redsem__endpoint_copy(redsem__endpoint *dst, const redsem__endpoint *src)
         (src->sentinel_user && !(ep.sentinel_user = redsem__strdup(src->sentinel_user))) ||
         (src->sentinel_password &&
          !(ep.sentinel_password = redsem__strdup(src->sentinel_password))) ||
-        (src->nsentinels &&
-         !(ep.sentinels = redsem__calloc(src->nsentinels, sizeof *ep.sentinels)))) {
+        (src->nhosts &&
+         !(ep.hosts = redsem__calloc(src->nhosts, sizeof *ep.hosts)))) {
         redsem__endpoint_clear(&ep);
         return REDSEM_ENOMEM;
     }
-    for (size_t i = 0; i < src->nsentinels; i++) {
-        ep.sentinels[i].port = src->sentinels[i].port;
-        if ((ep.sentinels[i].host = redsem__strdup(src->sentinels[i].host)) == NULL) {
-            ep.nsentinels = i;
+    for (size_t i = 0; i < src->nhosts; i++) {
+        ep.hosts[i].port = src->hosts[i].port;
+        if ((ep.hosts[i].host = redsem__strdup(src->hosts[i].host)) == NULL) {
+            ep.nhosts = i;
             redsem__endpoint_clear(&ep);
             return REDSEM_ENOMEM;
         }
-        ep.nsentinels = i + 1;
+        ep.nhosts = i + 1;
     }
     *dst = ep;
     return REDSEM_OK;
@@ -408,8 +454,8 @@ void redsem__endpoint_clear(redsem__endpoint *ep)
     redsem__free(ep->master);
     redsem__free(ep->sentinel_user);
     wipe(ep->sentinel_password);
-    for (size_t i = 0; i < ep->nsentinels; i++)
-        redsem__free(ep->sentinels[i].host);
-    redsem__free(ep->sentinels);
+    for (size_t i = 0; i < ep->nhosts; i++)
+        redsem__free(ep->hosts[i].host);
+    redsem__free(ep->hosts);
     memset(ep, 0, sizeof *ep);
 }

@@ -15,6 +15,8 @@ int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint 
 {
     memset(n, 0, sizeof *n);
     n->ctx = ctx;
+    redsem__clock_init(&n->own_clock);
+    n->clock = &n->own_clock;
     redsem__conn_init(&n->conn);
     n->connect_timeout_ms = cfg->connect_timeout_ms;
     n->command_timeout_ms = cfg->command_timeout_ms;
@@ -50,16 +52,71 @@ void redsem__node_close(redsem__node *n)
     n->tls_server_name = NULL;
 }
 
+static bool starts(const redisReply *r, const char *word)
+{
+    size_t l = strlen(word);
+    return r->type == REDIS_REPLY_ERROR && r->str != NULL && r->len >= l &&
+           memcmp(r->str, word, l) == 0;
+}
+
+bool redsem__redirect_reply(const redisReply *r)
+{
+    /* UNBLOCKED: a blocked BLPOP cut because its node became a replica (a failover) */
+    return starts(r, "MOVED ") || starts(r, "ASK ") || starts(r, "TRYAGAIN") ||
+           starts(r, "CLUSTERDOWN") || starts(r, "UNBLOCKED");
+}
+
+/* "MOVED 3999 127.0.0.1:6381" or "ASK ...": the slot and the address (the host may be empty:
+ * the node's own, as the Cluster specification allows; an IPv6 address ends at the last ':'). */
+static bool parse_redirect(const redsem__node *n, const redisReply *r, redsem__redirect *d)
+{
+    memset(d, 0, sizeof *d);
+    if (!starts(r, "MOVED ") && !starts(r, "ASK ")) {
+        d->kind = REDSEM__REDIR_TRYAGAIN;
+        return true;
+    }
+    d->kind = starts(r, "ASK ") ? REDSEM__REDIR_ASK : REDSEM__REDIR_MOVED;
+    char text[400];
+    snprintf(text, sizeof text, "%.*s", (int)(r->len < 399 ? r->len : 399), r->str);
+    char *sp = strchr(text, ' '), *addr = sp ? strchr(sp + 1, ' ') : NULL;
+    char *colon = addr ? strrchr(addr + 1, ':') : NULL;
+    if (colon == NULL)
+        return false;
+    char *end;
+    long slot = strtol(sp + 1, &end, 10), port = strtol(colon + 1, NULL, 10);
+    if (end != addr || slot < 0 || slot >= 16384 || port < 1 || port > 65535)
+        return false;
+    *colon = '\0';
+    const char *host = addr[1] != '\0' ? addr + 1 : n->ep.host;
+    if (host == NULL || strlen(host) >= sizeof d->host)
+        return false;
+    snprintf(d->host, sizeof d->host, "%s", host);
+    d->slot = (int)slot;
+    d->port = (int)port;
+    return true;
+}
+
 int redsem__node_error_reply(redsem__node *n, const redisReply *r, const char *what)
 {
     const char *s = r->str ? r->str : "";
     int code = REDSEM_ESERVER;
+    int shown = (int)(r->len < 400 ? r->len : 400);
+    if (redsem__redirect_reply(r)) {
+        if (n->cluster && parse_redirect(n, r, &n->redirect)) {
+            (void)redsem__ctx_err(n->ctx, REDSEM_ESERVER, "%s: %.*s", what, shown, s);
+            return REDSEM__EREDIRECT;
+        }
+        if (!n->cluster && (starts(r, "MOVED ") || starts(r, "ASK ")))
+            return redsem__ctx_err(n->ctx, code, "%s: %.*s (this server is a Redis Cluster "
+                                   "node: connect with redis+cluster://host:port)",
+                                   what, shown, s);
+    }
     if (strncmp(s, "NOPERM", 6) == 0 || strncmp(s, "NOAUTH", 6) == 0 ||
         strncmp(s, "WRONGPASS", 9) == 0)
         code = REDSEM_EPERM;
     else if (strncmp(s, "CONFLICT", 8) == 0)
         code = REDSEM_ECONFLICT;
-    return redsem__ctx_err(n->ctx, code, "%s: %.*s", what, (int)(r->len < 400 ? r->len : 400), s);
+    return redsem__ctx_err(n->ctx, code, "%s: %.*s", what, shown, s);
 }
 
 /* Give a connection up after a failure. Abortive: a request that is still unacknowledged
@@ -71,34 +128,54 @@ static void drop_connection(redsem__node *n)
     n->connected = false;
 }
 
-/* One request on the raw connection (two pipelined in one write when ret2 is not NULL: cmd
- * holds both), no reconnect, no retry. */
-static int raw_roundtrip2(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
-                          redisReply **ret, redisReply **ret2, bool *written, char *err,
-                          size_t errlen)
+void redsem__node_disconnect(redsem__node *n)
+{
+    if (n->connected)
+        redsem__conn_close(&n->conn);
+    n->connected = false;
+}
+
+/* Requests on the raw connection, pipelined in one write (cmd holds them all), and their
+ * nrets replies; no reconnect, no retry. On failure no reply is kept. */
+static int raw_roundtrip_n(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
+                           redisReply **rets, int nrets, bool *written, char *err,
+                           size_t errlen)
 {
     int err_no = 0;
     *written = false;
     int io = redsem__conn_write(&n->conn, cmd, len, deadline_ns, &err_no);
     if (io == REDSEM__IO_OK) {
         *written = true;
-        n->ctx->stats.requests += ret2 != NULL ? 2 : 1;
-        io = redsem__conn_read(&n->conn, ret, deadline_ns, &err_no, err, errlen);
-        if (io == REDSEM__IO_OK && ret2 != NULL) {
-            io = redsem__conn_read(&n->conn, ret2, deadline_ns, &err_no, err, errlen);
-            if (io != REDSEM__IO_OK) {
-                freeReplyObject(*ret);
-                *ret = NULL;
-            }
+        REDSEM__COUNT(n->ctx, requests, (uint64_t)nrets);
+        for (int i = 0; i < nrets && io == REDSEM__IO_OK; i++) {
+            io = redsem__conn_read(&n->conn, &rets[i], deadline_ns, &err_no, err, errlen);
+            if (io != REDSEM__IO_OK)
+                for (int j = 0; j < i; j++) {
+                    freeReplyObject(rets[j]);
+                    rets[j] = NULL;
+                }
         }
     }
     return redsem__io_status(io, err_no, err, errlen);
 }
 
+int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
+                                 redisReply **rets, int k, bool *written)
+{
+    char err[256];
+    int64_t dl = n->ctx->deadline_cap_ns; /* 0: the socket's timeout (the command timeout) */
+    int rc = raw_roundtrip_n(n, cmd, len, dl, rets, k, written, err, sizeof err);
+    if (rc != REDSEM_OK) {
+        drop_connection(n);
+        redsem__ctx_err(n->ctx, rc, "%s", err);
+    }
+    return rc;
+}
+
 static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
                          redisReply **ret, bool *written, char *err, size_t errlen)
 {
-    return raw_roundtrip2(n, cmd, len, deadline_ns, ret, NULL, written, err, errlen);
+    return raw_roundtrip_n(n, cmd, len, deadline_ns, ret, 1, written, err, errlen);
 }
 
 static int handshake_cmd(redsem__node *n, const redsem__args *a, const char *what,
@@ -125,25 +202,39 @@ static int handshake_cmd(redsem__node *n, const redsem__args *a, const char *wha
     return rc;
 }
 
-void redsem__node_note_server_clock(redsem__node *n, int64_t server_us, int64_t recv_ns)
+void redsem__clock_init(redsem__clock *k)
+{
+    atomic_init(&k->offset_us, INT64_MIN);
+}
+
+void redsem__clock_note(redsem__clock *k, int64_t server_us, int64_t recv_ns)
 {
     if (server_us <= 0 || recv_ns <= 0)
         return;
     /* The reply left the server before we read it: this underestimates the offset by the
      * reply's one-way latency, which the not-after margin covers. */
-    n->clock_offset_us = server_us - recv_ns / 1000;
-    n->clock_offset_known = true;
+    atomic_store_explicit(&k->offset_us, server_us - recv_ns / 1000, memory_order_relaxed);
 }
 
-int64_t redsem__node_not_after_us(const redsem__node *n)
+int64_t redsem__clock_not_after_us(const redsem__clock *k, int64_t command_timeout_ms)
 {
-    if (!n->clock_offset_known)
+    int64_t off = atomic_load_explicit(&k->offset_us, memory_order_relaxed);
+    if (off == INT64_MIN)
         return 0;
     /* margin: the offset's error (one-way latency) and the drift of the two clocks between
      * measurements (NTP slews at most 0.05 %) */
     int64_t margin_us = 100000;
-    return redsem__now_ns() / 1000 + n->clock_offset_us + n->command_timeout_ms * 1000 +
-           margin_us;
+    return redsem__now_ns() / 1000 + off + command_timeout_ms * 1000 + margin_us;
+}
+
+void redsem__node_note_server_clock(redsem__node *n, int64_t server_us, int64_t recv_ns)
+{
+    redsem__clock_note(n->clock, server_us, recv_ns);
+}
+
+int64_t redsem__node_not_after_us(const redsem__node *n)
+{
+    return redsem__clock_not_after_us(n->clock, n->command_timeout_ms);
 }
 
 /* TIME on the client's first connection, so that its first acquire can carry a not-after
@@ -152,7 +243,7 @@ int64_t redsem__node_not_after_us(const redsem__node *n)
  * of step. An error reply (an ACL without TIME) just leaves the offset unknown. */
 static int measure_clock(redsem__node *n, int64_t deadline_ns, char *err, size_t errlen)
 {
-    if (n->clock_offset_known)
+    if (atomic_load_explicit(&n->clock->offset_us, memory_order_relaxed) != INT64_MIN)
         return REDSEM_OK;
     static const char cmd[] = "*1\r\n$4\r\nTIME\r\n";
     int64_t dl = redsem__now_ns() + n->command_timeout_ms * REDSEM__NS_PER_MS;
@@ -254,7 +345,7 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
         return rc;
     }
     n->connected = true;
-    n->ctx->stats.connects++;
+    REDSEM__COUNT(n->ctx, connects, 1);
     return REDSEM_OK;
 }
 
@@ -282,7 +373,7 @@ static void nap_before_retry(redsem__node *n, int64_t *backoff, int64_t retry_un
         nap = retry_until - now;
     redsem__sleep_ns(nap);
     *backoff = *backoff * 2 > 100 * REDSEM__NS_PER_MS ? 100 * REDSEM__NS_PER_MS : *backoff * 2;
-    n->ctx->stats.retries++;
+    REDSEM__COUNT(n->ctx, retries, 1);
 }
 
 int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int64_t deadline_ns,
@@ -291,7 +382,40 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
     return redsem__node_request2(n, a, NULL, flags, deadline_ns, ret_reply, NULL, info);
 }
 
-int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__args *then,
+/* The bytes of a request: [ASKING (after a cluster's ASK)] a [then], in one buffer so that
+ * they go in one write (one round trip). Freed with redisFreeCommand when it is a alone,
+ * else with redsem__free. The length, or -1 without memory. */
+static int format_requests(const redsem__node *n, const redsem__args *a,
+                           const redsem__args *then, char **out)
+{
+    static const char asking[] = "*1\r\n$6\r\nASKING\r\n";
+    char *cmd = NULL, *cmd2 = NULL;
+    int len = redsem__args_format(a, &cmd);
+    if (len < 0)
+        return -1;
+    if (then == NULL && !n->asking) {
+        *out = cmd;
+        return len;
+    }
+    int len2 = then != NULL ? redsem__args_format(then, &cmd2) : 0;
+    size_t pre = n->asking ? sizeof asking - 1 : 0;
+    char *all = len2 < 0 ? NULL : redsem__malloc(pre + (size_t)len + (size_t)len2);
+    if (all != NULL) {
+        memcpy(all, asking, pre);
+        memcpy(all + pre, cmd, (size_t)len);
+        if (cmd2 != NULL)
+            memcpy(all + pre + len, cmd2, (size_t)len2);
+    }
+    redisFreeCommand(cmd);
+    if (cmd2 != NULL)
+        redisFreeCommand(cmd2);
+    *out = all;
+    return all == NULL ? -1 : (int)pre + len + len2;
+}
+
+/* The request loop of node_request2 on bytes already formatted (cmd: [ASKING] a [then]):
+ * connect, write, read, reconnect and resend within the retry window. */
+static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has_then,
                           int flags, int64_t deadline_ns, redisReply **ret_reply,
                           redisReply **ret_then, redsem__req_info *info)
 {
@@ -303,28 +427,8 @@ int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__
     info->recv_ns = 0;
     info->replicas_acked = -1;
 
-    char *cmd = NULL;
-    int len = redsem__args_format(a, &cmd);
-    if (len < 0)
-        return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting a request");
-    if (then != NULL) {
-        /* both in one write: one round trip */
-        char *cmd2 = NULL;
-        int len2 = redsem__args_format(then, &cmd2);
-        char *both = len2 < 0 ? NULL : redsem__malloc((size_t)len + (size_t)len2);
-        if (both == NULL) {
-            redisFreeCommand(cmd);
-            if (len2 >= 0)
-                redisFreeCommand(cmd2);
-            return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting a request");
-        }
-        memcpy(both, cmd, (size_t)len);
-        memcpy(both + len, cmd2, (size_t)len2);
-        redisFreeCommand(cmd);
-        redisFreeCommand(cmd2);
-        cmd = both;
-        len += len2;
-    }
+    /* replies: [ASKING's], a's, [then's] */
+    int first = n->asking ? 1 : 0, nrets = first + 1 + (has_then ? 1 : 0);
 
     int64_t retry_until = 0, backoff = 5 * REDSEM__NS_PER_MS;
     int rc;
@@ -335,7 +439,9 @@ int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__
             rc = redsem__node_connect(n, &retryable, err, sizeof err);
             if (rc != REDSEM_OK) {
                 redsem__ctx_err(n->ctx, rc, "%s", err);
-                if (rc == REDSEM_ECONN && retryable)
+                /* a cluster node that cannot be reached: the topology asks the cluster
+                 * where its slots went before it retries */
+                if (rc == REDSEM_ECONN && retryable && !n->cluster)
                     goto retry;
                 break;
             }
@@ -346,9 +452,11 @@ int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__
         if (n->ctx->deadline_cap_ns && (dl == 0 || n->ctx->deadline_cap_ns < dl))
             dl = n->ctx->deadline_cap_ns;
         bool written = false;
-        redisReply *r = NULL, *r2 = NULL;
-        rc = raw_roundtrip2(n, cmd, (size_t)len, dl, &r, then ? &r2 : NULL, &written, err,
-                            sizeof err);
+        redisReply *rets[3] = {NULL, NULL, NULL};
+        rc = raw_roundtrip_n(n, cmd, len, dl, rets, nrets, &written, err, sizeof err);
+        if (rc == REDSEM_OK && first)
+            freeReplyObject(rets[0]); /* ASKING's +OK (an error there shows in the next) */
+        redisReply *r = rets[first], *r2 = has_then ? rets[first + 1] : NULL;
         if (rc == REDSEM_OK && loading_reply(r) && (flags & REDSEM__REQ_RETRY) &&
             n->retry_ms > 0) {
             /* A restarted server loading its data refuses every command, executing nothing:
@@ -408,17 +516,34 @@ int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__
         }
         nap_before_retry(n, &backoff, retry_until);
     }
-    if (then != NULL)
+    return rc;
+}
+
+int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__args *then,
+                          int flags, int64_t deadline_ns, redisReply **ret_reply,
+                          redisReply **ret_then, redsem__req_info *info)
+{
+    char *cmd = NULL;
+    int len = format_requests(n, a, then, &cmd);
+    if (len < 0) {
+        if (info != NULL)
+            *info = (redsem__req_info){false, 0, 0, -1};
+        return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting a request");
+    }
+    bool combined = then != NULL || n->asking; /* format_requests' own buffer */
+    int rc = send_formatted(n, cmd, (size_t)len, then != NULL, flags, deadline_ns, ret_reply,
+                            ret_then, info);
+    if (combined)
         redsem__free(cmd);
     else
         redisFreeCommand(cmd);
     return rc;
 }
 
-int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t wait_ms,
-                  int64_t hard_deadline_ns, bool *signaled)
+int redsem__node_blpop_many(redsem__node *n, const char *const *keys, const size_t *lens,
+                            int nkeys, int64_t wait_ms, int64_t hard_deadline_ns, int *which)
 {
-    *signaled = false;
+    *which = -1;
     if (wait_ms < 1)
         wait_ms = 1;
     /* The server's BLPOP timeout only fires on its event-loop tick (hz 10: up to 100 ms
@@ -429,25 +554,85 @@ int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t 
     char secs[32];
     snprintf(secs, sizeof secs, "%lld.%03lld", (long long)(wait_ms / 1000),
              (long long)(wait_ms % 1000));
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, "BLPOP");
-    redsem__args_mem(&a, key, keylen);
-    redsem__args_str(&a, secs);
+    const char **argv = redsem__calloc((size_t)nkeys + 2, sizeof *argv);
+    size_t *argl = redsem__calloc((size_t)nkeys + 2, sizeof *argl);
+    char *cmd = NULL;
+    int len = -1;
+    if (argv != NULL && argl != NULL) {
+        argv[0] = "BLPOP";
+        argl[0] = 5;
+        for (int i = 0; i < nkeys; i++) {
+            argv[i + 1] = keys[i];
+            argl[i + 1] = lens[i];
+        }
+        argv[nkeys + 1] = secs;
+        argl[nkeys + 1] = strlen(secs);
+        len = redisFormatCommandArgv(&cmd, nkeys + 2, argv, argl);
+    }
+    redsem__free(argv);
+    redsem__free(argl);
+    char *all = NULL;
+    if (len >= 0 && n->asking) {
+        /* after a cluster's ASK: ASKING in the same write (send_formatted reads its +OK) */
+        static const char asking[] = "*1\r\n$6\r\nASKING\r\n";
+        all = redsem__malloc(sizeof asking - 1 + (size_t)len);
+        if (all != NULL) {
+            memcpy(all, asking, sizeof asking - 1);
+            memcpy(all + sizeof asking - 1, cmd, (size_t)len);
+        }
+        len = all != NULL ? len + (int)(sizeof asking - 1) : -1;
+    }
+    if (len < 0) {
+        if (cmd != NULL)
+            redisFreeCommand(cmd);
+        return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting BLPOP");
+    }
     redisReply *r = NULL;
-    int rc = redsem__node_request(n, &a, REDSEM__REQ_RETRY, dl, &r, NULL);
+    int rc = send_formatted(n, all != NULL ? all : cmd, (size_t)len, false, REDSEM__REQ_RETRY,
+                            dl, &r, NULL, NULL);
+    redisFreeCommand(cmd);
+    redsem__free(all);
     if (rc == REDSEM_ETIMEDOUT && dl == hard_deadline_ns) {
         n->ctx->errmsg[0] = '\0';
+        *which = -2;
         return REDSEM_OK; /* our own deadline, not a fault */
     }
     if (rc != REDSEM_OK)
         return rc;
+    if (r->type == REDIS_REPLY_ERROR && n->resolve != NULL && starts(r, "UNBLOCKED")) {
+        /* A Sentinel primary demoted while we waited (a failover that did not close our
+         * connection): the wait was cut, nothing popped. Like READONLY: drop the connection
+         * so that the next request resolves the primary again (and retries until one says
+         * it is the primary, within the retry window); the caller's loop goes on within its
+         * own deadline. */
+        drop_connection(n);
+        REDSEM__COUNT(n->ctx, retries, 1);
+        freeReplyObject(r);
+        return REDSEM_OK;
+    }
     if (r->type == REDIS_REPLY_ERROR)
         rc = redsem__node_error_reply(n, r, "BLPOP");
-    else if (r->type == REDIS_REPLY_ARRAY) {
-        *signaled = true;
-        n->ctx->stats.wakeups++;
+    else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+             r->element[0]->type == REDIS_REPLY_STRING) {
+        /* {key, value}: which list had an element */
+        for (int i = 0; i < nkeys && *which < 0; i++)
+            if (lens[i] == (size_t)r->element[0]->len &&
+                memcmp(keys[i], r->element[0]->str, lens[i]) == 0)
+                *which = i;
+        if (*which < 0)
+            *which = 0; /* cannot happen; count it as the first key's */
     }
     freeReplyObject(r);
+    return rc;
+}
+
+int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t wait_ms,
+                       int64_t hard_deadline_ns, bool *signaled)
+{
+    int which = -1;
+    int rc = redsem__node_blpop_many(n, &key, &keylen, 1, wait_ms, hard_deadline_ns, &which);
+    *signaled = which >= 0;
+    if (*signaled)
+        REDSEM__COUNT(n->ctx, wakeups, 1);
     return rc;
 }

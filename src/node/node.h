@@ -5,6 +5,8 @@
 #ifndef REDSEM_NODE_H
 #define REDSEM_NODE_H
 
+#include <stdatomic.h>
+
 #include "lua_scripts.h"
 #include "net/net.h"
 #include "proto/resp.h"
@@ -18,6 +20,38 @@ typedef struct redsem__node_cfg {
     int sync_replicas;           /* > 0: WAIT for this many replicas after REQ_SYNC requests */
     int64_t sync_timeout_ms;     /* WAIT's timeout (< command timeout) */
 } redsem__node_cfg;
+
+/* A Redis Cluster redirection or refusal, read from an error reply by a cluster node. */
+enum {
+    REDSEM__REDIR_MOVED = 1,   /* "MOVED slot host:port": the slot lives there now */
+    REDSEM__REDIR_ASK = 2,     /* "ASK slot host:port": this key is there, ask with ASKING */
+    REDSEM__REDIR_TRYAGAIN = 3 /* TRYAGAIN, CLUSTERDOWN, UNBLOCKED (a BLPOP cut by a
+                                * failover): nothing ran; back off and retry */
+};
+typedef struct redsem__redirect {
+    int kind;
+    int slot;
+    char host[256];
+    int port;
+} redsem__redirect;
+/* Internal status: the node's redirect field says where to go. The topology layer follows it
+ * and never lets it reach the API. */
+#define REDSEM__EREDIRECT (-1000)
+
+/* The server's clock (TIME, us) minus our CLOCK_MONOTONIC (us), as last measured: from TIME
+ * at connect, then from every acquire reply; INT64_MIN while unknown. Used only to tell the
+ * server until when an acquire may still run (its "not after"), never to judge a lease.
+ * Atomic: the lanes of one client that reach one server share one (client.c). */
+typedef struct redsem__clock {
+    _Atomic int64_t offset_us;
+} redsem__clock;
+void redsem__clock_init(redsem__clock *k);
+/* Record the server's clock as seen in a reply read at recv_ns. */
+void redsem__clock_note(redsem__clock *k, int64_t server_us, int64_t recv_ns);
+/* The latest server time (us) at which an acquire sent now may still run: now + the command
+ * timeout + a margin for the offset's error, on the server's clock; 0 (no limit) while the
+ * offset is unknown. */
+int64_t redsem__clock_not_after_us(const redsem__clock *k, int64_t command_timeout_ms);
 
 typedef struct redsem__node redsem__node;
 struct redsem__node {
@@ -34,18 +68,25 @@ struct redsem__node {
     bool connected;
     /* script i was sent with its body (EVAL) and has not been reported missing since */
     bool script_sent[REDSEM__SCRIPT_COUNT];
-    /* The server's clock (TIME, us) minus our CLOCK_MONOTONIC (us), as last measured: from
-     * TIME at connect, then from every acquire reply. Used only to tell the server until when
-     * an acquire may still run (its "not after"), never to judge a lease. */
-    int64_t clock_offset_us;
-    bool clock_offset_known;
+    /* The server's clock: own_clock, or one its client shares among the lanes that reach the
+     * same server (set after node_init). */
+    redsem__clock own_clock;
+    redsem__clock *clock;
     /* Set by a topology that finds the node's address itself (Sentinel): called before every
      * connect to set ep.host and ep.port, within deadline_ns; the node connected to must then
      * say it is a primary (ROLE), and a READONLY reply counts as a lost connection (a
-     * primary demoted under us): the request is retried, resolving again. NULL: a fixed
-     * address. */
+     * primary demoted under us): the request is retried, resolving again; a BLPOP cut with
+     * UNBLOCKED (demoted while it waited) ends the wait early and drops the connection, so
+     * the caller's next request resolves again. NULL: a fixed address. */
     int (*resolve)(void *arg, redsem__node *n, int64_t deadline_ns, char *err, size_t errlen);
     void *resolve_arg;
+    /* A Redis Cluster primary (topo/cluster.c): a redirection reply becomes REDSEM__EREDIRECT
+     * with its detail in redirect, and a failed connect is not retried here (the topology
+     * asks the cluster where the slot went, then retries). asking: send ASKING before every
+     * request in the same write (set by the topology for one call after an ASK). */
+    bool cluster;
+    bool asking;
+    redsem__redirect redirect;
 };
 
 /* Set up n for ep (copied) without connecting; for rediss:// the TLS context is made now
@@ -54,6 +95,8 @@ struct redsem__node {
 int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint *ep,
                       const redsem__node_cfg *cfg, char *err, size_t errlen);
 void redsem__node_close(redsem__node *n);
+/* Close the connection (if any) without freeing anything: the next request connects anew. */
+void redsem__node_disconnect(redsem__node *n);
 /* Connect and run the handshake. On failure err says why and *retryable whether another
  * try may help. */
 int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t errlen);
@@ -88,12 +131,49 @@ int redsem__node_request2(redsem__node *n, const struct redsem__args *a,
  * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *keys_and_args,
                       int flags, redsem__req_info *info, struct redisReply **ret_reply);
+/* One script call of a batch (redsem__node_eval_batch): its arguments as for
+ * redsem__node_eval, and its outcome. errmsg: the calling thread's error text
+ * (REDSEM__ERRMSG_LEN bytes), read for the call and written by it. */
+typedef struct redsem__batch_item {
+    int script, nkeys;
+    const redsem__args *ka;
+    int flags;
+    redsem__req_info *info; /* may be NULL */
+    struct redisReply **ret_reply;
+    char *errmsg;
+    int rc;
+} redsem__batch_item;
+#define REDSEM__BATCH_MAX 16
+/* Run k (1..REDSEM__BATCH_MAX) script calls, of several callers, as redsem__node_eval would
+ * run each: EVALSHA all in one write and one round trip when the connection is up and every
+ * script is known to the server (pipelined: replies come back in order); each one that
+ * needs more (NOSCRIPT, LOADING, READONLY, a lost connection with REDSEM__REQ_RETRY, WAIT,
+ * a cluster node) goes on alone afterwards through redsem__node_eval, keeping "maybe
+ * applied". Each item's rc, reply, info and errmsg are set as redsem__node_eval sets them. */
+void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k);
+/* Pipelined requests (cmd holds them all) and their k replies on n's open connection, in
+ * one write; no reconnect, no retry. On failure the connection is dropped, no reply kept,
+ * *written says whether the bytes went out, and the reason is in the context's errmsg. */
+int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
+                                 struct redisReply **rets, int k, bool *written);
 /* BLPOP key for up to wait_ms (server side), giving up at hard_deadline_ns (the connection
  * is then discarded). Returns REDSEM_OK with *signaled, or a fault. */
 int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t wait_ms,
                        int64_t hard_deadline_ns, bool *signaled);
-/* Map an error reply to a code and record it. */
+/* The same on nkeys lists at once (all on this node; in a cluster, of one slot): *which is
+ * the index of the key an element was popped from, -1 (the server's timeout, or UNBLOCKED
+ * from a demoted Sentinel primary), or -2 (hard_deadline_ns came first: the connection was
+ * dropped). */
+int redsem__node_blpop_many(redsem__node *n, const char *const *keys, const size_t *lens,
+                            int nkeys, int64_t wait_ms, int64_t hard_deadline_ns, int *which);
+/* Map an error reply to a code and record it. On a cluster node a redirection (MOVED, ASK,
+ * TRYAGAIN, CLUSTERDOWN, UNBLOCKED) is REDSEM__EREDIRECT with n->redirect set; elsewhere a MOVED or ASK
+ * is REDSEM_ESERVER with a hint to use a redis+cluster:// URL. */
 int redsem__node_error_reply(redsem__node *n, const struct redisReply *r, const char *what);
+
+/* Whether r is a cluster redirection error reply (MOVED, ASK, TRYAGAIN, CLUSTERDOWN,
+ * UNBLOCKED). */
+bool redsem__redirect_reply(const struct redisReply *r);
 
 /* The latest server time (us) at which an acquire sent now may still run: now + the command
  * timeout + a margin for the offset's error, on the server's clock; 0 (no limit) until the

@@ -71,21 +71,22 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         if (rc != REDSEM_OK)
             return rc;
         if (body)
-            n->ctx->stats.script_loads++;
+            REDSEM__COUNT(n->ctx, script_loads, 1);
         /* Each NOSCRIPT gets one retry with the body; a server whose cache is flushed again
          * between the two (SCRIPT FLUSH in a loop) gets a few more, then the error. */
         if (!body && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0 &&
             attempt < REDSEM__NOSCRIPT_RETRIES) {
             freeReplyObject(r);
-            n->ctx->stats.noscript++;
+            REDSEM__COUNT(n->ctx, noscript, 1);
             n->script_sent[script] = false;
             continue;
         }
         /* The server has compiled and cached the script (an error reply from inside the
          * script leaves it cached too); a compile error could only come from a broken build
          * and is reported below each time. */
-        if (r->type != REDIS_REPLY_ERROR || strncmp(r->str, "ERR Error compiling", 19) != 0)
-            n->script_sent[script] = true;
+        if (r->type != REDIS_REPLY_ERROR ||
+            (strncmp(r->str, "ERR Error compiling", 19) != 0 && !redsem__redirect_reply(r)))
+            n->script_sent[script] = true; /* (a cluster's redirection ran nothing) */
         if (r->type == REDIS_REPLY_ERROR) {
             rc = redsem__node_error_reply(n, r, d->name);
             freeReplyObject(r);
@@ -94,4 +95,149 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         *ret_reply = r;
         return REDSEM_OK;
     }
+}
+
+/* The text of src into dst (REDSEM__ERRMSG_LEN bytes each). */
+static void text_copy(char *dst, const char *src)
+{
+    size_t len = strnlen(src, REDSEM__ERRMSG_LEN - 1);
+    memmove(dst, src, len);
+    dst[len] = '\0';
+}
+
+static void info_reset(redsem__req_info *info, int64_t sent, int64_t recv, bool maybe)
+{
+    if (info == NULL)
+        return;
+    info->maybe_applied = maybe;
+    info->sent_ns = sent;
+    info->recv_ns = recv;
+    info->replicas_acked = -1;
+}
+
+/* One item alone, through redsem__node_eval; maybe: an earlier copy may have been applied. */
+static void eval_alone(redsem__node *n, redsem__batch_item *it, bool maybe)
+{
+    text_copy(n->ctx->errmsg, it->errmsg);
+    it->rc = redsem__node_eval(n, it->script, it->nkeys, it->ka, it->flags, it->info,
+                               it->ret_reply);
+    if (maybe && it->info != NULL)
+        it->info->maybe_applied = true;
+    text_copy(it->errmsg, n->ctx->errmsg);
+}
+
+static bool error_starts(const redisReply *r, const char *word)
+{
+    return r->type == REDIS_REPLY_ERROR && r->str != NULL &&
+           strncmp(r->str, word, strlen(word)) == 0;
+}
+
+/* Format every item's EVALSHA into one buffer; NULL without memory. */
+static char *format_batch(redsem__batch_item *const *items, int k, size_t *len)
+{
+    char *all = NULL;
+    size_t total = 0;
+    for (int i = 0; i < k; i++) {
+        const redsem__script_def *d = &redsem__script_defs[items[i]->script];
+        redsem__args a;
+        redsem__args_init(&a);
+        redsem__args_str(&a, "EVALSHA");
+        redsem__args_mem(&a, d->sha, 40);
+        redsem__args_i64(&a, items[i]->nkeys);
+        for (int j = 0; j < items[i]->ka->n; j++)
+            redsem__args_mem(&a, items[i]->ka->v[j], items[i]->ka->len[j]);
+        char *cmd = NULL;
+        int l = redsem__args_format(&a, &cmd);
+        char *grown = l < 0 ? NULL : redsem__realloc(all, total + (size_t)l);
+        if (grown == NULL) {
+            if (cmd != NULL)
+                redisFreeCommand(cmd);
+            redsem__free(all);
+            return NULL;
+        }
+        all = grown;
+        memcpy(all + total, cmd, (size_t)l);
+        total += (size_t)l;
+        redisFreeCommand(cmd);
+    }
+    *len = total;
+    return all;
+}
+
+void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
+{
+    bool alone[REDSEM__BATCH_MAX], maybe[REDSEM__BATCH_MAX];
+    bool batch = k > 1 && n->connected && !n->cluster && !n->asking;
+    for (int i = 0; i < k; i++) {
+        alone[i] = !batch || !n->script_sent[items[i].script] ||
+                   ((items[i].flags & REDSEM__REQ_SYNC) && n->sync_replicas > 0);
+        maybe[i] = false;
+    }
+    int nbatch = 0;
+    redsem__batch_item *sub[REDSEM__BATCH_MAX];
+    int idx[REDSEM__BATCH_MAX];
+    for (int i = 0; i < k; i++)
+        if (!alone[i]) {
+            idx[nbatch] = i;
+            sub[nbatch++] = &items[i];
+        }
+    if (nbatch == 1) {
+        alone[idx[0]] = true;
+        nbatch = 0;
+    }
+    if (nbatch > 0) {
+        size_t len = 0;
+        char *cmd = format_batch(sub, nbatch, &len);
+        redisReply *rets[REDSEM__BATCH_MAX];
+        bool written = false;
+        int64_t sent = redsem__now_ns();
+        int rc = cmd == NULL ? redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory")
+                             : redsem__node_roundtrip_batch(n, cmd, len, rets, nbatch, &written);
+        redsem__free(cmd);
+        if (written)
+            REDSEM__COUNT(n->ctx, pipelined, (uint64_t)nbatch);
+        int64_t recv = redsem__now_ns();
+        for (int j = 0; j < nbatch; j++) {
+            redsem__batch_item *it = sub[j];
+            int i = idx[j];
+            if (rc != REDSEM_OK) {
+                /* a lost connection: each retryable one again, alone, with the usual retry
+                 * window; the others fail as redsem__node_eval would fail them */
+                if (rc == REDSEM_ECONN && (it->flags & REDSEM__REQ_RETRY)) {
+                    alone[i] = true;
+                    maybe[i] = written;
+                } else {
+                    info_reset(it->info, 0, 0, written);
+                    it->rc = rc;
+                    text_copy(it->errmsg, n->ctx->errmsg);
+                }
+                continue;
+            }
+            redisReply *r = rets[j];
+            if (error_starts(r, "NOSCRIPT") || error_starts(r, "LOADING") ||
+                error_starts(r, "READONLY") || redsem__redirect_reply(r)) {
+                /* nothing ran: the whole story (a body, a wait, a new primary) alone */
+                if (error_starts(r, "NOSCRIPT")) {
+                    REDSEM__COUNT(n->ctx, noscript, 1);
+                    n->script_sent[it->script] = false;
+                }
+                freeReplyObject(r);
+                alone[i] = true;
+                continue;
+            }
+            info_reset(it->info, sent, recv, false);
+            if (r->type == REDIS_REPLY_ERROR) {
+                text_copy(n->ctx->errmsg, it->errmsg);
+                it->rc = redsem__node_error_reply(n, r, redsem__script_defs[it->script].name);
+                text_copy(it->errmsg, n->ctx->errmsg);
+                freeReplyObject(r);
+                continue;
+            }
+            *it->ret_reply = r;
+            it->rc = REDSEM_OK;
+        }
+    }
+    for (int i = 0; i < k; i++)
+        if (alone[i])
+            eval_alone(n, &items[i], maybe[i]);
 }

@@ -57,6 +57,9 @@ bool redsem__reply_u64(const redisReply *r, uint64_t *out)
 
 bool redsem__reply_status_of(const redisReply *r, long long *status)
 {
+    /* A bare integer (the scripts' hot paths: cheaper for Redis than a table) or {status, ...} */
+    if (r->type == REDIS_REPLY_INTEGER)
+        return redsem__reply_int(r, status);
     return r->type == REDIS_REPLY_ARRAY && r->elements >= 1 &&
            redsem__reply_int(r->element[0], status);
 }

@@ -34,7 +34,7 @@ static int sentinel_request(redsem__conn *c, const redsem__args *a, int64_t dead
 static int ask(redsem__topo *t, redsem__node *n, const redsem__hostport *s, int64_t deadline_ns,
                char **host, int *port, char *err, size_t errlen)
 {
-    const redsem__endpoint *se = &t->sentinels;
+    const redsem__endpoint *se = &t->given;
     redsem__endpoint ep = {.kind = REDSEM__EP_TCP, .host = s->host, .port = s->port};
     redsem__conn conn;
     redsem__conn_init(&conn);
@@ -102,13 +102,13 @@ int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, c
                              size_t errlen)
 {
     redsem__topo *t = topo;
-    size_t count = t->sentinels.nsentinels;
+    size_t count = t->given.nhosts;
     size_t used = 0;
     int worst = REDSEM_ECONN;
     err[0] = '\0';
     for (size_t k = 0; k < count; k++) {
         size_t i = (t->first + k) % count;
-        const redsem__hostport *s = &t->sentinels.sentinels[i];
+        const redsem__hostport *s = &t->given.hosts[i];
         /* each Sentinel gets a fair share of what is left, so that one that hangs does not
          * use up the time the others need */
         int64_t now = redsem__now_ns();
@@ -144,7 +144,7 @@ int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, c
         snprintf(err, errlen, "no Sentinel could be asked before the deadline");
     /* err is "Sentinel h:p: why; ..." */
     char tail[64];
-    snprintf(tail, sizeof tail, " (primary '%s')", t->sentinels.master);
+    snprintf(tail, sizeof tail, " (primary '%s')", t->given.master);
     size_t l = strlen(err);
     if (l + strlen(tail) < errlen)
         memcpy(err + l, tail, strlen(tail) + 1);

@@ -1,4 +1,5 @@
-/* redsem - topologies: a single server, or a Sentinel-managed primary (sentinel.c). */
+/* redsem - topologies: a single server, a Sentinel-managed primary (sentinel.c), or a Redis
+ * Cluster (cluster.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -9,12 +10,16 @@ int redsem__topo_init(redsem__topo *t, redsem__ctx *ctx, const redsem__endpoint 
 {
     memset(t, 0, sizeof *t);
     t->ctx = ctx;
+    if (ep->kind == REDSEM__EP_CLUSTER) {
+        t->kind = REDSEM__TOPO_CLUSTER;
+        return redsem__cluster_init(t, ep, cfg, err, errlen);
+    }
     if (ep->kind != REDSEM__EP_SENTINEL) {
         t->kind = REDSEM__TOPO_SINGLE;
         return redsem__node_init(&t->single, ctx, ep, cfg, err, errlen);
     }
     t->kind = REDSEM__TOPO_SENTINEL;
-    if (redsem__endpoint_copy(&t->sentinels, ep) != REDSEM_OK) {
+    if (redsem__endpoint_copy(&t->given, ep) != REDSEM_OK) {
         snprintf(err, errlen, "out of memory");
         return REDSEM_ENOMEM;
     }
@@ -30,19 +35,41 @@ int redsem__topo_init(redsem__topo *t, redsem__ctx *ctx, const redsem__endpoint 
 
 void redsem__topo_close(redsem__topo *t)
 {
-    redsem__node_close(&t->single);
-    redsem__endpoint_clear(&t->sentinels);
+    if (t->kind == REDSEM__TOPO_CLUSTER)
+        redsem__cluster_close(t);
+    else
+        redsem__node_close(&t->single);
+    redsem__endpoint_clear(&t->given);
+}
+
+void redsem__topo_disconnect(redsem__topo *t)
+{
+    if (t->kind == REDSEM__TOPO_CLUSTER)
+        for (size_t i = 0; i < t->nnodes; i++)
+            redsem__node_disconnect(t->nodes[i]);
+    else
+        redsem__node_disconnect(&t->single);
 }
 
 redsem__node *redsem__topo_node(redsem__topo *t, const char *key, size_t len)
 {
-    (void)key;
-    (void)len;
+    if (t->kind == REDSEM__TOPO_CLUSTER)
+        return redsem__cluster_node(t, key, len);
     return &t->single;
+}
+
+int redsem__topo_route(redsem__topo *t, const char *key, size_t len, int flags,
+                       redsem__req_info *info, redsem__node_call call, void *arg)
+{
+    if (t->kind == REDSEM__TOPO_CLUSTER)
+        return redsem__cluster_route(t, key, len, flags, info, call, arg);
+    return call(&t->single, arg);
 }
 
 int redsem__topo_connect(redsem__topo *t, char *err, size_t errlen)
 {
+    if (t->kind == REDSEM__TOPO_CLUSTER)
+        return redsem__cluster_connect(t, err, errlen);
     bool retryable;
     return redsem__node_connect(&t->single, &retryable, err, errlen);
 }

@@ -1,31 +1,58 @@
 /* redsem - the topology layer: which node serves a key. A standalone server (one node at a
- * fixed address) or a Sentinel-managed primary (one node whose address the Sentinels give,
- * asked again at every reconnect); Cluster (the slot map) will be another kind behind the
- * same calls. Every key of one semaphore or lock shares a hash tag, so one key routes a whole
- * call. Not API. */
+ * fixed address), a Sentinel-managed primary (one node whose address the Sentinels give,
+ * asked again at every reconnect), or a Redis Cluster (cluster.c: one node per primary, chosen
+ * by the key's hash slot, redirections followed). Every key of one semaphore or lock shares a
+ * hash tag, so one key routes a whole call. Not API. */
 #ifndef REDSEM_TOPO_H
 #define REDSEM_TOPO_H
 
 #include "node/node.h"
 
-enum { REDSEM__TOPO_SINGLE = 1, REDSEM__TOPO_SENTINEL = 2 };
+enum { REDSEM__TOPO_SINGLE = 1, REDSEM__TOPO_SENTINEL = 2, REDSEM__TOPO_CLUSTER = 3 };
+
+#define REDSEM__SLOTS 16384
+#define REDSEM__CLUSTER_NODES_MAX 256
 
 typedef struct redsem__topo {
     int kind;
     redsem__node single; /* the one server; under Sentinel, the current primary */
-    /* SENTINEL: the Sentinels (tried in order; the first that answers moves to the front,
-     * as the Redis "Sentinel clients" guide says), the primary's name, their credentials */
-    redsem__endpoint sentinels;
+    /* The URL's endpoint. SENTINEL: the Sentinels (tried in order; the first that answers
+     * moves to the front, as the Redis "Sentinel clients" guide says), the primary's name,
+     * their credentials. CLUSTER: the seed nodes and every node's credentials. */
+    redsem__endpoint given;
     size_t first;
     redsem__ctx *ctx;
+    /* CLUSTER: every node seen (primaries of the slot map, seeds, ASK targets), each with its
+     * own connection and script cache, connected on first use, freed with the topology;
+     * slots[s] is 1 + the index in nodes of the primary serving slot s, 0 if not known. */
+    redsem__node_cfg cfg;
+    redsem__node **nodes;
+    size_t nnodes;
+    uint16_t *slots;
+    int64_t refreshed_ns; /* when the slot map was last read (CLUSTER SLOTS) */
 } redsem__topo;
+
+/* One request on one node (a node_eval, node_request or node_blpop with its arguments). */
+typedef int (*redsem__node_call)(redsem__node *n, void *arg);
 
 /* Set up the topology of ep without connecting. REDSEM_OK, EINVAL or ENOMEM (reason in err). */
 int redsem__topo_init(redsem__topo *t, redsem__ctx *ctx, const redsem__endpoint *ep,
                       const redsem__node_cfg *cfg, char *err, size_t errlen);
 void redsem__topo_close(redsem__topo *t);
-/* The node that serves key (len bytes); key may be NULL for a call that names no key. */
+/* Close every node's connection (kept: addresses, slot map, script caches): the next request
+ * to each connects anew. */
+void redsem__topo_disconnect(redsem__topo *t);
+/* The node that serves key (len bytes) as far as the topology knows now; key may be NULL for
+ * a call that names no key. NULL only in a cluster whose map has no owner for its slot. */
 redsem__node *redsem__topo_node(redsem__topo *t, const char *key, size_t len);
+/* Run call on the node serving key. In a cluster, follow its answers: MOVED (update the map,
+ * re-read it at most every REDSEM__CLUSTER_REFRESH_MS, retry there), ASK (the same call with
+ * ASKING on the named node, once), TRYAGAIN / CLUSTERDOWN and an unreachable node (with
+ * REDSEM__REQ_RETRY: re-read the map, back off with jitter and retry within the retry window
+ * and the context's deadline cap). info (may be NULL) is the one call fills; its
+ * maybe_applied stays set once any try set it. Returns call's code; never REDSEM__EREDIRECT. */
+int redsem__topo_route(redsem__topo *t, const char *key, size_t len, int flags,
+                       redsem__req_info *info, redsem__node_call call, void *arg);
 /* Connect to the topology (the first node) now: client creation fails early and clearly. */
 int redsem__topo_connect(redsem__topo *t, char *err, size_t errlen);
 
@@ -35,5 +62,21 @@ int redsem__topo_connect(redsem__topo *t, char *err, size_t errlen);
  * credentials); REDSEM_ENOMEM. */
 int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, char *err,
                              size_t errlen);
+
+/* cluster.c: the hash slot of a key (CRC16-XMODEM of its hash tag, or of the whole key
+ * without one, mod 16384: the Redis Cluster specification's HASH_SLOT). */
+int redsem__key_slot(const char *key, size_t len);
+#define REDSEM__CLUSTER_REFRESH_MS 100
+/* Set up a cluster topology from ep's seeds, without connecting. */
+int redsem__cluster_init(redsem__topo *t, const redsem__endpoint *ep, const redsem__node_cfg *cfg,
+                         char *err, size_t errlen);
+/* Read the slot map (CLUSTER SLOTS) from the seeds in turn, within the connect timeout.
+ * REDSEM_OK; REDSEM_ECONN (no seed answered); REDSEM_EINVAL (a seed is not in cluster mode);
+ * REDSEM_EPERM; REDSEM_ESERVER (the cluster serves no slot); REDSEM_ENOMEM. */
+int redsem__cluster_connect(redsem__topo *t, char *err, size_t errlen);
+void redsem__cluster_close(redsem__topo *t);
+redsem__node *redsem__cluster_node(redsem__topo *t, const char *key, size_t len);
+int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flags,
+                          redsem__req_info *info, redsem__node_call call, void *arg);
 
 #endif /* REDSEM_TOPO_H */

@@ -102,16 +102,18 @@ void fh_teardown(fh_run *r)
     rmdir(r->dir);
 }
 
-int fh_spawn(fh_run *r, const char *url, const char *const *extra)
+int fh_spawn_threads(fh_run *r, const char *url, int threads, const char *const *extra)
 {
-    cr_assert_lt(r->nslots, FH_RUNNER_SLOT, "too many workers");
+    cr_assert(threads >= 1 && r->nslots + threads <= FH_RUNNER_SLOT, "too many workers");
     const char *bin = getenv("REDSEM_FAULT_WORKER");
     cr_assert_not_null(bin, "REDSEM_FAULT_WORKER is not set (run through meson test)");
-    int slot = r->nslots++;
-    char slotbuf[16], limbuf[16], leasebuf[32], shm[512], logp[512];
+    int slot = r->nslots;
+    r->nslots += threads;
+    char slotbuf[16], limbuf[16], leasebuf[32], thrbuf[16], shm[512], logp[512];
     snprintf(slotbuf, sizeof slotbuf, "%d", slot);
     snprintf(limbuf, sizeof limbuf, "%u", r->limit);
     snprintf(leasebuf, sizeof leasebuf, "%lld", (long long)r->lease_ms);
+    snprintf(thrbuf, sizeof thrbuf, "%d", threads);
     snprintf(shm, sizeof shm, "%s/witness.shm", r->dir);
     snprintf(logp, sizeof logp, "%s/w%03d.log", r->dir, slot);
     const char *argv[96];
@@ -131,8 +133,15 @@ int fh_spawn(fh_run *r, const char *url, const char *const *extra)
     argv[n++] = shm;
     argv[n++] = "--slot";
     argv[n++] = slotbuf;
-    argv[n++] = "--log";
-    argv[n++] = logp;
+    if (threads == 1) {
+        argv[n++] = "--log";
+        argv[n++] = logp;
+    } else { /* each thread logs to DIR/wNNN.log, NNN its slot */
+        argv[n++] = "--threads";
+        argv[n++] = thrbuf;
+        argv[n++] = "--log-dir";
+        argv[n++] = r->dir;
+    }
     for (int i = 0; extra && extra[i] && n < 94; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
@@ -147,32 +156,47 @@ int fh_spawn(fh_run *r, const char *url, const char *const *extra)
         _exit(127);
     }
     r->pid[slot] = pid;
+    r->nthreads[slot] = threads;
+    for (int i = 0; i < threads; i++)
+        r->first[slot + i] = slot;
     return slot;
+}
+
+int fh_spawn(fh_run *r, const char *url, const char *const *extra)
+{
+    return fh_spawn_threads(r, url, 1, extra);
 }
 
 int fh_kill(fh_run *r, int slot)
 {
+    slot = r->first[slot];
     if (r->pid[slot] <= 0)
         return 0;
     kill(r->pid[slot], SIGKILL);
-    fw_emit(&r->log, EV_KILL, "-", atomic_load(&r->sh->slot[slot].token), 0, slot, 0);
+    int threads = r->nthreads[slot] > 0 ? r->nthreads[slot] : 1;
+    for (int i = slot; i < slot + threads; i++)
+        fw_emit(&r->log, EV_KILL, "-", atomic_load(&r->sh->slot[i].token), 0, i, 0);
     waitpid(r->pid[slot], NULL, 0);
     r->pid[slot] = 0;
-    return fw_witness_reap(r->sh, slot);
+    int inside = 0;
+    for (int i = slot; i < slot + threads; i++)
+        inside |= fw_witness_reap(r->sh, i);
+    return inside;
 }
 
 void fh_stop(fh_run *r, int slot)
 {
-    kill(r->pid[slot], SIGSTOP);
+    pid_t pid = r->pid[r->first[slot]];
+    kill(pid, SIGSTOP);
     int st;
-    waitpid(r->pid[slot], &st, WUNTRACED);
+    waitpid(pid, &st, WUNTRACED);
     fw_emit(&r->log, EV_STOP, "-", atomic_load(&r->sh->slot[slot].token), 0, slot, 0);
 }
 
 void fh_cont(fh_run *r, int slot)
 {
     fw_emit(&r->log, EV_CONT, "-", atomic_load(&r->sh->slot[slot].token), 0, slot, 0);
-    kill(r->pid[slot], SIGCONT);
+    kill(r->pid[r->first[slot]], SIGCONT);
 }
 
 int fh_wait(fh_run *r, int64_t ms)
@@ -237,7 +261,7 @@ int fh_pick_holder(fh_run *r, int except, int64_t ms)
     do {
         int cand[FW_MAX_SLOTS], n = 0;
         for (int i = 0; i < r->nslots; i++)
-            if (i != except && r->pid[i] > 0 && atomic_load(&r->sh->slot[i].active) &&
+            if (i != except && r->pid[r->first[i]] > 0 && atomic_load(&r->sh->slot[i].active) &&
                 atomic_load(&r->sh->slot[i].wrote))
                 cand[n++] = i;
         if (n > 0)

@@ -32,7 +32,9 @@ typedef struct fh_run {
     ts_server srv;
     bool have_server;
     char url[512];          /* what workers use (the server's, or a proxy's) */
-    pid_t pid[FW_MAX_SLOTS];
+    pid_t pid[FW_MAX_SLOTS]; /* the worker process of each first slot (0 elsewhere) */
+    int first[FW_MAX_SLOTS]; /* the first slot of the process a slot's contender runs in */
+    int nthreads[FW_MAX_SLOTS]; /* contenders (slots) of the process of each first slot */
     int nslots;
     /* server monitor */
     pthread_t mon;
@@ -61,7 +63,12 @@ void fh_teardown(fh_run *r);
 /* Start a worker with the run's kind/name/limit/lease on url (NULL: r->url) and extra
  * NULL-terminated arguments. Returns its slot. */
 int fh_spawn(fh_run *r, const char *url, const char *const *extra);
-/* SIGKILL a worker, reap it, log KILL; returns 1 if it died inside its critical section. */
+/* Start a worker process of `threads` contender threads sharing one client (fault-worker
+ * --threads): it takes the slots first..first+threads-1, each thread logging to its slot's
+ * log. Returns the first slot. */
+int fh_spawn_threads(fh_run *r, const char *url, int threads, const char *const *extra);
+/* SIGKILL a worker, reap it, log KILL (one per slot of its process); returns 1 if it died
+ * inside its critical section (any of its threads). */
 int fh_kill(fh_run *r, int slot);
 /* SIGSTOP a worker and wait until it is stopped; log STOP. */
 void fh_stop(fh_run *r, int slot);

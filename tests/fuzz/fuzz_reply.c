@@ -22,12 +22,18 @@ static void use(redsem_client *c, redisReply *r)
     redsem__attempt att;
     int rc = redsem__parse_attempt(c, r, &att, "fuzz");
     if (rc == REDSEM_OK && att.outcome != REDSEM__ATT_GRANTED && att.outcome != REDSEM__ATT_BUSY &&
-        att.outcome != REDSEM__ATT_GUARD_BUSY && att.outcome != REDSEM__ATT_TOO_LATE)
+        att.outcome != REDSEM__ATT_GUARD_BUSY && att.outcome != REDSEM__ATT_TOO_LATE &&
+        att.outcome != REDSEM__ATT_WEIGHT && att.outcome != REDSEM__ATT_TOO_MANY)
+        abort();
+    /* weighted acquire's refusals carry a weight (held) or a limit of at least 1 */
+    if (rc == REDSEM_OK &&
+        (att.outcome == REDSEM__ATT_WEIGHT || att.outcome == REDSEM__ATT_TOO_MANY) &&
+        att.weight < 1)
         abort();
     if (rc == REDSEM_OK && att.outcome == REDSEM__ATT_TOO_LATE && att.server_us <= 0)
         abort();
     redsem_status *st = NULL;
-    if (redsem__status_from_reply(c, r, &st) == REDSEM_OK) {
+    if (redsem__status_from_reply(c, "redsem:{fuzz}:meta", r, &st) == REDSEM_OK) {
         if (st == NULL)
             abort();
         for (size_t i = 0; i < redsem_status_holders_listed(st); i++) {
@@ -41,7 +47,8 @@ static void use(redsem_client *c, redisReply *r)
         redsem_status_free(st);
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        redsem__node n = {.ctx = &c->ctx}; /* only its error text is used */
+        redsem__ctx ctx = {.errmsg = ""};
+        redsem__node n = {.ctx = &ctx}; /* only its error text is used */
         int code = redsem__node_error_reply(&n, r, "fuzz");
         if (code != REDSEM_ESERVER && code != REDSEM_EPERM && code != REDSEM_ECONFLICT)
             abort();

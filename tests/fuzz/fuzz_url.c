@@ -1,6 +1,6 @@
 /* libFuzzer target: the connection URL parser (redsem__url_parse, and through the public
- * redsem_options_set_url): redis://, rediss://, unix://, redis+sentinel:// and
- * rediss+sentinel://. Any input must be accepted with a well-formed endpoint or refused
+ * redsem_options_set_url): redis://, rediss://, unix://, redis+sentinel://,
+ * rediss+sentinel://, redis+cluster:// and rediss+cluster://. Any input must be accepted with a well-formed endpoint or refused
  * with REDSEM_EINVAL; never a crash, a leak or an out-of-bounds access (ASan+UBSan).
  *   fuzz-url [-max_total_time=60] CORPUS_DIR SEED_DIR */
 #include <stdint.h>
@@ -21,17 +21,22 @@ static void check(const redsem__endpoint *ep)
         if (ep->path == NULL || ep->path[0] != '/' || strlen(ep->path) < 2 ||
             strlen(ep->path) > 107 || ep->host != NULL)
             abort();
-    } else if (ep->kind == REDSEM__EP_SENTINEL) {
-        if (ep->host != NULL || ep->path != NULL || ep->nsentinels < 1 ||
-            ep->nsentinels > REDSEM__SENTINELS_MAX || ep->master == NULL ||
-            ep->master[0] == '\0' || strlen(ep->master) > 255 ||
-            (ep->sentinel_user != NULL && ep->sentinel_password == NULL) ||
-            (ep->sentinel_password != NULL && ep->sentinel_password[0] == '\0'))
+    } else if (ep->kind == REDSEM__EP_SENTINEL || ep->kind == REDSEM__EP_CLUSTER) {
+        if (ep->host != NULL || ep->path != NULL || ep->nhosts < 1 ||
+            ep->nhosts > REDSEM__HOSTS_MAX)
             abort();
-        for (size_t i = 0; i < ep->nsentinels; i++)
-            if (ep->sentinels[i].host == NULL || ep->sentinels[i].host[0] == '\0' ||
-                strlen(ep->sentinels[i].host) > 253 || ep->sentinels[i].port < 1 ||
-                ep->sentinels[i].port > 65535)
+        if (ep->kind == REDSEM__EP_SENTINEL &&
+            (ep->master == NULL || ep->master[0] == '\0' || strlen(ep->master) > 255 ||
+             (ep->sentinel_user != NULL && ep->sentinel_password == NULL) ||
+             (ep->sentinel_password != NULL && ep->sentinel_password[0] == '\0')))
+            abort();
+        if (ep->kind == REDSEM__EP_CLUSTER &&
+            (ep->master != NULL || ep->sentinel_user != NULL || ep->db != 0))
+            abort();
+        for (size_t i = 0; i < ep->nhosts; i++)
+            if (ep->hosts[i].host == NULL || ep->hosts[i].host[0] == '\0' ||
+                strlen(ep->hosts[i].host) > 253 || ep->hosts[i].port < 1 ||
+                ep->hosts[i].port > 65535)
                 abort();
     } else {
         abort();
@@ -60,7 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (redsem__endpoint_copy(&copy, &ep) == REDSEM_OK) {
             check(&copy);
             if (copy.kind != ep.kind || copy.port != ep.port || copy.db != ep.db ||
-                copy.tls != ep.tls || copy.nsentinels != ep.nsentinels)
+                copy.tls != ep.tls || copy.nhosts != ep.nhosts)
                 abort();
             redsem__endpoint_clear(&copy);
         }

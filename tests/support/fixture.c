@@ -90,6 +90,21 @@ redsem_client *tf_client_for(const char *url, int64_t retry_ms, int64_t cmd_time
     return c;
 }
 
+redsem_client *tf_client_try(const char *url, int64_t retry_ms, int *rc_out, char *err,
+                             size_t errlen)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK, "%s", url);
+    if (retry_ms >= 0)
+        cr_assert_eq(redsem_options_set_retry_ms(o, retry_ms), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_connect_timeout_ms(o, 1000), REDSEM_OK);
+    redsem_client *c = NULL;
+    *rc_out = redsem_client_new_verbose(o, &c, err, errlen);
+    redsem_options_free(o);
+    return c;
+}
+
 redsem_client *tf_client_retry(int64_t retry_ms)
 {
     return tf_client_for(tf_url(), retry_ms, 0);

@@ -22,6 +22,10 @@ const char *tf_name(const char *base);
 /* a client of any server; retry_ms < 0 and cmd_timeout_ms <= 0 keep the defaults */
 redsem_client *tf_client_for(const char *url, int64_t retry_ms, int64_t cmd_timeout_ms);
 redsem_client *tf_client_retry(int64_t retry_ms);
+/* A client of url with a 1 s connect timeout (retry_ms < 0: the default window), without
+ * asserting success: the status in *rc_out, the reason in err; NULL on failure. */
+redsem_client *tf_client_try(const char *url, int64_t retry_ms, int *rc_out, char *err,
+                             size_t errlen);
 redsem_client *tf_client(void);
 /* The suite's server as a ts_server (for ts_command). */
 const ts_server *tf_server(void);
