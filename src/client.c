@@ -450,22 +450,42 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
  * script calls along, runs them with its own (redsem__node_eval_batch), wakes their threads
  * and hands the lane on. A queued call is either handed a lane of its own, or taken into a
  * batch and done when woken. */
+/* A batch's calls share its deadline, the earliest of theirs. One whose reply did not come
+ * by then (the batch's read ran out: the server stalled) gives up at its own deadline, not
+ * earlier: its not-after time (sent with it, the moment its caller gives up + 100 ms) was
+ * set from its own, and a script that runs after the caller gave up must find it passed.
+ * Found by fault scenario 17 (a fair waiter granted 272 ms after its caller gave up). */
+static int give_up_at_own_deadline(const redsem__batch_item *it, int64_t own_deadline_ns)
+{
+    if (it->rc == REDSEM_ETIMEDOUT && it->info != NULL && it->info->maybe_applied) {
+        int64_t left = own_deadline_ns - redsem__now_ns();
+        if (left > 0)
+            redsem__sleep_ns(left);
+    }
+    return it->rc;
+}
+
 static int eval_batched(redsem_client *c, redsem__batch_item *mine)
 {
+    /* this call's own deadline: its wait for a connection and its round trip share one
+     * command timeout (cap_after_wait) */
+    int64_t entered = redsem__now_ns();
     pthread_mutex_lock(&c->pool_mu);
     redsem__lane *l = NULL;
     bool make = false, stale = false;
     int64_t since = 0; /* the earliest wait for a connection among the batch's calls */
+    int64_t since_own = 0;
     if (!lane_claim(c, &l, &make, &stale)) {
         pool_waiter w = {.item = mine};
         int rc = queue_wait(c, &w);
         if (rc != REDSEM_OK || w.done) {
             pthread_mutex_unlock(&c->pool_mu);
-            return rc != REDSEM_OK ? busy_error(c) : mine->rc;
+            return rc != REDSEM_OK ? busy_error(c)
+                                   : give_up_at_own_deadline(mine, cap_after_wait(c, w.since));
         }
         l = w.lane;
         make = w.make;
-        since = w.since;
+        since = since_own = w.since;
         stale = l != NULL && l->epoch != c->fault_epoch;
         if (l != NULL)
             l->epoch = c->fault_epoch;
@@ -508,7 +528,7 @@ static int eval_batched(redsem_client *c, redsem__batch_item *mine)
     }
     pthread_mutex_unlock(&c->pool_mu);
     redsem__lane_put(c, l, worst);
-    return mine->rc;
+    return give_up_at_own_deadline(mine, cap_after_wait(c, since_own != 0 ? since_own : entered));
 }
 
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka, int flags,
