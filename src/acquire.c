@@ -144,6 +144,8 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
     return rc;
 }
 
+_Thread_local const atomic_bool *redsem__cancel;
+
 int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t timeout_ms,
                          redsem__attempt *att)
 {
@@ -200,9 +202,11 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         }
 
         int64_t now = redsem__now_ns();
-        if (now >= deadline) {
+        bool cancelled = redsem__cancelled();
+        if (now >= deadline || cancelled) {
             if (!registered)
-                return redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
+                return cancelled ? redsem__set_err(c, REDSEM_ECANCELED, "cancelled")
+                                 : redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
             /* Leave the queue; a permit handed over at the last moment is still taken. */
             rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, q->weight, att, &info);
             if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
@@ -210,6 +214,8 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             }
             if (rc != REDSEM_OK && info.maybe_applied)
                 return unknown(c, id, rc);
+            if (cancelled)
+                return redsem__set_err(c, REDSEM_ECANCELED, "cancelled (the queue was left)");
             return redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout (limit %u)",
                                    att->limit);
         }

@@ -219,6 +219,17 @@ typedef struct redsem__acquirer {
 int redsem__parse_attempt(redsem_client *c, const struct redisReply *r, redsem__attempt *att,
                           const char *what);
 
+/* The cancel flag of the operation this thread runs for the event-loop API (async.c), or
+ * NULL: a blocking acquire that finds it set stops waiting (it leaves the queue, as at its
+ * deadline) and fails with REDSEM_ECANCELED. */
+extern _Thread_local const atomic_bool *redsem__cancel;
+static inline bool redsem__cancelled(void)
+{
+    return redsem__cancel != NULL && atomic_load(redsem__cancel);
+}
+/* Wake the shared-wait waiters whose cancel flag is set (wake.c); may send one request. */
+void redsem__wake_cancelled(redsem_client *c);
+
 int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t timeout_ms,
                          redsem__attempt *att);
 /* Before any I/O: the fork check, ret_permit, the timeout, and the holder id (given_id

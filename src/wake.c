@@ -42,6 +42,7 @@ typedef struct redsem__waiter {
     int64_t hard_ns;  /* and at the latest (our clock) */
     char *errmsg;     /* its thread's error text */
     pthread_cond_t cv;
+    const atomic_bool *cancel; /* its operation's cancel flag (async.c), or NULL */
     bool watched;     /* in the running BLPOP's keys */
     bool lead, done, signaled;
     int rc;
@@ -121,6 +122,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
         for (redsem__waiter *x = c->waiters; x != NULL; x = x->next) {
             if (x->until_ns < until)
                 until = x->until_ns;
+            if (x->cancel != NULL && atomic_load(x->cancel))
+                until = 0; /* a cancelled wait ends now (a 1 ms BLPOP) */
             if (x->hard_ns < hard)
                 hard = x->hard_ns;
             x->watched = false;
@@ -193,7 +196,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 x->signaled = true;
                 REDSEM__COUNT(&l->ctx, wakeups, 1);
                 fin = true;
-            } else if (cut || now >= x->until_ns || now >= x->hard_ns) {
+            } else if (cut || now >= x->until_ns || now >= x->hard_ns ||
+                       (x->cancel != NULL && atomic_load(x->cancel))) {
                 fin = true;
             }
             if (!fin) {
@@ -231,7 +235,7 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait
         return redsem__blpop_alone(c, key, keylen, wait_ms, hard_deadline_ns, signaled);
     int64_t now = redsem__now_ns();
     redsem__waiter w = {.key = key, .keylen = keylen, .errmsg = redsem__errbuf(c),
-                        .rc = REDSEM_OK};
+                        .cancel = redsem__cancel, .rc = REDSEM_OK};
     w.until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w.hard_ns = hard_deadline_ns;
     pthread_condattr_t ca;
@@ -241,6 +245,13 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait
     pthread_condattr_destroy(&ca);
 
     pthread_mutex_lock(&c->wake_mu);
+    if (redsem__cancelled()) {
+        /* checked under wake_mu: redsem__wake_cancelled() either sees this waiter or ran
+         * before it and set the flag first */
+        pthread_mutex_unlock(&c->wake_mu);
+        pthread_cond_destroy(&w.cv);
+        return REDSEM_OK;
+    }
     bool poke = false;
     if (!c->wake_leading) {
         c->wake_leading = true;
@@ -280,4 +291,33 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait
     pthread_cond_destroy(&w.cv);
     *signaled = w.signaled;
     return w.rc;
+}
+
+void redsem__wake_cancelled(redsem_client *c)
+{
+    bool poke = false;
+    pthread_mutex_lock(&c->wake_mu);
+    for (redsem__waiter **p = &c->waiters; *p != NULL;) {
+        redsem__waiter *x = *p;
+        if (x->cancel == NULL || !atomic_load(x->cancel)) {
+            p = &x->next;
+            continue;
+        }
+        if (x->lead) {
+            /* the leader, inside its BLPOP: end it (its loop then sees the flag) */
+            if (c->wake_blocked && !c->wake_poked) {
+                c->wake_poked = true;
+                poke = true;
+            }
+            p = &x->next;
+            continue;
+        }
+        *p = x->next;
+        x->done = true;
+        pthread_cond_signal(&x->cv);
+    }
+    pthread_mutex_unlock(&c->wake_mu);
+    if (poke)
+        (void)redsem__routed(c, false, c->wake_ctl, strlen(c->wake_ctl), REDSEM__REQ_RETRY, NULL,
+                             call_poke, c->wake_ctl);
 }

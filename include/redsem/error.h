@@ -38,7 +38,8 @@ extern "C" {
     XX(EFORKED, -18, "handle used in a process other than the one that created it (fork)")    \
     XX(ESTATE, -19, "operation not valid in the handle's current state")                      \
     XX(ETLS, -20, "TLS: the server's certificate was refused (unknown CA, expired, name mismatch)") \
-    XX(EREPLICA, -21, "fewer replicas than required acknowledged the write in time")
+    XX(EREPLICA, -21, "fewer replicas than required acknowledged the write in time")        \
+    XX(ECANCELED, -22, "the operation was cancelled (redsem_async_cancel or redsem_async_free)")
 
 /** Status codes; see REDSEM_ERRNO_MAP for the meaning of each. Since: 0.1 */
 typedef enum redsem_err {

@@ -4,14 +4,15 @@
  * reference (these header comments are its source of truth) and docs/design.md for the
  * algorithms and the key layout.
  *
- * Thread rules in one line: one client (and everything made from it) per thread at a time;
- * distinct clients are independent; see client.h for the details, fork and signals.
+ * Thread rules in one line: since 0.4 one client (and everything made from it) may be used
+ * by many threads at once; see client.h (THREADS) for the details, fork and signals, and
+ * async.h for the event-loop API.
  */
 #ifndef REDSEM_REDSEM_H
 #define REDSEM_REDSEM_H
 
 #include "export.h"
-#include "version.h"
+#include "redsem/version.h" /* generated: the build tree's include/ or the installed one */
 #include "error.h"
 #include "client.h"
 #include "permit.h"
@@ -19,5 +20,6 @@
 #include "lock.h"
 #include "renew.h"
 #include "rate.h"
+#include "async.h"
 
 #endif /* REDSEM_REDSEM_H */

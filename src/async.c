@@ -1,0 +1,609 @@
+/* redsem - the event-loop API (include/redsem/async.h).
+ *
+ * An operation is its blocking twin run on a worker thread: the same call path, scripts and
+ * guarantees (sync and async share one path). Workers are started on demand, up to
+ * REDSEM_ASYNC_WORKERS_MAX, and end after WORKER_IDLE_MS without work. Two queues: the
+ * operations that wait (blocking acquires) and the quick ones (the rest); a worker takes a
+ * quick one first, and at most REDSEM_ASYNC_WORKERS_MAX - 1 workers run waiting ones, so a
+ * release always finds a worker. A finished operation goes on the done list and writes one
+ * byte to a pipe (only when the list was empty) whose read end the loop watches;
+ * redsem_async_action() drains it and runs the callbacks, on the loop's thread.
+ *
+ * Cancellation of a running acquire: its cancel flag is the thread-local redsem__cancel of
+ * the worker running it; the acquire loop (acquire.c) checks it before each wait, and the
+ * shared wait (wake.c) ends a cancelled waiter's wait (redsem__wake_cancelled(), run by a
+ * worker as an internal quick job, since it may send one request). */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "redsem/async.h"
+#include "internal.h"
+
+#define WORKER_IDLE_MS 2000
+
+typedef enum op_kind {
+    OP_SEM_ACQUIRE,
+    OP_LOCK_ACQUIRE,
+    OP_REFRESH,
+    OP_RELEASE,
+    OP_SEM_STATUS,
+    OP_LOCK_STATUS,
+    OP_WAKE_CANCELLED, /* internal: redsem__wake_cancelled(); no callback */
+} op_kind;
+
+typedef enum op_state { ST_QUEUED, ST_RUNNING, ST_DONE } op_state;
+
+typedef struct op {
+    struct op *next; /* in a queue, the running list or the done list */
+    uint64_t id;
+    op_kind kind;
+    op_state state;
+    bool waits; /* a blocking acquire: the waiting queue, cancellable while running */
+    void *handle;
+    uint32_t n;
+    int64_t timeout_ms;
+    size_t max_entries;
+    redsem_async_cb cb;
+    void *user;
+    atomic_bool cancel;
+    int rc;
+    char errmsg[REDSEM__ERRMSG_LEN];
+    redsem_permit *permit;
+    redsem_status *status;
+} op;
+
+typedef struct op_list {
+    op *head, *tail;
+} op_list;
+
+typedef struct worker_slot {
+    pthread_t t;
+    bool used, exited;
+} worker_slot;
+
+struct redsem_async {
+    redsem_client *c;
+    pid_t pid;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    op_list quick, waiting, running, done;
+    worker_slot slots[REDSEM_ASYNC_WORKERS_MAX];
+    int nworkers, nidle, nwaiting_running;
+    bool closing, notified;
+    int pipefd[2];
+    redsem_async_socket_fn socket_fn;
+    redsem_async_timer_fn timer_fn;
+    void *loop_data;
+    bool loop_set;
+    uint64_t next_id;
+    atomic_size_t pending;
+};
+
+static void list_push(op_list *l, op *o)
+{
+    o->next = NULL;
+    if (l->tail != NULL)
+        l->tail->next = o;
+    else
+        l->head = o;
+    l->tail = o;
+}
+
+static op *list_pop(op_list *l)
+{
+    op *o = l->head;
+    if (o != NULL) {
+        l->head = o->next;
+        if (l->head == NULL)
+            l->tail = NULL;
+        o->next = NULL;
+    }
+    return o;
+}
+
+static bool list_remove(op_list *l, op *o)
+{
+    op *prev = NULL;
+    for (op *x = l->head; x != NULL; prev = x, x = x->next) {
+        if (x != o)
+            continue;
+        if (prev != NULL)
+            prev->next = x->next;
+        else
+            l->head = x->next;
+        if (l->tail == x)
+            l->tail = prev;
+        x->next = NULL;
+        return true;
+    }
+    return false;
+}
+
+static op *list_find(const op_list *l, uint64_t id)
+{
+    for (op *x = l->head; x != NULL; x = x->next)
+        if (x->id == id)
+            return x;
+    return NULL;
+}
+
+/* Under mu: o is done; tell the loop if the done list was empty. */
+static void finish(redsem_async *a, op *o)
+{
+    o->state = ST_DONE;
+    if (o->kind == OP_WAKE_CANCELLED) {
+        redsem__free(o);
+        return;
+    }
+    list_push(&a->done, o);
+    if (!a->notified) {
+        a->notified = true;
+        char b = 1;
+        ssize_t w;
+        do
+            w = write(a->pipefd[1], &b, 1);
+        while (w < 0 && errno == EINTR);
+        /* a full pipe (EAGAIN) is fine: the loop has a byte to read already */
+    }
+}
+
+/* The blocking twin of o, on this worker thread. */
+static void run(redsem_async *a, op *o)
+{
+    redsem_client *c = a->c;
+    int rc = REDSEM_OK;
+    redsem__cancel = o->waits ? &o->cancel : NULL;
+    switch (o->kind) {
+    case OP_SEM_ACQUIRE:
+        rc = o->timeout_ms == 0
+                 ? redsem_sem_try_acquire_n(o->handle, o->n, &o->permit)
+                 : redsem_sem_acquire_n(o->handle, o->n, o->timeout_ms, &o->permit);
+        break;
+    case OP_LOCK_ACQUIRE:
+        rc = o->timeout_ms == 0 ? redsem_lock_try_acquire(o->handle, &o->permit)
+                                : redsem_lock_acquire(o->handle, o->timeout_ms, &o->permit);
+        break;
+    case OP_REFRESH:
+        rc = redsem_permit_refresh(o->handle);
+        break;
+    case OP_RELEASE:
+        rc = redsem_permit_release(o->handle);
+        break;
+    case OP_SEM_STATUS:
+        rc = redsem_sem_status(o->handle, o->max_entries, &o->status);
+        break;
+    case OP_LOCK_STATUS:
+        rc = redsem_lock_status(o->handle, o->max_entries, &o->status);
+        break;
+    case OP_WAKE_CANCELLED:
+        redsem__wake_cancelled(c);
+        break;
+    }
+    redsem__cancel = NULL;
+    o->rc = rc;
+    if (rc != REDSEM_OK)
+        redsem__text_copy(o->errmsg, redsem_client_errmsg(c));
+}
+
+/* Under mu: the next operation a worker may take (quick ones first). */
+static op *take(redsem_async *a)
+{
+    op *o = list_pop(&a->quick);
+    if (o == NULL && a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1) {
+        o = list_pop(&a->waiting);
+        if (o != NULL)
+            a->nwaiting_running++;
+    }
+    return o;
+}
+
+static void *worker_main(void *arg);
+
+/* Under mu: start a worker if work may be left without one. */
+static void maybe_spawn(redsem_async *a)
+{
+    bool work = a->quick.head != NULL ||
+                (a->waiting.head != NULL && a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1);
+    if (!work || a->nidle > 0 || a->nworkers >= REDSEM_ASYNC_WORKERS_MAX || a->closing)
+        return;
+    for (int i = 0; i < REDSEM_ASYNC_WORKERS_MAX; i++) {
+        worker_slot *s = &a->slots[i];
+        if (s->used && !s->exited)
+            continue;
+        if (s->used) { /* an idle worker that ended: reap it (it has unlocked mu for good) */
+            pthread_join(s->t, NULL);
+            s->used = false;
+        }
+        s->exited = false;
+        if (pthread_create(&s->t, NULL, worker_main, a) == 0) {
+            s->used = true;
+            a->nworkers++;
+        }
+        /* on failure the work waits for a running worker (there is one unless nworkers 0:
+         * then the next submit or finish tries again) */
+        return;
+    }
+}
+
+static worker_slot *my_slot(redsem_async *a)
+{
+    for (int i = 0; i < REDSEM_ASYNC_WORKERS_MAX; i++)
+        if (a->slots[i].used && pthread_equal(a->slots[i].t, pthread_self()))
+            return &a->slots[i];
+    return NULL;
+}
+
+static void *worker_main(void *arg)
+{
+    redsem_async *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        op *o = take(a);
+        if (o == NULL) {
+            if (a->closing)
+                break;
+            a->nidle++;
+            int64_t until = redsem__now_ns() + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
+            struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
+            int w = pthread_cond_timedwait(&a->work_cv, &a->mu, &ts);
+            a->nidle--;
+            if (w == ETIMEDOUT && a->quick.head == NULL && a->waiting.head == NULL)
+                break;
+            continue;
+        }
+        o->state = ST_RUNNING;
+        list_push(&a->running, o);
+        maybe_spawn(a); /* more queued work, no idle worker: grow */
+        pthread_mutex_unlock(&a->mu);
+        run(a, o);
+        pthread_mutex_lock(&a->mu);
+        if (atomic_load(&o->cancel) && o->waits) {
+            /* cancelled: a permit granted meanwhile goes back */
+            if (o->rc == REDSEM_OK && o->permit != NULL) {
+                pthread_mutex_unlock(&a->mu);
+                (void)redsem_permit_release(o->permit);
+                redsem_permit_free(o->permit);
+                pthread_mutex_lock(&a->mu);
+                o->permit = NULL;
+            }
+            o->rc = REDSEM_ECANCELED;
+            redsem__text_copy(o->errmsg, "cancelled");
+        }
+        list_remove(&a->running, o);
+        if (o->waits)
+            a->nwaiting_running--;
+        finish(a, o);
+    }
+    a->nworkers--;
+    worker_slot *s = my_slot(a);
+    if (s != NULL)
+        s->exited = true;
+    pthread_cond_broadcast(&a->work_cv); /* redsem_async_free() waits for nworkers 0 */
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+int redsem_async_new(redsem_client *client, redsem_async **ret_async)
+{
+    if (ret_async == NULL || client == NULL)
+        return client != NULL ? redsem__set_err(client, REDSEM_EINVAL, "ret_async is NULL")
+                              : REDSEM_EINVAL;
+    int rc = redsem__check_owner(client);
+    if (rc != REDSEM_OK)
+        return rc;
+    redsem_async *a = redsem__calloc(1, sizeof *a);
+    if (a == NULL)
+        return redsem__set_err(client, REDSEM_ENOMEM, "out of memory");
+    if (pipe2(a->pipefd, O_NONBLOCK | O_CLOEXEC) != 0) {
+        int e = errno;
+        redsem__free(a);
+        return redsem__set_err(client, REDSEM_ECONN, "pipe: %s", strerror(e));
+    }
+    a->c = client;
+    a->pid = getpid();
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->work_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    a->next_id = 1;
+    atomic_init(&a->pending, 0);
+    *ret_async = a;
+    return REDSEM_OK;
+}
+
+int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
+                          redsem_async_timer_fn timer_fn, void *loop_data)
+{
+    if (async == NULL || socket_fn == NULL)
+        return async != NULL ? redsem__set_err(async->c, REDSEM_EINVAL, "socket_fn is NULL")
+                             : REDSEM_EINVAL;
+    pthread_mutex_lock(&async->mu);
+    bool was = async->loop_set;
+    if (!was) {
+        async->socket_fn = socket_fn;
+        async->timer_fn = timer_fn;
+        async->loop_data = loop_data;
+        async->loop_set = true;
+    }
+    pthread_mutex_unlock(&async->mu);
+    if (was)
+        return redsem__set_err(async->c, REDSEM_ESTATE, "a loop is set already");
+    socket_fn(async, async->pipefd[0], REDSEM_WATCH_IN, loop_data);
+    if (timer_fn != NULL)
+        timer_fn(async, -1, loop_data);
+    return REDSEM_OK;
+}
+
+/* Run the callbacks of the done list; returns how many ran. */
+static int run_callbacks(redsem_async *a)
+{
+    pthread_mutex_lock(&a->mu);
+    op *list = a->done.head;
+    a->done.head = a->done.tail = NULL;
+    a->notified = false;
+    char buf[64];
+    while (read(a->pipefd[0], buf, sizeof buf) > 0)
+        ;
+    pthread_mutex_unlock(&a->mu);
+    int k = 0;
+    while (list != NULL) {
+        op *o = list;
+        list = o->next;
+        redsem_result r = {o->id, o->rc, o->rc == REDSEM_OK ? "" : o->errmsg, o->permit,
+                           o->status};
+        o->cb(a, &r, o->user);
+        atomic_fetch_sub(&a->pending, 1);
+        redsem__free(o);
+        k++;
+    }
+    return k;
+}
+
+int redsem_async_action(redsem_async *async, int fd, int events)
+{
+    (void)events;
+    if (async == NULL)
+        return REDSEM_EINVAL;
+    if (async->pid != getpid())
+        return redsem__set_err(async->c, REDSEM_EFORKED,
+                               "this redsem_async was created by process %ld (after fork)",
+                               (long)async->pid);
+    if (fd != -1 && fd != async->pipefd[0])
+        return redsem__set_err(async->c, REDSEM_EINVAL, "descriptor %d was not asked for", fd);
+    return run_callbacks(async);
+}
+
+size_t redsem_async_pending(redsem_async *async)
+{
+    return async != NULL ? atomic_load(&async->pending) : 0;
+}
+
+/* Under mu: ask a worker to end the shared waits of cancelled acquires. */
+static void queue_wake_cancelled(redsem_async *a)
+{
+    op *w = redsem__calloc(1, sizeof *w);
+    if (w == NULL)
+        return; /* the wait ends by itself (at most its backoff, 1 s) */
+    w->kind = OP_WAKE_CANCELLED;
+    w->state = ST_QUEUED;
+    atomic_init(&w->cancel, false);
+    list_push(&a->quick, w);
+    pthread_cond_signal(&a->work_cv);
+    maybe_spawn(a);
+}
+
+int redsem_async_cancel(redsem_async *async, uint64_t id)
+{
+    if (async == NULL)
+        return REDSEM_EINVAL;
+    redsem_async *a = async;
+    int rc;
+    pthread_mutex_lock(&a->mu);
+    op *o;
+    if ((o = list_find(&a->quick, id)) != NULL || (o = list_find(&a->waiting, id)) != NULL) {
+        list_remove(o->waits ? &a->waiting : &a->quick, o);
+        atomic_store(&o->cancel, true);
+        o->rc = REDSEM_ECANCELED;
+        redsem__text_copy(o->errmsg, "cancelled before it started");
+        finish(a, o);
+        rc = REDSEM_OK;
+    } else if ((o = list_find(&a->running, id)) != NULL) {
+        if (o->waits) {
+            atomic_store(&o->cancel, true);
+            queue_wake_cancelled(a);
+            rc = REDSEM_OK;
+        } else {
+            rc = REDSEM_ESTATE;
+        }
+    } else {
+        rc = list_find(&a->done, id) != NULL ? REDSEM_ESTATE : REDSEM_EINVAL;
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (rc == REDSEM_ESTATE)
+        return redsem__set_err(a->c, rc, "operation %llu is past cancelling",
+                               (unsigned long long)id);
+    if (rc == REDSEM_EINVAL)
+        return redsem__set_err(a->c, rc, "no pending operation %llu", (unsigned long long)id);
+    return rc;
+}
+
+void redsem_async_free(redsem_async *async)
+{
+    if (async == NULL)
+        return;
+    redsem_async *a = async;
+    if (a->pid != getpid()) {
+        /* a forked child: no worker runs here; free memory only */
+        close(a->pipefd[0]);
+        close(a->pipefd[1]);
+        op_list *lists[] = {&a->quick, &a->waiting, &a->running, &a->done};
+        for (size_t i = 0; i < sizeof lists / sizeof *lists; i++)
+            for (op *o; (o = list_pop(lists[i])) != NULL;)
+                if (lists[i] != &a->running)
+                    redsem__free(o);
+        redsem__free(a);
+        return;
+    }
+    pthread_mutex_lock(&a->mu);
+    a->closing = true;
+    op_list *queues[] = {&a->quick, &a->waiting};
+    for (size_t i = 0; i < 2; i++)
+        for (op *o; (o = list_pop(queues[i])) != NULL;) {
+            if (o->kind == OP_WAKE_CANCELLED) {
+                redsem__free(o);
+                continue;
+            }
+            atomic_store(&o->cancel, true);
+            o->rc = REDSEM_ECANCELED;
+            redsem__text_copy(o->errmsg, "cancelled: the redsem_async was freed");
+            finish(a, o);
+        }
+    bool any = false;
+    for (op *o = a->running.head; o != NULL; o = o->next)
+        if (o->waits) {
+            atomic_store(&o->cancel, true);
+            any = true;
+        }
+    pthread_cond_broadcast(&a->work_cv);
+    pthread_mutex_unlock(&a->mu);
+    if (any)
+        redsem__wake_cancelled(a->c);
+    pthread_mutex_lock(&a->mu);
+    while (a->nworkers > 0)
+        pthread_cond_wait(&a->work_cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+    for (int i = 0; i < REDSEM_ASYNC_WORKERS_MAX; i++)
+        if (a->slots[i].used)
+            pthread_join(a->slots[i].t, NULL);
+    run_callbacks(a);
+    if (a->loop_set) {
+        if (a->timer_fn != NULL)
+            a->timer_fn(a, -1, a->loop_data);
+        a->socket_fn(a, a->pipefd[0], REDSEM_WATCH_REMOVE, a->loop_data);
+    }
+    close(a->pipefd[0]);
+    close(a->pipefd[1]);
+    pthread_cond_destroy(&a->work_cv);
+    pthread_mutex_destroy(&a->mu);
+    redsem__free(a);
+}
+
+/* Start an operation: checks, then queue it. */
+static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *handle,
+                  redsem_async_cb cb, void *user, uint64_t *ret_op, const op *tmpl)
+{
+    if (a == NULL)
+        return REDSEM_EINVAL;
+    redsem_client *c = a->c;
+    if (a->pid != getpid())
+        return redsem__set_err(c, REDSEM_EFORKED,
+                               "this redsem_async was created by process %ld (after fork)",
+                               (long)a->pid);
+    if (handle == NULL || cb == NULL)
+        return redsem__set_err(c, REDSEM_EINVAL, "%s is NULL",
+                               handle == NULL ? "the handle" : "the callback");
+    if (owner != c)
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "the handle belongs to another client than this redsem_async's");
+    op *o = redsem__calloc(1, sizeof *o);
+    if (o == NULL)
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    *o = *tmpl;
+    o->kind = kind;
+    o->handle = handle;
+    o->cb = cb;
+    o->user = user;
+    o->state = ST_QUEUED;
+    atomic_init(&o->cancel, false);
+    pthread_mutex_lock(&a->mu);
+    if (!a->loop_set || a->closing) {
+        bool closing = a->closing;
+        pthread_mutex_unlock(&a->mu);
+        redsem__free(o);
+        return redsem__set_err(c, REDSEM_ESTATE, closing ? "the redsem_async is being freed"
+                                                         : "no loop set (redsem_async_set_loop)");
+    }
+    o->id = a->next_id++;
+    atomic_fetch_add(&a->pending, 1);
+    list_push(o->waits ? &a->waiting : &a->quick, o);
+    pthread_cond_signal(&a->work_cv);
+    maybe_spawn(a);
+    uint64_t id = o->id; /* o may be done and freed once mu is released */
+    pthread_mutex_unlock(&a->mu);
+    if (ret_op != NULL)
+        *ret_op = id;
+    return REDSEM_OK;
+}
+
+static int check_wait(redsem_async *a, int64_t timeout_ms)
+{
+    if (a != NULL && !redsem__valid_wait(timeout_ms))
+        return redsem__set_err(a->c, REDSEM_EINVAL,
+                               "timeout %lld ms: use 0 (try), 1..%lld, or REDSEM_WAIT_FOREVER",
+                               (long long)timeout_ms, REDSEM_WAIT_MAX_MS);
+    return REDSEM_OK;
+}
+
+int redsem_sem_acquire_async(redsem_async *async, redsem_sem *sem, uint32_t n,
+                             int64_t timeout_ms, redsem_async_cb cb, void *user, uint64_t *ret_op)
+{
+    int rc = check_wait(async, timeout_ms);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (async != NULL && n == 0)
+        return redsem__set_err(async->c, REDSEM_EINVAL, "n is 0: take 1..limit permits");
+    op t = {.n = n, .timeout_ms = timeout_ms, .waits = timeout_ms != 0};
+    return submit(async, sem != NULL ? sem->client : NULL, OP_SEM_ACQUIRE, sem, cb, user, ret_op,
+                  &t);
+}
+
+int redsem_lock_acquire_async(redsem_async *async, redsem_lock *lock, int64_t timeout_ms,
+                              redsem_async_cb cb, void *user, uint64_t *ret_op)
+{
+    int rc = check_wait(async, timeout_ms);
+    if (rc != REDSEM_OK)
+        return rc;
+    op t = {.timeout_ms = timeout_ms, .waits = timeout_ms != 0};
+    return submit(async, lock != NULL ? lock->client : NULL, OP_LOCK_ACQUIRE, lock, cb, user,
+                  ret_op, &t);
+}
+
+int redsem_permit_refresh_async(redsem_async *async, redsem_permit *permit, redsem_async_cb cb,
+                                void *user, uint64_t *ret_op)
+{
+    op t = {0};
+    return submit(async, permit != NULL ? permit->client : NULL, OP_REFRESH, permit, cb, user,
+                  ret_op, &t);
+}
+
+int redsem_permit_release_async(redsem_async *async, redsem_permit *permit, redsem_async_cb cb,
+                                void *user, uint64_t *ret_op)
+{
+    op t = {0};
+    return submit(async, permit != NULL ? permit->client : NULL, OP_RELEASE, permit, cb, user,
+                  ret_op, &t);
+}
+
+int redsem_sem_status_async(redsem_async *async, redsem_sem *sem, size_t max_entries,
+                            redsem_async_cb cb, void *user, uint64_t *ret_op)
+{
+    op t = {.max_entries = max_entries};
+    return submit(async, sem != NULL ? sem->client : NULL, OP_SEM_STATUS, sem, cb, user, ret_op,
+                  &t);
+}
+
+int redsem_lock_status_async(redsem_async *async, redsem_lock *lock, size_t max_entries,
+                             redsem_async_cb cb, void *user, uint64_t *ret_op)
+{
+    op t = {.max_entries = max_entries};
+    return submit(async, lock != NULL ? lock->client : NULL, OP_LOCK_STATUS, lock, cb, user,
+                  ret_op, &t);
+}

@@ -1,0 +1,653 @@
+/* The event-loop API (include/redsem/async.h), on a real loop: this file is built once per
+ * loop found (tests/meson.build): TEST_LOOP_POLL (a poll() loop of the test's own, no
+ * adapter), TEST_LOOP_UV, TEST_LOOP_EVENT, TEST_LOOP_EV (the shipped adapters). Each loop
+ * also runs a 5 ms repeating timer whose ticks prove the loop kept running while an acquire
+ * waited. Timing: no duration is asserted, only orders and counts (a waiting acquire lets
+ * the loop tick; a cancelled one leaves the server's queue). */
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fixture.h"
+
+#if defined(TEST_LOOP_UV)
+#include <redsem/adapters/libuv.h>
+#define LOOP_NAME "libuv"
+#elif defined(TEST_LOOP_EVENT)
+#include <redsem/adapters/libevent.h>
+#define LOOP_NAME "libevent"
+#elif defined(TEST_LOOP_EV)
+#include <redsem/adapters/libev.h>
+#define LOOP_NAME "libev"
+#else
+#define TEST_LOOP_POLL 1
+#define LOOP_NAME "poll"
+#endif
+
+/* ---------------------------------------------------------------- the loop, per kind */
+
+typedef struct tloop tloop;
+typedef void (*tick_fn)(tloop *l);
+
+struct tloop {
+    int ticks;
+    tick_fn on_tick;
+    void *data;
+#if defined(TEST_LOOP_UV)
+    uv_loop_t uv;
+    uv_timer_t tick;
+#elif defined(TEST_LOOP_EVENT)
+    struct event_base *base;
+    struct event *tick;
+#elif defined(TEST_LOOP_EV)
+    struct ev_loop *ev;
+    ev_timer tick;
+#else
+    redsem_async *a;
+    int fd, what;
+    int64_t next_tick_ms;
+#endif
+};
+
+static void ticked(tloop *l)
+{
+    l->ticks++;
+    if (l->on_tick != NULL)
+        l->on_tick(l);
+}
+
+#if defined(TEST_LOOP_UV)
+static void uv_tick(uv_timer_t *t) { ticked(t->data); }
+static void loop_init(tloop *l)
+{
+    cr_assert_eq(uv_loop_init(&l->uv), 0);
+    uv_timer_init(&l->uv, &l->tick);
+    l->tick.data = l;
+    uv_timer_start(&l->tick, uv_tick, 5, 5);
+}
+static int loop_attach(tloop *l, redsem_async *a) { return redsem_uv_attach(a, &l->uv); }
+static void loop_once(tloop *l) { uv_run(&l->uv, UV_RUN_ONCE); }
+static void loop_fini(tloop *l)
+{
+    uv_close((uv_handle_t *)&l->tick, NULL);
+    while (uv_run(&l->uv, UV_RUN_NOWAIT) != 0)
+        ;
+    cr_expect_eq(uv_loop_close(&l->uv), 0, "a libuv handle was left open");
+}
+#elif defined(TEST_LOOP_EVENT)
+static void ev_tick(evutil_socket_t fd, short e, void *d)
+{
+    (void)fd;
+    (void)e;
+    ticked(d);
+}
+static void loop_init(tloop *l)
+{
+    l->base = event_base_new();
+    cr_assert_not_null(l->base);
+    l->tick = event_new(l->base, -1, EV_PERSIST, ev_tick, l);
+    struct timeval tv = {0, 5000};
+    event_add(l->tick, &tv);
+}
+static int loop_attach(tloop *l, redsem_async *a) { return redsem_event_attach(a, l->base); }
+static void loop_once(tloop *l) { event_base_loop(l->base, EVLOOP_ONCE); }
+static void loop_fini(tloop *l)
+{
+    event_free(l->tick);
+    event_base_free(l->base);
+}
+#elif defined(TEST_LOOP_EV)
+static void ev_tick(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    ticked(w->data);
+}
+static void loop_init(tloop *l)
+{
+    l->ev = ev_loop_new(EVFLAG_AUTO);
+    cr_assert_not_null(l->ev);
+    ev_timer_init(&l->tick, ev_tick, 0.005, 0.005);
+    l->tick.data = l;
+    ev_timer_start(l->ev, &l->tick);
+}
+static int loop_attach(tloop *l, redsem_async *a) { return redsem_ev_attach(a, l->ev); }
+static void loop_once(tloop *l) { ev_run(l->ev, EVRUN_ONCE); }
+static void loop_fini(tloop *l)
+{
+    ev_timer_stop(l->ev, &l->tick);
+    ev_loop_destroy(l->ev);
+}
+#else
+static void poll_socket(redsem_async *a, int fd, int what, void *data)
+{
+    tloop *l = data;
+    (void)a;
+    l->fd = (what & REDSEM_WATCH_REMOVE) ? -1 : fd;
+    l->what = what;
+}
+static void loop_init(tloop *l)
+{
+    l->fd = -1;
+    l->next_tick_ms = tf_now_ms() + 5;
+}
+static int loop_attach(tloop *l, redsem_async *a)
+{
+    l->a = a;
+    return redsem_async_set_loop(a, poll_socket, NULL, l);
+}
+static void loop_once(tloop *l)
+{
+    int64_t wait = l->next_tick_ms - tf_now_ms();
+    struct pollfd p = {l->fd, POLLIN, 0};
+    int n = poll(&p, l->fd >= 0 ? 1 : 0, wait > 0 ? (int)wait : 0);
+    if (n > 0 && (p.revents & POLLIN))
+        cr_expect_geq(redsem_async_action(l->a, l->fd, REDSEM_WATCH_IN), 0);
+    if (tf_now_ms() >= l->next_tick_ms) {
+        l->next_tick_ms += 5;
+        ticked(l);
+    }
+}
+static void loop_fini(tloop *l) { (void)l; }
+#endif
+
+/* Run the loop until *done (a callback sets it) or max_ms passed; false on the latter. */
+static bool run_until(tloop *l, const int *done, int64_t max_ms)
+{
+    int64_t end = tf_now_ms() + max_ms;
+    while (!*done && tf_now_ms() < end)
+        loop_once(l);
+    return *done != 0;
+}
+
+/* ---------------------------------------------------------------- completions */
+
+typedef struct got {
+    int calls, rc, done;
+    int ticks_at; /* the loop's ticks when the callback ran */
+    uint64_t op;
+    redsem_permit *permit;
+    redsem_status *status;
+    char errmsg[256];
+    tloop *loop;
+} got;
+
+static void on_done(redsem_async *a, const redsem_result *r, void *user)
+{
+    got *g = user;
+    (void)a;
+    g->calls++;
+    g->rc = r->rc;
+    g->op = r->op;
+    g->permit = r->permit;
+    g->status = r->status;
+    g->ticks_at = g->loop != NULL ? g->loop->ticks : 0;
+    snprintf(g->errmsg, sizeof g->errmsg, "%s", r->errmsg);
+    cr_expect((r->rc == REDSEM_OK) == (r->errmsg[0] == '\0'), "errmsg '%s' with %s", r->errmsg,
+              redsem_err_name(r->rc));
+    g->done = 1;
+}
+
+typedef struct env {
+    redsem_client *c;
+    redsem_async *a;
+    tloop loop;
+} env;
+
+static void env_up(env *e)
+{
+    memset(e, 0, sizeof *e);
+    e->c = tf_client();
+    OK(e->c, redsem_async_new(e->c, &e->a));
+    loop_init(&e->loop);
+    cr_assert_eq(loop_attach(&e->loop, e->a), REDSEM_OK);
+}
+
+static void env_down(env *e)
+{
+    redsem_async_free(e->a);
+#if defined(TEST_LOOP_UV)
+    uv_run(&e->loop.uv, UV_RUN_NOWAIT); /* the adapter's close callbacks */
+#endif
+    loop_fini(&e->loop);
+    redsem_client_free(e->c);
+}
+
+static size_t waiters_on_server(redsem_client *c, redsem_sem *s)
+{
+    redsem_status *st = NULL;
+    OK(c, redsem_sem_status(s, 16, &st));
+    size_t n = redsem_status_waiter_count(st);
+    redsem_status_free(st);
+    return n;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+Test(async, try_status_refresh_release)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-try"), REDSEM_STRATEGY_FAIR, 2, 5000, &s));
+    got g = {.loop = &e.loop};
+    uint64_t id = 0;
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, &id));
+    cr_expect_gt(id, 0);
+    cr_expect_eq(g.calls, 0, "a callback ran inside the call that started it");
+    cr_assert(run_until(&e.loop, &g.done, 10000), "no callback on the %s loop", LOOP_NAME);
+    cr_assert_eq(g.rc, REDSEM_OK, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    cr_expect_eq(g.op, id);
+    redsem_permit *p = g.permit;
+    cr_assert_not_null(p);
+
+    got st = {.loop = &e.loop};
+    OK(e.c, redsem_sem_status_async(e.a, s, 16, on_done, &st, NULL));
+    cr_assert(run_until(&e.loop, &st.done, 10000));
+    cr_assert_eq(st.rc, REDSEM_OK);
+    cr_expect_eq(redsem_status_holder_count(st.status), 1);
+    redsem_status_free(st.status);
+
+    got rf = {.loop = &e.loop}, rl = {.loop = &e.loop};
+    OK(e.c, redsem_permit_refresh_async(e.a, p, on_done, &rf, NULL));
+    cr_assert(run_until(&e.loop, &rf.done, 10000));
+    cr_expect_eq(rf.rc, REDSEM_OK, "refresh: %s", redsem_err_name(rf.rc));
+    OK(e.c, redsem_permit_release_async(e.a, p, on_done, &rl, NULL));
+    cr_assert(run_until(&e.loop, &rl.done, 10000));
+    cr_expect_eq(rl.rc, REDSEM_OK, "release: %s", redsem_err_name(rl.rc));
+    redsem_permit_free(p);
+    cr_expect_eq(redsem_async_pending(e.a), 0);
+    cr_expect_eq(g.calls + st.calls + rf.calls + rl.calls, 4, "a callback ran twice");
+
+    /* the lock, try and status */
+    redsem_lock *lk = NULL;
+    OK(e.c, redsem_lock_open(e.c, tf_name("async-lock"), 5000, &lk));
+    got la = {.loop = &e.loop}, ls = {.loop = &e.loop};
+    OK(e.c, redsem_lock_acquire_async(e.a, lk, 0, on_done, &la, NULL));
+    cr_assert(run_until(&e.loop, &la.done, 10000));
+    cr_assert_eq(la.rc, REDSEM_OK);
+    OK(e.c, redsem_lock_status_async(e.a, lk, 4, on_done, &ls, NULL));
+    cr_assert(run_until(&e.loop, &ls.done, 10000));
+    cr_assert_eq(ls.rc, REDSEM_OK);
+    cr_expect_eq(redsem_status_holder_count(ls.status), 1);
+    redsem_status_free(ls.status);
+    OK(e.c, redsem_permit_release(la.permit));
+    redsem_permit_free(la.permit);
+    redsem_lock_free(lk);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+/* A release from the loop (at tick 20) hands the permit to the waiting acquire: the loop ran
+ * while it waited, and the acquire completed after the release. */
+typedef struct hand {
+    env *e;
+    redsem_permit *held;
+    got rel;
+    int release_at;
+} hand;
+
+static void release_on_tick(tloop *l)
+{
+    hand *h = l->data;
+    if (l->ticks == h->release_at)
+        cr_assert_eq(redsem_permit_release_async(h->e->a, h->held, on_done, &h->rel, NULL),
+                     REDSEM_OK);
+}
+
+static void waits_body(redsem_strategy strategy)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-wait"), strategy, 1, 10000, &s));
+    hand h = {.e = &e, .release_at = 20};
+    h.rel.loop = &e.loop;
+    OK(e.c, redsem_sem_try_acquire(s, &h.held));
+    got g = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 20000, on_done, &g, NULL));
+    e.loop.data = &h;
+    e.loop.on_tick = release_on_tick;
+    cr_assert(run_until(&e.loop, &g.done, 30000));
+    cr_assert_eq(g.rc, REDSEM_OK, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    cr_expect_geq(g.ticks_at, h.release_at, "granted at tick %d, before the release at %d",
+                  g.ticks_at, h.release_at);
+    cr_assert(run_until(&e.loop, &h.rel.done, 10000));
+    cr_expect_eq(h.rel.rc, REDSEM_OK);
+    cr_expect_eq(g.calls, 1);
+    OK(e.c, redsem_permit_release(g.permit));
+    redsem_permit_free(g.permit);
+    redsem_permit_free(h.held);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+Test(async, a_waiting_acquire_lets_the_loop_run_basic) { waits_body(REDSEM_STRATEGY_BASIC); }
+Test(async, a_waiting_acquire_lets_the_loop_run_fair) { waits_body(REDSEM_STRATEGY_FAIR); }
+Test(async, a_waiting_acquire_lets_the_loop_run_locked) { waits_body(REDSEM_STRATEGY_LOCKED); }
+
+Test(async, the_lock_waits_too)
+{
+    env e;
+    env_up(&e);
+    redsem_lock *lk = NULL;
+    OK(e.c, redsem_lock_open(e.c, tf_name("async-lockwait"), 10000, &lk));
+    hand h = {.e = &e, .release_at = 20};
+    h.rel.loop = &e.loop;
+    OK(e.c, redsem_lock_try_acquire(lk, &h.held));
+    got g = {.loop = &e.loop};
+    OK(e.c, redsem_lock_acquire_async(e.a, lk, 20000, on_done, &g, NULL));
+    e.loop.data = &h;
+    e.loop.on_tick = release_on_tick;
+    cr_assert(run_until(&e.loop, &g.done, 30000));
+    cr_assert_eq(g.rc, REDSEM_OK, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    cr_expect_geq(g.ticks_at, h.release_at);
+    cr_assert(run_until(&e.loop, &h.rel.done, 10000));
+    OK(e.c, redsem_permit_release(g.permit));
+    redsem_permit_free(g.permit);
+    redsem_permit_free(h.held);
+    redsem_lock_free(lk);
+    env_down(&e);
+}
+
+Test(async, a_timeout_completes_once_with_ebusy)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-timeout"), REDSEM_STRATEGY_FAIR, 1, 10000, &s));
+    redsem_permit *held = NULL;
+    OK(e.c, redsem_sem_try_acquire(s, &held));
+    got g = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 300, on_done, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 20000));
+    cr_expect_eq(g.rc, REDSEM_EBUSY, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    cr_expect_null(g.permit);
+    cr_expect_gt(g.ticks_at, 0, "the loop never ticked while the acquire waited");
+    /* nothing more comes */
+    int ticks = e.loop.ticks;
+    while (e.loop.ticks < ticks + 20)
+        loop_once(&e.loop);
+    cr_expect_eq(g.calls, 1);
+    cr_expect_eq(waiters_on_server(e.c, s), 0, "the timed-out waiter is still queued");
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+typedef struct canceller {
+    env *e;
+    uint64_t op;
+    int at, rc;
+} canceller;
+
+static void cancel_on_tick(tloop *l)
+{
+    canceller *k = l->data;
+    if (l->ticks == k->at)
+        k->rc = redsem_async_cancel(k->e->a, k->op);
+}
+
+static void cancel_body(redsem_strategy strategy)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-cancel"), strategy, 1, 10000, &s));
+    redsem_permit *held = NULL;
+    OK(e.c, redsem_sem_try_acquire(s, &held));
+    got g = {.loop = &e.loop};
+    canceller k = {.e = &e, .at = 30, .rc = 1};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, REDSEM_WAIT_FOREVER, on_done, &g, &k.op));
+    e.loop.data = &k;
+    e.loop.on_tick = cancel_on_tick;
+    cr_assert(run_until(&e.loop, &g.done, 20000), "a cancelled acquire never completed");
+    cr_expect_eq(k.rc, REDSEM_OK, "cancel: %s", redsem_err_name(k.rc));
+    cr_expect_eq(g.rc, REDSEM_ECANCELED, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    cr_expect_geq(g.ticks_at, k.at);
+    cr_expect_null(g.permit);
+    cr_expect_eq(redsem_async_cancel(e.a, k.op), REDSEM_EINVAL, "a completed operation");
+    if (strategy != REDSEM_STRATEGY_BASIC)
+        cr_expect_eq(waiters_on_server(e.c, s), 0, "the cancelled waiter is still queued");
+    /* the permit it did not get is free for the next one */
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_permit *p = NULL;
+    OK(e.c, redsem_sem_try_acquire(s, &p));
+    OK(e.c, redsem_permit_release(p));
+    redsem_permit_free(p);
+    cr_expect_eq(g.calls, 1);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+Test(async, cancel_a_waiting_acquire_basic) { cancel_body(REDSEM_STRATEGY_BASIC); }
+Test(async, cancel_a_waiting_acquire_fair) { cancel_body(REDSEM_STRATEGY_FAIR); }
+Test(async, cancel_a_waiting_acquire_locked) { cancel_body(REDSEM_STRATEGY_LOCKED); }
+
+Test(async, free_with_operations_in_flight)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-free"), REDSEM_STRATEGY_FAIR, 1, 10000, &s));
+    redsem_permit *held = NULL;
+    OK(e.c, redsem_sem_try_acquire(s, &held));
+    got w1 = {0}, w2 = {0}, t = {0}, st = {0};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, REDSEM_WAIT_FOREVER, on_done, &w1, NULL));
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 60000, on_done, &w2, NULL));
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &t, NULL));
+    OK(e.c, redsem_sem_status_async(e.a, s, 4, on_done, &st, NULL));
+    /* let the waiting ones reach the server's queue */
+    for (int i = 0; i < 20; i++)
+        loop_once(&e.loop);
+    redsem_async *a = e.a;
+    redsem_async_free(a);
+    e.a = NULL;
+    cr_expect_eq(w1.calls, 1, "waiting acquire: %d callbacks", w1.calls);
+    cr_expect_eq(w2.calls, 1);
+    cr_expect_eq(t.calls, 1);
+    cr_expect_eq(st.calls, 1);
+    cr_expect_eq(w1.rc, REDSEM_ECANCELED, "%s", redsem_err_name(w1.rc));
+    cr_expect_eq(w2.rc, REDSEM_ECANCELED, "%s", redsem_err_name(w2.rc));
+    cr_expect(t.rc == REDSEM_EBUSY || t.rc == REDSEM_ECANCELED, "%s", redsem_err_name(t.rc));
+    if (st.rc == REDSEM_OK)
+        redsem_status_free(st.status);
+    cr_expect_eq(waiters_on_server(e.c, s), 0, "a waiter of the freed redsem_async is queued");
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+static void renew_in_callback(redsem_async *a, const redsem_result *r, void *user)
+{
+    on_done(a, r, user);
+    if (r->rc == REDSEM_OK)
+        cr_expect_eq(redsem_permit_auto_renew(r->permit, 0, NULL, NULL), REDSEM_OK);
+}
+
+Test(async, auto_renewal_of_a_permit_taken_asynchronously)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    /* lease 600 ms; the loop runs 2 s: without renewal the permit would be lost */
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-renew"), REDSEM_STRATEGY_FAIR, 1, 600, &s));
+    got g = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 5000, renew_in_callback, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 10000));
+    cr_assert_eq(g.rc, REDSEM_OK);
+    int never = 0;
+    run_until(&e.loop, &never, 2000);
+    got rf = {.loop = &e.loop};
+    OK(e.c, redsem_permit_refresh_async(e.a, g.permit, on_done, &rf, NULL));
+    cr_assert(run_until(&e.loop, &rf.done, 10000));
+    cr_expect_eq(rf.rc, REDSEM_OK, "the permit was lost: %s", redsem_err_name(rf.rc));
+    redsem_renew_stats rs;
+    OK(e.c, redsem_client_renew_stats(e.c, &rs));
+    cr_expect_gt(rs.renewals, 0);
+    OK(e.c, redsem_permit_release(g.permit));
+    redsem_permit_free(g.permit);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+/* 40 waiting acquires on a limit-3 semaphore, each releasing (asynchronously) in its
+ * callback: all granted, never more than 3 at once (a permit counts as held from its grant's
+ * callback until its release is asked for), each callback once. More waiting
+ * operations than one worker can hold; the releases never wait behind them. */
+typedef struct many {
+    env *e;
+    int granted, holding, max_holding, calls, released, bad;
+} many;
+
+static void many_released(redsem_async *a, const redsem_result *r, void *user)
+{
+    many *m = user;
+    (void)a;
+    if (r->rc != REDSEM_OK)
+        m->bad++;
+    m->released++;
+}
+
+typedef struct many_op {
+    many *m;
+    redsem_permit *p;
+} many_op;
+
+static void many_release_done(redsem_async *a, const redsem_result *r, void *user)
+{
+    many_op *o = user;
+    many_released(a, r, o->m);
+    redsem_permit_free(o->p);
+    o->p = NULL;
+}
+
+static void many_granted(redsem_async *a, const redsem_result *r, void *user)
+{
+    many_op *o = user;
+    many *m = o->m;
+    m->calls++;
+    if (r->rc != REDSEM_OK) {
+        m->bad++;
+        return;
+    }
+    m->granted++;
+    if (++m->holding > m->max_holding)
+        m->max_holding = m->holding;
+    o->p = r->permit;
+    cr_expect_eq(redsem_permit_release_async(a, o->p, many_release_done, o, NULL), REDSEM_OK);
+    /* free from the moment the release is asked for: the server runs it after this, and a
+     * grant that it makes possible may be reported before the release's own callback */
+    m->holding--;
+}
+
+Test(async, many_waiting_acquires)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-many"), REDSEM_STRATEGY_FAIR, 3, 10000, &s));
+    enum { N = 40 };
+    many m = {.e = &e};
+    many_op ops[N];
+    redsem_permit *held[3];
+    for (int i = 0; i < 3; i++)
+        OK(e.c, redsem_sem_try_acquire(s, &held[i]));
+    for (int i = 0; i < N; i++) {
+        ops[i] = (many_op){&m, NULL};
+        OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 60000, many_granted, &ops[i], NULL));
+    }
+    for (int i = 0; i < 30; i++)
+        loop_once(&e.loop);
+    for (int i = 0; i < 3; i++) {
+        OK(e.c, redsem_permit_release(held[i]));
+        redsem_permit_free(held[i]);
+    }
+    int64_t end = tf_now_ms() + 60000;
+    while (m.released < N && m.bad == 0 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_expect_eq(m.bad, 0);
+    cr_expect_eq(m.granted, N, "%d of %d granted", m.granted, N);
+    cr_expect_eq(m.calls, N);
+    cr_expect_eq(m.released, N);
+    cr_expect_leq(m.max_holding, 3, "%d held at once (limit 3)", m.max_holding);
+    cr_expect_eq(redsem_async_pending(e.a), 0);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+#if defined(TEST_LOOP_POLL)
+Test(async, bad_input)
+{
+    redsem_client *c = tf_client(), *other = tf_client();
+    redsem_async *a = NULL;
+    cr_expect_eq(redsem_async_new(NULL, &a), REDSEM_EINVAL);
+    cr_expect_eq(redsem_async_new(c, NULL), REDSEM_EINVAL);
+    OK(c, redsem_async_new(c, &a));
+    redsem_sem *s = NULL, *so = NULL;
+    OK(c, redsem_sem_open(c, tf_name("async-bad"), REDSEM_STRATEGY_BASIC, 2, 5000, &s));
+    OK(other, redsem_sem_open(other, tf_name("async-bad"), REDSEM_STRATEGY_BASIC, 2, 5000, &so));
+    got g = {0};
+    /* no loop yet */
+    EXPECT(c, REDSEM_ESTATE, redsem_sem_acquire_async(a, s, 1, 0, on_done, &g, NULL));
+    cr_expect_eq(redsem_async_set_loop(a, NULL, NULL, NULL), REDSEM_EINVAL);
+    tloop l;
+    loop_init(&l);
+    OK(c, loop_attach(&l, a));
+    EXPECT(c, REDSEM_ESTATE, loop_attach(&l, a));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_async(a, s, 1, 0, NULL, &g, NULL));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_async(a, NULL, 1, 0, on_done, &g, NULL));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_async(a, s, 0, 0, on_done, &g, NULL));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_async(a, s, 1, -5, on_done, &g, NULL));
+    EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_async(a, so, 1, 0, on_done, &g, NULL));
+    EXPECT(c, REDSEM_EINVAL, redsem_permit_release_async(a, NULL, on_done, &g, NULL));
+    cr_expect_eq(redsem_sem_acquire_async(NULL, s, 1, 0, on_done, &g, NULL), REDSEM_EINVAL);
+    EXPECT(c, REDSEM_EINVAL, redsem_async_cancel(a, 12345));
+    EXPECT(c, REDSEM_EINVAL, redsem_async_action(a, 0, REDSEM_WATCH_IN));
+    cr_expect_eq(redsem_async_pending(a), 0);
+    cr_expect_eq(g.calls, 0, "a refused operation called back");
+    /* more than a limit: refused by the server, in the callback, nothing taken */
+    OK(c, redsem_sem_acquire_async(a, s, 3, 0, on_done, &g, NULL));
+    cr_assert(run_until(&l, &g.done, 10000));
+    cr_expect_eq(g.rc, REDSEM_EINVAL, "%s", redsem_err_name(g.rc));
+    cr_expect_neq(g.errmsg[0], '\0');
+    /* a running try-acquire cannot be cancelled; one that finished: EINVAL once called back */
+    redsem_async_free(a);
+    redsem_sem_free(s);
+    redsem_sem_free(so);
+    redsem_client_free(other);
+    redsem_client_free(c);
+}
+
+Test(async, a_forked_child_gets_eforked)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-fork"), REDSEM_STRATEGY_BASIC, 2, 5000, &s));
+    got g = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 10000));
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        got h = {0};
+        int rc = redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &h, NULL);
+        int rc2 = redsem_async_action(e.a, -1, 0);
+        redsem_async_free(e.a);
+        _exit(rc == REDSEM_EFORKED && rc2 == REDSEM_EFORKED && h.calls == 0 ? 0 : 1);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child did not get REDSEM_EFORKED");
+    OK(e.c, redsem_permit_release(g.permit));
+    redsem_permit_free(g.permit);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+#endif
