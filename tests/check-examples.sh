@@ -17,7 +17,7 @@ done
 for f in "$tmp"/*.c; do
     [ -e "$f" ] || continue
     n=$((n + 1))
-    if ! $cc -std=c11 -Wall -Wextra -Werror -I"$inc" -I"$inc/redsem" -I"$binc" "$f" \
+    if ! $cc -std=c11 -Wall -Wextra -Werror -I"$inc" -I"$binc" "$f" \
         -L"$libdir" -lredsem -o "$f.out" 2>"$f.err"; then
         echo "example $(basename "$f") does not compile:"; cat "$f.err"; cat -n "$f"; exit 1
     fi

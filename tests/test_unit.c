@@ -30,6 +30,7 @@ Test(errors, expected_outcomes_are_not_faults)
     cr_assert_not(redsem_is_fault(REDSEM_OK));
     cr_assert_not(redsem_is_fault(REDSEM_EBUSY));
     cr_assert_not(redsem_is_fault(REDSEM_ELOST));
+    cr_assert_not(redsem_is_fault(REDSEM_ECANCELED));
     cr_assert_not(redsem_is_fault(REDSEM_EUNKNOWN));
     cr_assert(redsem_is_fault(REDSEM_EINVAL));
     cr_assert(redsem_is_fault(REDSEM_ECONN));

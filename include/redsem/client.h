@@ -32,9 +32,10 @@ extern "C" {
  * redsem_is_fault(), redsem_id_generate() and the version calls may be called from any thread
  * at any time. Before 0.4 a client was one thread's at a time.
  *
- * The one background thread redsem ever starts is the renewer of a client, started by the
- * first redsem_permit_auto_renew() (renew.h); it has its own connection and never touches
- * the caller's.
+ * redsem starts background threads only for two things: the renewer of a client, started by
+ * the first redsem_permit_auto_renew() (renew.h; it has its own connection and never touches
+ * the caller's), and the workers of a redsem_async (async.h), which run the event-loop
+ * operations on the client's pool.
  *
  * FORK. Handles belong to the process that created them. In a child after fork() every call
  * on an inherited handle returns REDSEM_EFORKED without touching the network, so a child can

@@ -27,6 +27,7 @@ extern "C" {
     XX(ELOST, -2, "lease lost: it expired, was released, or is held by another holder")       \
     XX(EUNKNOWN, -3,                                                                           \
        "outcome unknown: the request may have been applied but its reply was lost")          \
+    XX(ECANCELED, -4, "the operation was cancelled (redsem_async_cancel or redsem_async_free)") \
     XX(EINVAL, -10, "invalid argument")                                                        \
     XX(ENOMEM, -11, "out of memory")                                                           \
     XX(ECONN, -12, "cannot connect to Redis, or the connection was lost")                     \
@@ -38,8 +39,7 @@ extern "C" {
     XX(EFORKED, -18, "handle used in a process other than the one that created it (fork)")    \
     XX(ESTATE, -19, "operation not valid in the handle's current state")                      \
     XX(ETLS, -20, "TLS: the server's certificate was refused (unknown CA, expired, name mismatch)") \
-    XX(EREPLICA, -21, "fewer replicas than required acknowledged the write in time")        \
-    XX(ECANCELED, -22, "the operation was cancelled (redsem_async_cancel or redsem_async_free)")
+    XX(EREPLICA, -21, "fewer replicas than required acknowledged the write in time")
 
 /** Status codes; see REDSEM_ERRNO_MAP for the meaning of each. Since: 0.1 */
 typedef enum redsem_err {
@@ -69,7 +69,8 @@ REDSEM_API const char *redsem_err_name(int code);
 
 /**
  * redsem_is_fault - whether a status is a fault (<= -10) rather than success or an expected
- * outcome (REDSEM_EBUSY, REDSEM_ELOST, REDSEM_EUNKNOWN).
+ * outcome (REDSEM_EBUSY, REDSEM_ELOST, REDSEM_EUNKNOWN, REDSEM_ECANCELED: the caller's own
+ * cancellation, since 0.4).
  *
  * Thread safety: callable from any thread, any time. Since: 0.1
  */
