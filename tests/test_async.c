@@ -596,7 +596,7 @@ Test(async, bad_input)
     /* no loop yet */
     EXPECT(c, REDSEM_ESTATE, redsem_sem_acquire_async(a, s, 1, 0, on_done, &g, NULL));
     cr_expect_eq(redsem_async_set_loop(a, NULL, NULL, NULL), REDSEM_EINVAL);
-    tloop l;
+    tloop l = {0};
     loop_init(&l);
     OK(c, loop_attach(&l, a));
     EXPECT(c, REDSEM_ESTATE, loop_attach(&l, a));
