@@ -23,7 +23,8 @@
 
 static const char *const workload_names[BENCH_NWORKLOADS] = {
     "uncontended", "threads", "contended", "scale",    "floor", "renewal",
-    "takeover",    "tls",     "sync",      "rate",     "weighted", "spread"};
+    "takeover",    "tls",     "sync",      "rate",     "weighted", "spread",
+    "async"};
 
 /* The default suite: every workload but floor (run inside the others anyway), tls, sync and
  * spread (each starts servers of its own, tls needs the openssl command, and each takes half
@@ -52,8 +53,8 @@ static void usage(FILE *out)
         "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
         "                       same, or none\n"
         "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,takeover,\n"
-        "                       rate,weighted,tls,sync,spread,floor; default (the default\n"
-        "                       suite: the first eight) or all (the default suite, tls, sync\n"
+        "                       rate,weighted,async,tls,sync,spread,floor; default (the\n"
+        "                       default suite: the first nine) or all (the default suite, tls, sync\n"
         "                       and spread); floor alone runs only the floor loops. tls, sync\n"
         "                       and spread start private servers of their own (TCP + TLS\n"
         "                       port; a primary and two replicas; clusters of 1 and 3\n"
@@ -73,7 +74,8 @@ static void usage(FILE *out)
         "  --clients LIST       contended: client counts (default 8,32)\n"
         "  --limit N            contended: the semaphore's limit (default 4)\n"
         "  --hold MS|MIN-MAX    contended: hold time, fixed or uniform random (default 1-5)\n"
-        "  --duration S         contended, weighted: seconds per run (default 2)\n"
+        "  --duration S         contended, weighted: seconds per run (default 2); async:\n"
+        "                       S/10 per batch (6 library and 6 floor batches, about S + 1 s)\n"
         "  --procs              contended: clients are processes (fork), not threads\n"
         "  --order-margin-us N  contended: arrival-order margin (default 1000)\n"
         "  --holders LIST       scale: holder counts (default 10,1000,10000,100000)\n"
@@ -957,6 +959,8 @@ int main(int argc, char **argv)
         bench_run_rate(&ctx);
     if (o.workloads[BENCH_W_WEIGHTED])
         bench_run_weighted(&ctx);
+    if (o.workloads[BENCH_W_ASYNC])
+        bench_run_async(&ctx);
     if (o.workloads[BENCH_W_TLS])
         bench_run_tls(&ctx);
     if (o.workloads[BENCH_W_SYNC])
