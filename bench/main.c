@@ -28,7 +28,7 @@ static const char *const workload_names[BENCH_NWORKLOADS] = {
 
 /* The default suite: every workload but floor (run inside the others anyway), tls, sync and
  * spread (each starts servers of its own, tls needs the openssl command, and each takes half
- * a minute or more). */
+ * a minute or more). async is in it: about 3 s with the default --duration. */
 static bool in_default_suite(int w)
 {
     return w != BENCH_W_FLOOR && w != BENCH_W_TLS && w != BENCH_W_SYNC && w != BENCH_W_SPREAD;
@@ -54,11 +54,12 @@ static void usage(FILE *out)
         "                       same, or none\n"
         "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,takeover,\n"
         "                       rate,weighted,async,tls,sync,spread,floor; default (the\n"
-        "                       default suite: the first nine) or all (the default suite, tls, sync\n"
-        "                       and spread); floor alone runs only the floor loops. tls, sync\n"
-        "                       and spread start private servers of their own (TCP + TLS\n"
-        "                       port; a primary and two replicas; clusters of 1 and 3\n"
-        "                       primaries), even with --url; tls needs the openssl command\n"
+        "                       default suite: the first nine) or all (the default suite,\n"
+        "                       tls, sync and spread); floor alone runs only the floor\n"
+        "                       loops. tls, sync and spread start private servers of their\n"
+        "                       own (TCP + TLS port; a primary and two replicas; clusters of\n"
+        "                       1 and 3 primaries), even with --url; tls needs the openssl\n"
+        "                       command\n"
         "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
         "  --rounds N           uncontended: interleaved rounds (default 5)\n"
