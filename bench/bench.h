@@ -27,7 +27,7 @@ int bench_kind_acquire_trips(int kind);
 
 /* ---------------------------------------------------------------- options */
 #define BENCH_MAX_LIST 16
-#define BENCH_NWORKLOADS_MAX 12
+#define BENCH_NWORKLOADS_MAX 13
 
 enum { AFF_SPLIT = 0, AFF_SAME = 1, AFF_NONE = 2 };
 
@@ -79,7 +79,8 @@ enum {
     BENCH_W_RATE = 9,
     BENCH_W_WEIGHTED = 10,
     BENCH_W_SPREAD = 11, /* not in the default suite */
-    BENCH_NWORKLOADS = 12
+    BENCH_W_ASYNC = 12,
+    BENCH_NWORKLOADS = 13
 };
 
 /* ---------------------------------------------------------------- run context */
@@ -239,6 +240,7 @@ void bench_run_sync(bench_ctx *ctx);
 void bench_run_rate(bench_ctx *ctx);
 void bench_run_weighted(bench_ctx *ctx);
 void bench_run_spread(bench_ctx *ctx);
+void bench_run_async(bench_ctx *ctx);
 
 /* Table helpers: a fixed-width row printer that also works as the header. */
 void bench_rule(int width);

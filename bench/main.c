@@ -23,11 +23,12 @@
 
 static const char *const workload_names[BENCH_NWORKLOADS] = {
     "uncontended", "threads", "contended", "scale",    "floor", "renewal",
-    "takeover",    "tls",     "sync",      "rate",     "weighted", "spread"};
+    "takeover",    "tls",     "sync",      "rate",     "weighted", "spread",
+    "async"};
 
 /* The default suite: every workload but floor (run inside the others anyway), tls, sync and
  * spread (each starts servers of its own, tls needs the openssl command, and each takes half
- * a minute or more). */
+ * a minute or more). async is in it: about 3 s with the default --duration. */
 static bool in_default_suite(int w)
 {
     return w != BENCH_W_FLOOR && w != BENCH_W_TLS && w != BENCH_W_SYNC && w != BENCH_W_SPREAD;
@@ -52,12 +53,13 @@ static void usage(FILE *out)
         "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
         "                       same, or none\n"
         "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,takeover,\n"
-        "                       rate,weighted,tls,sync,spread,floor; default (the default\n"
-        "                       suite: the first eight) or all (the default suite, tls, sync\n"
-        "                       and spread); floor alone runs only the floor loops. tls, sync\n"
-        "                       and spread start private servers of their own (TCP + TLS\n"
-        "                       port; a primary and two replicas; clusters of 1 and 3\n"
-        "                       primaries), even with --url; tls needs the openssl command\n"
+        "                       rate,weighted,async,tls,sync,spread,floor; default (the\n"
+        "                       default suite: the first nine) or all (the default suite,\n"
+        "                       tls, sync and spread); floor alone runs only the floor\n"
+        "                       loops. tls, sync and spread start private servers of their\n"
+        "                       own (TCP + TLS port; a primary and two replicas; clusters of\n"
+        "                       1 and 3 primaries), even with --url; tls needs the openssl\n"
+        "                       command\n"
         "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
         "  --rounds N           uncontended: interleaved rounds (default 5)\n"
@@ -73,7 +75,8 @@ static void usage(FILE *out)
         "  --clients LIST       contended: client counts (default 8,32)\n"
         "  --limit N            contended: the semaphore's limit (default 4)\n"
         "  --hold MS|MIN-MAX    contended: hold time, fixed or uniform random (default 1-5)\n"
-        "  --duration S         contended, weighted: seconds per run (default 2)\n"
+        "  --duration S         contended, weighted: seconds per run (default 2); async:\n"
+        "                       S/10 per batch (6 library and 6 floor batches, about S + 1 s)\n"
         "  --procs              contended: clients are processes (fork), not threads\n"
         "  --order-margin-us N  contended: arrival-order margin (default 1000)\n"
         "  --holders LIST       scale: holder counts (default 10,1000,10000,100000)\n"
@@ -957,6 +960,8 @@ int main(int argc, char **argv)
         bench_run_rate(&ctx);
     if (o.workloads[BENCH_W_WEIGHTED])
         bench_run_weighted(&ctx);
+    if (o.workloads[BENCH_W_ASYNC])
+        bench_run_async(&ctx);
     if (o.workloads[BENCH_W_TLS])
         bench_run_tls(&ctx);
     if (o.workloads[BENCH_W_SYNC])
