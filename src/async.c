@@ -405,6 +405,12 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
     if (async == NULL)
         return REDSEM_EINVAL;
     redsem_async *a = async;
+    if (a->pid != getpid())
+        return redsem__set_err(a->c, REDSEM_EFORKED,
+                               "this redsem_async was created by process %ld (after fork)",
+                               (long)a->pid);
+    if (id == 0) /* ids start at 1; 0 is the internal wake-up job's */
+        return redsem__set_err(a->c, REDSEM_EINVAL, "no pending operation 0");
     int rc;
     pthread_mutex_lock(&a->mu);
     op *o;
@@ -536,6 +542,16 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
     list_push(o->waits ? &a->waiting : &a->quick, o);
     pthread_cond_signal(&a->work_cv);
     maybe_spawn(a);
+    if (a->nworkers == 0) {
+        /* no worker could be started, and none runs to take it: refuse it rather than
+         * leave it queued with no callback until some later call starts a worker */
+        list_remove(o->waits ? &a->waiting : &a->quick, o);
+        atomic_fetch_sub(&a->pending, 1);
+        a->next_id--;
+        pthread_mutex_unlock(&a->mu);
+        redsem__free(o);
+        return redsem__set_err(c, REDSEM_ENOMEM, "cannot start a worker thread");
+    }
     uint64_t id = o->id; /* o may be done and freed once mu is released */
     pthread_mutex_unlock(&a->mu);
     if (ret_op != NULL)

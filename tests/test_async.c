@@ -651,3 +651,149 @@ Test(async, a_forked_child_gets_eforked)
     env_down(&e);
 }
 #endif
+
+/* ---------------------------------------------------------------- review: more tests */
+
+/* More waiting acquires than workers (REDSEM_ASYNC_WORKERS_MAX - 1 may wait at once): a
+ * limit-1 semaphore, 80 waiting acquires each releasing in its callback: all granted. */
+Test(async, more_waiting_acquires_than_workers, .timeout = 120)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-many64"), REDSEM_STRATEGY_FAIR, 1, 10000, &s));
+    enum { N = 80 };
+    many m = {.e = &e};
+    many_op ops[N];
+    redsem_permit *held = NULL;
+    OK(e.c, redsem_sem_try_acquire(s, &held));
+    for (int i = 0; i < N; i++) {
+        ops[i] = (many_op){&m, NULL};
+        OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 60000, many_granted, &ops[i], NULL));
+    }
+    for (int i = 0; i < 100; i++)
+        loop_once(&e.loop);
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    int64_t end = tf_now_ms() + 60000;
+    while (m.released < N && m.bad == 0 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_expect_eq(m.bad, 0);
+    cr_expect_eq(m.granted, N, "%d of %d granted", m.granted, N);
+    cr_expect_eq(m.released, N, "%d of %d released", m.released, N);
+    cr_expect_eq(redsem_async_pending(e.a), 0);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+#if defined(TEST_LOOP_POLL)
+#include <dlfcn.h>
+#include <errno.h>
+/* pthread_create, made to fail on demand (interposed for this test binary) */
+static atomic_int tf_threads_left = -1; /* < 0: no limit */
+int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    static int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    if (real == NULL)
+    {
+        void *sym = dlsym(RTLD_NEXT, "pthread_create");
+        memcpy(&real, &sym, sizeof real);
+    }
+    int left = atomic_load(&tf_threads_left);
+    if (left == 0)
+        return EAGAIN;
+    if (left > 0)
+        atomic_fetch_sub(&tf_threads_left, 1);
+    return real(t, attr, fn, arg);
+}
+
+/* No thread can be started: the operation is refused, or its callback runs (never: neither) */
+Test(async, no_thread_for_an_operation)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-nothread"), REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+    got g = {.loop = &e.loop};
+    atomic_store(&tf_threads_left, 0);
+    int rc = redsem_sem_status_async(e.a, s, 4, on_done, &g, NULL);
+    atomic_store(&tf_threads_left, -1);
+    if (rc == REDSEM_OK) {
+        bool ran = run_until(&e.loop, &g.done, 3000);
+        cr_expect(ran, "started (REDSEM_OK) but its callback never ran; pending %zu",
+                  redsem_async_pending(e.a));
+        if (ran && g.rc == REDSEM_OK)
+            redsem_status_free(g.status);
+    }
+    redsem_async_free(e.a); /* runs the callback now, at the latest */
+    e.a = NULL;
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+/* Operation ids start at 1: cancel(0) names no operation (the internal wake-up job has id 0). */
+Test(async, cancel_of_id_0_is_einval)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-cancel0"), REDSEM_STRATEGY_FAIR, 1, 10000, &s));
+    redsem_permit *held = NULL;
+    OK(e.c, redsem_sem_try_acquire(s, &held));
+    got g = {.loop = &e.loop};
+    uint64_t op = 0;
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, REDSEM_WAIT_FOREVER, on_done, &g, &op));
+    int64_t end = tf_now_ms() + 5000;
+    while (waiters_on_server(e.c, s) == 0 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_assert_eq(waiters_on_server(e.c, s), 1);
+    atomic_store(&tf_threads_left, 0); /* the wake-up job stays queued */
+    OK(e.c, redsem_async_cancel(e.a, op));
+    int rc0 = redsem_async_cancel(e.a, 0);
+    atomic_store(&tf_threads_left, -1);
+    cr_expect_eq(rc0, REDSEM_EINVAL, "cancel(0): %s", redsem_err_name(rc0));
+    cr_assert(run_until(&e.loop, &g.done, 20000));
+    cr_expect_eq(g.rc, REDSEM_ECANCELED);
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+/* A forked child cannot cancel the parent's operations (nor start threads to do so). */
+Test(async, a_forked_child_cannot_cancel)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-forkcancel"), REDSEM_STRATEGY_FAIR, 1, 10000, &s));
+    redsem_permit *held = NULL;
+    OK(e.c, redsem_sem_try_acquire(s, &held));
+    got g = {.loop = &e.loop};
+    uint64_t op = 0;
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, REDSEM_WAIT_FOREVER, on_done, &g, &op));
+    int64_t end = tf_now_ms() + 5000;
+    while (waiters_on_server(e.c, s) == 0 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_assert_eq(waiters_on_server(e.c, s), 1);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        atomic_store(&tf_threads_left, 0); /* counts thread starts in the child */
+        int rc = redsem_async_cancel(e.a, op);
+        _exit(rc == REDSEM_EFORKED ? 0 : 10 + (rc < 0 ? -rc : rc));
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "the child's cancel returned %s (exit %d), not REDSEM_EFORKED",
+              WIFEXITED(st) && WEXITSTATUS(st) >= 10 ? redsem_err_name(-(WEXITSTATUS(st) - 10)) : "?",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    OK(e.c, redsem_async_cancel(e.a, op));
+    cr_assert(run_until(&e.loop, &g.done, 20000));
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+#endif
