@@ -72,7 +72,7 @@ struct redsem_async {
     pid_t pid;
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
-    op_list quick, waiting, running, done;
+    op_list quick, waiting, running, done, delivering;
     worker_slot slots[REDSEM_ASYNC_WORKERS_MAX];
     int nworkers, nidle, nwaiting_running;
     bool closing, notified;
@@ -272,8 +272,12 @@ static void *worker_main(void *arg)
                 pthread_mutex_lock(&a->mu);
                 o->permit = NULL;
             }
-            o->rc = REDSEM_ECANCELED;
-            redsem__text_copy(o->errmsg, "cancelled");
+            /* an unknown outcome stays what it is: the acquire may hold a permit (until its
+             * lease ends), which the caller must be told */
+            if (o->rc != REDSEM_EUNKNOWN) {
+                o->rc = REDSEM_ECANCELED;
+                redsem__text_copy(o->errmsg, "cancelled");
+            }
         }
         list_remove(&a->running, o);
         if (o->waits)
@@ -346,7 +350,16 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
 static int run_callbacks(redsem_async *a)
 {
     pthread_mutex_lock(&a->mu);
-    op *list = a->done.head;
+    /* taken over as a whole (what finishes from now on waits for the next report), but
+     * popped one by one under mu, so that a cancel from a callback finds its sibling still
+     * delivering (REDSEM_ESTATE) */
+    if (a->delivering.tail != NULL) {
+        a->delivering.tail->next = a->done.head;
+        if (a->done.tail != NULL)
+            a->delivering.tail = a->done.tail;
+    } else {
+        a->delivering = a->done;
+    }
     a->done.head = a->done.tail = NULL;
     a->notified = false;
     char buf[64];
@@ -354,9 +367,12 @@ static int run_callbacks(redsem_async *a)
         ;
     pthread_mutex_unlock(&a->mu);
     int k = 0;
-    while (list != NULL) {
-        op *o = list;
-        list = o->next;
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        op *o = list_pop(&a->delivering);
+        pthread_mutex_unlock(&a->mu);
+        if (o == NULL)
+            break;
         redsem_result r = {o->id, o->rc, o->rc == REDSEM_OK ? "" : o->errmsg, o->permit,
                            o->status};
         o->cb(a, &r, o->user);
@@ -430,7 +446,9 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
             rc = REDSEM_ESTATE;
         }
     } else {
-        rc = list_find(&a->done, id) != NULL ? REDSEM_ESTATE : REDSEM_EINVAL;
+        rc = list_find(&a->done, id) != NULL || list_find(&a->delivering, id) != NULL
+                 ? REDSEM_ESTATE
+                 : REDSEM_EINVAL;
     }
     pthread_mutex_unlock(&a->mu);
     if (rc == REDSEM_ESTATE)
