@@ -187,8 +187,10 @@ REDSEM_API void redsem_async_free(redsem_async *async);
  *
  * Server: what redsem_sem_acquire_n() does (the strategy's acquire script, the shared BLPOP
  * wait). Returns REDSEM_OK (started: cb will run once), or without starting anything (cb not
- * called): REDSEM_EINVAL (NULL async, sem or cb; bad n or timeout; sem of another client),
- * REDSEM_ENOMEM, REDSEM_EFORKED, REDSEM_ESTATE (no loop set, or the redsem_async is being
+ * called): REDSEM_EINVAL (NULL async, sem or cb; n 0; a timeout out of range; sem of
+ * another client; n above the limit is the server's to refuse: the callback then gets
+ * REDSEM_EINVAL, nothing taken), REDSEM_ENOMEM (no memory, or no worker thread could be
+ * started and none runs), REDSEM_EFORKED, REDSEM_ESTATE (no loop set, or the redsem_async is being
  * freed). Thread safety: any thread. Algorithm: that of the strategy (docs/design.md).
  * Since: 0.4
  */
