@@ -13,21 +13,26 @@
 -- Weights: meta 'extra' = sum over holders of (weight - 1), and 'w:<id>' = the weight of a
 -- holder of more than one permit; so the permits held are ZCARD(holders) + extra, read in
 -- the same HMGET as before: a weight-1 acquire costs what it did.
+-- On the hot path every conversion counts (docs/design.md, "What a script costs"): the mode
+-- is compared as a one-digit string, the client's numbers are converted by arithmetic, and
+-- numbers go to redis.call as strings.
 local now, now_us, now_us_str = clock()
-if too_late(ARGV[6], now_us, now_us_str) then return {-3, now_us} end
+if ARGV[6] ~= '0' and too_late(ARGV[6], now_us, now_us_str) then return {-3, now_us} end
 local meta, holders, waiters, signal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local id, lease, mode = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
-local n = tonumber(ARGV[7]) or 1
+local id, mode = ARGV[1], ARGV[4]
+local again = mode == '2' or mode == '3' -- a registered waiter's attempt
+local n = 1
+if ARGV[7] and ARGV[7] ~= '1' then n = tonumber(ARGV[7]) or 1 end
 local tkey = 't:' .. id
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'extra')
 if m[1] and m[1] ~= 'basic' then return conflict(meta, m, 'basic') end
 local limit_str = m[2] or ARGV[2]
 local limit = tonumber(limit_str)
 if n > limit then
-  if mode >= 2 then redis.call('ZREM', waiters, id) end
+  if again then redis.call('ZREM', waiters, id) end
   return {-5, limit, now_us}
 end
-local deadline = now + lease
+local deadline = now + ARGV[3]
 local deadline_str = string.format('%d', deadline)
 local exp = new_exp(m[4], deadline)
 -- KEYS is {meta, holders, waiters, signal}: every key of the semaphore
@@ -36,14 +41,15 @@ if exp then check_types(KEYS, 'hzzl') end
 -- The same identifier holding a live permit gets it back, renewed (idempotent retry).
 -- A permit of another weight is refused: one id is one permit object. This id's own expired
 -- permit, not cleaned up yet, gives its weight back first.
-local extra = tonumber(m[6]) or 0
+local extra = 0
+if m[6] then extra = tonumber(m[6]) or 0 end
 if m[5] then
   local d = redis.call('ZSCORE', holders, id)
   local held = tonumber(redis.call('HGET', meta, 'w:' .. id)) or 1
   if d and tonumber(d) > now then
     if held ~= n then return {-4, held, now_us} end
     redis.call('ZADD', holders, deadline_str, id)
-    if mode >= 2 then redis.call('ZREM', waiters, id) end
+    if again then redis.call('ZREM', waiters, id) end
     if exp then
       expire_at(KEYS, exp)
       redis.call('HSET', meta, 'exp', exp)
@@ -63,12 +69,13 @@ end
 -- the way, at most 256 per call, so the cost does not grow with the number of holders.
 local card = redis.call('ZCARD', holders)
 if card + extra + n > limit then
-  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'LIMIT', 0, 256)
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', string.format('%d', now), 'LIMIT',
+    '0', '256')
   if #gone > 0 then
     for _, w in ipairs(weights_of(meta, gone)) do extra = extra - (w - 1) end
     forget(meta, {holders}, gone)
     card = card - #gone
-    redis.call('HSET', meta, 'extra', extra)
+    redis.call('HSET', meta, 'extra', string.format('%d', extra))
   end
 end
 local used = card + extra
@@ -93,14 +100,14 @@ if used + n <= limit then
     redis.call('HSET', meta, unpack(f))
     if exp then expire_at(KEYS, exp) end
   end
-  if mode >= 2 then redis.call('ZREM', waiters, id) end
+  if again then redis.call('ZREM', waiters, id) end
   return '1 ' .. tok_str .. ' ' .. limit_str .. ' ' .. now_us_str
 end
 
-local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+local first = redis.call('ZRANGE', holders, '0', '0', 'WITHSCORES')
 local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
-if mode == 1 or mode == 2 then
+if mode == '1' or mode == '2' then
   -- A read first: a foreign key of another type at the wake-up list fails with WRONGTYPE
   -- before any write (and the first write stays ZADD, refused when out of memory).
   redis.call('LLEN', signal)
@@ -111,7 +118,7 @@ if mode == 1 or mode == 2 then
   -- Every permit is taken right now, so a wake-up still pending is stale. (With weights, a
   -- wake-up left while some permits are free may be for a smaller request: keep it.)
   if used >= limit then redis.call('DEL', signal) end
-elseif mode == 3 then
+elseif mode == '3' then
   redis.call('ZREM', waiters, id)
 end
 return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str

@@ -21,19 +21,21 @@ if ARGV[2] == '1' then
   if redis.call('HDEL', KEYS[1], 't:' .. id, 'w:' .. id) == 2 then
     local extra, from, hs = 0, 0, nil
     repeat
-      hs = redis.call('ZRANGE', KEYS[2], from, from + 999)
+      hs = redis.call('ZRANGE', KEYS[2], string.format('%d', from), string.format('%d', from + 999))
       if #hs > 0 then
         for _, x in ipairs(weights_of(KEYS[1], hs)) do extra = extra + x - 1 end
       end
       from = from + 1000
     until #hs < 1000
     w = 1 + (tonumber(redis.call('HGET', KEYS[1], 'extra')) or 0) - extra
-    redis.call('HSET', KEYS[1], 'extra', extra)
+    redis.call('HSET', KEYS[1], 'extra', string.format('%d', extra))
   end
 else
   w = tonumber(redis.call('HGET', KEYS[1], 'w:' .. id)) or 1
   redis.call('HDEL', KEYS[1], 't:' .. id, 'w:' .. id)
-  if w > 1 then redis.call('HINCRBY', KEYS[1], 'extra', 1 - w) end
+  if w > 1 then redis.call('HINCRBY', KEYS[1], 'extra', string.format('%d', 1 - w)) end
 end
-wake_one(KEYS[3], KEYS[4], w)
+-- Nobody registered as a waiter (the uncontended case): nothing more to do.
+local nw = redis.call('ZCARD', KEYS[3])
+if nw > 0 then wake_one(KEYS[3], KEYS[4], w, nw) end
 return 1

@@ -33,19 +33,23 @@ end
 local now, now_us, now_us_str = clock()
 if too_late(ARGV[8], now_us, now_us_str) then return {-3, now_us} end
 local meta, owners, timeouts, sigp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local id, lease, mode = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
-local n = tonumber(ARGV[9]) or 1
+-- Cheap conversions on the hot path, as in basic_acquire.lua: mode compared as a string,
+-- the client's numbers converted by arithmetic, numbers passed to redis.call as strings.
+local id, mode = ARGV[1], ARGV[4]
+local again = mode == '2' or mode == '3' -- a queued waiter's attempt
+local lease, wait_lease = ARGV[3] + 0, ARGV[5] + 0
+local n = 1
+if ARGV[9] and ARGV[9] ~= '1' then n = tonumber(ARGV[9]) or 1 end
 local tkey = 't:' .. id
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'used', 'q',
   'w:' .. id)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
-local limit = tonumber(m[2]) or tonumber(ARGV[2])
+local limit_str = m[2] or ARGV[2]
+local limit = tonumber(limit_str)
 local st = {used = tonumber(m[6]) or 0, fence = m[3], now_us = now_us, now_us_str = now_us_str}
-local wait_lease = tonumber(ARGV[5])
 local deadline = now + lease
 local deadline_str = string.format('%d', deadline)
 local exp = new_exp(m[4], now + math.max(lease, wait_lease))
-local e = exp or tonumber(m[4])
 local all = exp and {meta, owners, timeouts} -- only when their expiry moves
 if exp then check_types(all, 'hzz') end
 
@@ -60,7 +64,7 @@ end
 -- Whether this request is queued (ZSCORE of a missing member is false in Lua). A first
 -- attempt looks too when a weight above 1 is asked for or recorded: one that retries a
 -- request whose reply was lost must not change the weight its id waits for (-4 below).
-local queued = (mode >= 2 or m[8] or n > 1) and redis.call('ZSCORE', owners, id)
+local queued = (again or m[8] or n > 1) and redis.call('ZSCORE', owners, id)
 local held = tonumber(m[8]) or 1
 
 local function save_meta(fields)
@@ -77,7 +81,7 @@ end
 
 -- Leave the queue; if this waiter was its head, the next ones may fit now.
 local function leave()
-  local head = redis.call('ZRANGE', owners, 0, 0)[1]
+  local head = redis.call('ZRANGE', owners, '0', '0')[1]
   forget(meta, {owners, timeouts}, {id})
   if head == id then grant_heads(meta, owners, sigp, limit, st, nil, 1) end
 end
@@ -98,11 +102,11 @@ if m[5] then
     if held ~= n then return {-4, held, now_us} end
     redis.call('ZADD', timeouts, deadline_str, id)
     save_meta({})
-    return '1 ' .. m[5] .. ' ' .. limit .. ' ' .. now_us_str
+    return '1 ' .. m[5] .. ' ' .. limit_str .. ' ' .. now_us_str
   end
   st.used = math.max(0, st.used - held)
   forget(meta, {timeouts}, {id})
-  redis.call('HSET', meta, 'used', st.used)
+  redis.call('HSET', meta, 'used', string.format('%d', st.used))
   grant_heads(meta, owners, sigp, limit, st, nil, 1)
 end
 
@@ -110,7 +114,8 @@ end
 -- hand what is free to the head. Returns the token if this request got a permit.
 local cleaned_up = 0
 local function cleanup()
-  local gone = redis.call('ZRANGEBYSCORE', timeouts, '-inf', now, 'LIMIT', 0, 256)
+  local gone = redis.call('ZRANGEBYSCORE', timeouts, '-inf', string.format('%d', now), 'LIMIT',
+    '0', '256')
   cleaned_up = #gone
   if #gone == 0 then return nil end
   local f = {}
@@ -121,7 +126,7 @@ local function cleanup()
   end
   if st.used < 0 then st.used = 0 end
   forget(meta, {owners, timeouts}, gone)
-  redis.call('HSET', meta, 'used', st.used)
+  redis.call('HSET', meta, 'used', string.format('%d', st.used))
   return grant_heads(meta, owners, sigp, limit, st, id, n)
 end
 
@@ -131,17 +136,17 @@ local function granted(tok, tok_str)
   if not exp and st.used == n then redis.call('PEXPIREAT', timeouts, m[4]) end
   local f = {}
   if tok_str then
-    f = {'fence', tok_str, tkey, tok_str, 'used', st.used}
+    f = {'fence', tok_str, tkey, tok_str, 'used', string.format('%d', st.used)}
     if n > 1 then table.insert(f, 'w:' .. id); table.insert(f, n) end
   end
   save_meta(f)
   if n == 1 and m[8] and not queued then redis.call('HDEL', meta, 'w:' .. id) end
-  return '1 ' .. (tok_str or string.format('%d', tok)) .. ' ' .. limit .. ' ' .. now_us_str
+  return '1 ' .. (tok_str or string.format('%d', tok)) .. ' ' .. limit_str .. ' ' .. now_us_str
 end
 
-local head = nil
+local head = false -- whether anybody is queued, as fits_now() last saw
 local function fits_now()
-  head = redis.call('ZRANGE', owners, 0, 0)[1]
+  head = redis.call('ZCARD', owners) > 0
   return not head and st.used + n <= limit
 end
 
@@ -172,19 +177,19 @@ if not queued then
   end
 end
 
-local first = redis.call('ZRANGE', timeouts, 0, 0, 'WITHSCORES')
+local first = redis.call('ZRANGE', timeouts, '0', '0', 'WITHSCORES')
 local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
-if mode == 0 then return '0 ' .. next_ms .. ' ' .. limit .. ' ' .. now_us_str end
-if mode == 3 then
+if mode == '0' then return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str end
+if mode == '3' then
   if queued then leave() end
-  return '0 ' .. next_ms .. ' ' .. limit .. ' ' .. now_us_str
+  return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str
 end
 -- Queue (or stay queued) under the wait lease; a new waiter takes the next arrival number.
 if not queued then
   local q = string.format('%d', (tonumber(m[7]) or 0) + 1)
   redis.call('ZADD', owners, 'NX', q, id)
-  redis.call('ZADD', timeouts, now + wait_lease, id)
+  redis.call('ZADD', timeouts, string.format('%d', now + wait_lease), id)
   if not exp and not head then
     -- the first waiter created owners (and timeouts if nobody holds): give them the expiry
     redis.call('PEXPIREAT', owners, m[4])
@@ -195,7 +200,7 @@ if not queued then
   save_meta(f)
   if n == 1 and m[8] then redis.call('HDEL', meta, 'w:' .. id) end
 else
-  redis.call('ZADD', timeouts, now + wait_lease, id)
+  redis.call('ZADD', timeouts, string.format('%d', now + wait_lease), id)
   save_meta({})
 end
-return '0 ' .. next_ms .. ' ' .. limit .. ' ' .. now_us_str
+return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str

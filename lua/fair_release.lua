@@ -4,16 +4,28 @@
 -- unused: the server's record decides).
 -- Returns 1 removed, -1 not there (whether the lease had run out is judged by the
 -- client on its validity clock, see basic_release.lua).
--- First writes are ZREM/HDEL (not DENYOOM): release works when the server is out of memory.
+-- First writes are ZREM/HDEL (not DENYOOM): release works when the server is out of memory;
+-- Redis checks maxmemory only before a script's first write, so HINCRBY after them runs.
+-- The uncontended path reads only what it needs: the permit's token and weight (HMGET),
+-- 'used' comes back from HINCRBY, and the limit and fence are read only if a waiter is
+-- queued (ZCARD of owners), which is when grant_heads may grant.
 local meta, owners, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
-local m = redis.call('HMGET', meta, 't:' .. id, 'w:' .. id, 'used', 'limit', 'fence')
+local tkey, wkey = 't:' .. id, 'w:' .. id
+local m = redis.call('HMGET', meta, tkey, wkey)
 if not m[1] then return -1 end
-local w = tonumber(m[2]) or 1
 redis.call('ZREM', timeouts, id)
-redis.call('HDEL', meta, 't:' .. id, 'w:' .. id)
--- the server's clock is read only if a waiter is granted (grant_heads)
-local st = {used = math.max(0, (tonumber(m[3]) or w) - w), fence = m[5]}
-redis.call('HSET', meta, 'used', st.used)
-grant_heads(meta, owners, KEYS[4], tonumber(m[4]) or 0, st, nil, 1)
+redis.call('HDEL', meta, tkey, wkey)
+local dec = '-1'
+if m[2] then dec = string.format('%d', -(tonumber(m[2]) or 1)) end
+local used = redis.call('HINCRBY', meta, 'used', dec)
+if used < 0 then
+  used = 0
+  redis.call('HSET', meta, 'used', '0')
+end
+if redis.call('ZCARD', owners) > 0 then
+  -- the server's clock is read only if a waiter is granted (grant_heads)
+  local g = redis.call('HMGET', meta, 'limit', 'fence')
+  grant_heads(meta, owners, KEYS[4], tonumber(g[1]) or 0, {used = used, fence = g[2]}, nil, 1)
+end
 return 1

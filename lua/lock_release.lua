@@ -16,5 +16,7 @@ end
 -- The hold count 'n' is left in place: it is read only while the mutex is held, and the next
 -- grant sets it to 1 (one write less per release).
 redis.call('DEL', mutex)
-wake_one(KEYS[3], KEYS[4])
+-- Nobody registered as a waiter (the uncontended case): nothing more to do.
+local nw = redis.call('ZCARD', KEYS[3])
+if nw > 0 then wake_one(KEYS[3], KEYS[4], 1, nw) end
 return 1

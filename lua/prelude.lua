@@ -14,6 +14,7 @@
 --     hash) kept at least IDLE/2 beyond the latest deadline, so an abandoned semaphore
 --     disappears by itself.
 local IDLE = 60000
+local IDLE_STR = '60000' -- as redis.call arguments: a Lua number is formatted with %.17g
 
 -- Each helper below starts with a line "-- @fn NAME"; tools/embed-lua.c copies a helper
 -- into a script only if the script (or a helper it uses) calls it, so that no script pays
@@ -21,10 +22,15 @@ local IDLE = 60000
 
 -- @fn clock
 -- Server time: ms (number), us (number), and us as a string taken from TIME's own digits.
+-- Each of TIME's two strings is converted once, by arithmetic (a global tonumber() call costs
+-- a table look-up and a function call on top of the conversion).
 local function clock()
   local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  return math.floor(us / 1000), us, t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  local s, u = t[1], t[2]
+  local un = u + 0
+  local ms = s * 1000 + (un - un % 1000) / 1000
+  if #u < 6 then u = string.rep('0', 6 - #u) .. u end
+  return ms, ms * 1000 + un % 1000, s .. u
 end
 
 -- @fn too_late
@@ -125,7 +131,7 @@ end
 local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
   local got = nil
   while st.used < limit do
-    local h = redis.call('ZRANGE', owners, 0, 0)[1]
+    local h = redis.call('ZRANGE', owners, '0', '0')[1]
     if not h then break end
     local hw = selfw
     if h ~= self then hw = tonumber(redis.call('HGET', meta, 'w:' .. h)) or 1 end
@@ -138,12 +144,13 @@ local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
     st.fence = tok_str
     st.used = st.used + hw
     redis.call('ZREM', owners, h)
-    redis.call('HSET', meta, 't:' .. h, tok_str, 'fence', tok_str, 'used', st.used)
+    redis.call('HSET', meta, 't:' .. h, tok_str, 'fence', tok_str, 'used',
+      string.format('%d', st.used))
     if h == self then
       got = tok
     else
       redis.call('LPUSH', sigp .. h, '1')
-      redis.call('PEXPIRE', sigp .. h, IDLE)
+      redis.call('PEXPIRE', sigp .. h, IDLE_STR)
     end
   end
   return got
@@ -151,11 +158,11 @@ end
 
 -- @fn wake_one
 -- Basic and lock: wake `k` (default 1) registered waiters, keeping at most one pending
--- wake-up per registered waiter.
-local function wake_one(waiters, signal, k)
-  local nw = redis.call('ZCARD', waiters)
+-- wake-up per registered waiter. `nw`: the ZCARD of waiters if the caller read it already.
+local function wake_one(waiters, signal, k, nw)
+  nw = nw or redis.call('ZCARD', waiters)
   if nw == 0 then return end
   local push = math.min(k or 1, nw - redis.call('LLEN', signal))
   for _ = 1, push do redis.call('LPUSH', signal, '1') end
-  if push > 0 then redis.call('PEXPIRE', signal, IDLE) end
+  if push > 0 then redis.call('PEXPIRE', signal, IDLE_STR) end
 end

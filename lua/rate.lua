@@ -106,7 +106,7 @@ local function wake_entitled(k)
   for _, v in ipairs(redis.call('ZRANGE', queue, math.max(0, last - k + 1), last)) do
     if v ~= id then
       redis.call('LPUSH', sigp .. v, '1')
-      redis.call('PEXPIRE', sigp .. v, IDLE)
+      redis.call('PEXPIRE', sigp .. v, IDLE_STR)
     end
   end
 end

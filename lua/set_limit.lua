@@ -19,7 +19,7 @@ if limit > old then
   if strategy == 'basic' then
     local n = math.min(limit - old, redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf'))
     for _ = 1, n do redis.call('LPUSH', KEYS[4], '1') end
-    if n > 0 then redis.call('PEXPIRE', KEYS[4], IDLE) end
+    if n > 0 then redis.call('PEXPIRE', KEYS[4], IDLE_STR) end
   else
     local st = {used = tonumber(m[4]) or 0, fence = m[5], now_us = now_us,
       now_us_str = now_us_str}
