@@ -65,7 +65,8 @@ end
 -- attempt looks too when a weight above 1 is asked for or recorded: one that retries a
 -- request whose reply was lost must not change the weight its id waits for (-4 below).
 local queued = (again or m[8] or n > 1) and redis.call('ZSCORE', owners, id)
-local held = tonumber(m[8]) or 1
+local held = 1
+if m[8] then held = tonumber(m[8]) or 1 end
 
 local function save_meta(fields)
   if not m[1] then
@@ -134,12 +135,17 @@ local function granted(tok, tok_str)
   redis.call('ZADD', timeouts, deadline_str, id)
   -- timeouts had no entry (nothing held, nobody queued) and so no expiry: give it one
   if not exp and st.used == n then redis.call('PEXPIREAT', timeouts, m[4]) end
-  local f = {}
-  if tok_str then
-    f = {'fence', tok_str, tkey, tok_str, 'used', string.format('%d', st.used)}
-    if n > 1 then table.insert(f, 'w:' .. id); table.insert(f, n) end
+  if tok_str and n == 1 and m[1] and not exp then
+    -- the common case: one HSET, no table
+    redis.call('HSET', meta, 'fence', tok_str, tkey, tok_str, 'used', string.format('%d', st.used))
+  else
+    local f = {}
+    if tok_str then
+      f = {'fence', tok_str, tkey, tok_str, 'used', string.format('%d', st.used)}
+      if n > 1 then table.insert(f, 'w:' .. id); table.insert(f, n) end
+    end
+    save_meta(f)
   end
-  save_meta(f)
   if n == 1 and m[8] and not queued then redis.call('HDEL', meta, 'w:' .. id) end
   return '1 ' .. (tok_str or string.format('%d', tok)) .. ' ' .. limit_str .. ' ' .. now_us_str
 end
