@@ -27,7 +27,7 @@ int bench_kind_acquire_trips(int kind);
 
 /* ---------------------------------------------------------------- options */
 #define BENCH_MAX_LIST 16
-#define BENCH_NWORKLOADS_MAX 13
+#define BENCH_NWORKLOADS_MAX 14
 
 enum { AFF_SPLIT = 0, AFF_SAME = 1, AFF_NONE = 2 };
 
@@ -63,6 +63,9 @@ typedef struct bench_opts {
     long spread_sems;   /* spread: semaphores */
     int spread_threads; /* spread: threads */
     double spread_secs; /* spread: seconds per run */
+    int loops;          /* loops: acquire-hold-release loops on one libuv loop */
+    int loop_sems;      /* loops: semaphores they share */
+    double loop_hold_min_ms, loop_hold_max_ms; /* loops: hold time */
     bool quiet; /* no progress on stderr */
 } bench_opts;
 
@@ -80,7 +83,8 @@ enum {
     BENCH_W_WEIGHTED = 10,
     BENCH_W_SPREAD = 11, /* not in the default suite */
     BENCH_W_ASYNC = 12,
-    BENCH_NWORKLOADS = 13
+    BENCH_W_LOOPS = 13,
+    BENCH_NWORKLOADS = 14
 };
 
 /* ---------------------------------------------------------------- run context */
@@ -241,6 +245,7 @@ void bench_run_rate(bench_ctx *ctx);
 void bench_run_weighted(bench_ctx *ctx);
 void bench_run_spread(bench_ctx *ctx);
 void bench_run_async(bench_ctx *ctx);
+void bench_run_loops(bench_ctx *ctx);
 
 /* Table helpers: a fixed-width row printer that also works as the header. */
 void bench_rule(int width);

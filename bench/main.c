@@ -24,11 +24,12 @@
 static const char *const workload_names[BENCH_NWORKLOADS] = {
     "uncontended", "threads", "contended", "scale",    "floor", "renewal",
     "takeover",    "tls",     "sync",      "rate",     "weighted", "spread",
-    "async"};
+    "async",       "loops"};
 
 /* The default suite: every workload but floor (run inside the others anyway), tls, sync and
  * spread (each starts servers of its own, tls needs the openssl command, and each takes half
- * a minute or more). async is in it: about 3 s with the default --duration. */
+ * a minute or more). async is in it: about 3 s with the default --duration; loops (when
+ * built with libuv) about 2 s per strategy. */
 static bool in_default_suite(int w)
 {
     return w != BENCH_W_FLOOR && w != BENCH_W_TLS && w != BENCH_W_SYNC && w != BENCH_W_SPREAD;
@@ -53,8 +54,8 @@ static void usage(FILE *out)
         "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
         "                       same, or none\n"
         "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,takeover,\n"
-        "                       rate,weighted,async,tls,sync,spread,floor; default (the\n"
-        "                       default suite: the first nine) or all (the default suite,\n"
+        "                       rate,weighted,async,loops,tls,sync,spread,floor; default\n"
+        "                       (the default suite: the first ten) or all (the default suite,\n"
         "                       tls, sync and spread); floor alone runs only the floor\n"
         "                       loops. tls, sync and spread start private servers of their\n"
         "                       own (TCP + TLS port; a primary and two replicas; clusters of\n"
@@ -73,10 +74,11 @@ static void usage(FILE *out)
         "  --max-connections N  request connections per server of every client the bench\n"
         "                       makes, 1..64 (default: the library's, 4)\n"
         "  --clients LIST       contended: client counts (default 8,32)\n"
-        "  --limit N            contended: the semaphore's limit (default 4)\n"
+        "  --limit N            contended, loops: the semaphores' limit (default 4)\n"
         "  --hold MS|MIN-MAX    contended: hold time, fixed or uniform random (default 1-5)\n"
         "  --duration S         contended, weighted: seconds per run (default 2); async:\n"
-        "                       S/10 per batch (6 library and 6 floor batches, about S + 1 s)\n"
+        "                       S/10 per batch (6 library and 6 floor batches, about S + 1 s);\n"
+        "                       loops: S per strategy (basic, fair, locked)\n"
         "  --procs              contended: clients are processes (fork), not threads\n"
         "  --order-margin-us N  contended: arrival-order margin (default 1000)\n"
         "  --holders LIST       scale: holder counts (default 10,1000,10000,100000)\n"
@@ -86,7 +88,15 @@ static void usage(FILE *out)
         "                       batches of 250 (default 5000)\n"
         "  --spread-sems N      spread: semaphores over the shards (default 300)\n"
         "  --spread-threads N   spread: threads, each its own client (default 8)\n"
-        "  --spread-secs S      spread: seconds per run (default 2)\n"
+        "  --spread-secs S      spread: seconds per run (default 2)\n",
+        out);
+    fputs( /* two strings: C99 compilers need take only 4095 characters in one */
+        "  --loops N            loops: acquire-hold-release loops driven by one libuv loop\n"
+        "                       through the event-loop API (default 1000; the workload\n"
+        "                       needs a build with libuv)\n"
+        "  --loop-sems N        loops: semaphores the loops share (default 100)\n"
+        "  --loop-hold MS|MIN-MAX  loops: hold time, fixed or uniform random (default 0:\n"
+        "                       released from the grant callback)\n"
         "  --sync-pairs N       sync: pairs per strategy and WAIT setting, in rotating\n"
         "                       batches of 250 (default 5000)\n"
         "  --json FILE          write every figure and the run's parameters to FILE\n"
@@ -197,9 +207,29 @@ enum {
     OPT_SPREAD_SEMS,
     OPT_SPREAD_THREADS,
     OPT_SPREAD_SECS,
+    OPT_LOOPS,
+    OPT_LOOP_SEMS,
+    OPT_LOOP_HOLD,
     OPT_JSON,
     OPT_VERSION
 };
+
+/* MS or MIN-MAX (ms, 0..600000, MIN <= MAX) */
+static void parse_range(const char *arg, const char *what, double *min, double *max)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", arg);
+    char *dash = strchr(buf, '-');
+    if (dash) {
+        *dash = '\0';
+        *min = parse_double(buf, what, 0, 600000);
+        *max = parse_double(dash + 1, what, 0, 600000);
+        if (*max < *min)
+            bench_die("%s: MIN-MAX with MIN <= MAX", what);
+    } else {
+        *min = *max = parse_double(buf, what, 0, 600000);
+    }
+}
 
 static void parse_args(int argc, char **argv, bench_opts *o)
 {
@@ -232,6 +262,9 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"spread-sems", required_argument, NULL, OPT_SPREAD_SEMS},
         {"spread-threads", required_argument, NULL, OPT_SPREAD_THREADS},
         {"spread-secs", required_argument, NULL, OPT_SPREAD_SECS},
+        {"loops", required_argument, NULL, OPT_LOOPS},
+        {"loop-sems", required_argument, NULL, OPT_LOOP_SEMS},
+        {"loop-hold", required_argument, NULL, OPT_LOOP_HOLD},
         {"json", required_argument, NULL, OPT_JSON},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -262,6 +295,8 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         .spread_sems = 300,
         .spread_threads = 8,
         .spread_secs = 2,
+        .loops = 1000,
+        .loop_sems = 100,
     };
     bool dflt[BENCH_NWORKLOADS];
     for (int i = 0; i < BENCH_NWORKLOADS; i++)
@@ -339,21 +374,18 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         case OPT_LIMIT:
             o->limit = (uint32_t)parse_long(optarg, "--limit", 1, 100000);
             break;
-        case OPT_HOLD: {
-            char buf[64];
-            snprintf(buf, sizeof buf, "%s", optarg);
-            char *dash = strchr(buf, '-');
-            if (dash) {
-                *dash = '\0';
-                o->hold_min_ms = parse_double(buf, "--hold", 0, 600000);
-                o->hold_max_ms = parse_double(dash + 1, "--hold", 0, 600000);
-                if (o->hold_max_ms < o->hold_min_ms)
-                    bench_die("--hold: MIN-MAX with MIN <= MAX");
-            } else {
-                o->hold_min_ms = o->hold_max_ms = parse_double(buf, "--hold", 0, 600000);
-            }
+        case OPT_HOLD:
+            parse_range(optarg, "--hold", &o->hold_min_ms, &o->hold_max_ms);
             break;
-        }
+        case OPT_LOOP_HOLD:
+            parse_range(optarg, "--loop-hold", &o->loop_hold_min_ms, &o->loop_hold_max_ms);
+            break;
+        case OPT_LOOPS:
+            o->loops = (int)parse_long(optarg, "--loops", 1, 100000);
+            break;
+        case OPT_LOOP_SEMS:
+            o->loop_sems = (int)parse_long(optarg, "--loop-sems", 1, 100000);
+            break;
         case OPT_DURATION:
             o->duration = parse_double(optarg, "--duration", 0.1, 86400);
             break;
@@ -913,6 +945,10 @@ int main(int argc, char **argv)
     json_object_set_new(params, "spread_sems", json_integer(o.spread_sems));
     json_object_set_new(params, "spread_threads", json_integer(o.spread_threads));
     json_object_set_new(params, "spread_secs", json_real(o.spread_secs));
+    json_object_set_new(params, "loops", json_integer(o.loops));
+    json_object_set_new(params, "loop_sems", json_integer(o.loop_sems));
+    json_object_set_new(params, "loop_hold_min_ms", json_real(o.loop_hold_min_ms));
+    json_object_set_new(params, "loop_hold_max_ms", json_real(o.loop_hold_max_ms));
     json_t *machine = json_pack(
         "{s:i, s:i, s:s, s:s, s:s, s:s, s:[f,f,f]}", "cores_online", (int)online, "cpus_allowed",
         ncpus, "cpu_model", model, "kernel", un.release, "machine", un.machine, "redis_os",
@@ -962,6 +998,8 @@ int main(int argc, char **argv)
         bench_run_weighted(&ctx);
     if (o.workloads[BENCH_W_ASYNC])
         bench_run_async(&ctx);
+    if (o.workloads[BENCH_W_LOOPS])
+        bench_run_loops(&ctx);
     if (o.workloads[BENCH_W_TLS])
         bench_run_tls(&ctx);
     if (o.workloads[BENCH_W_SYNC])
