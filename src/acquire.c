@@ -145,29 +145,44 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
 }
 
 _Thread_local const atomic_bool *redsem__cancel;
+_Thread_local redsem__acq_state **redsem__park_slot;
 
-int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t timeout_ms,
-                         redsem__attempt *att)
+/* The loop's state before its first attempt. */
+static void state_init(redsem__acq_state *s, const redsem__acquirer *q, const char *id,
+                       int64_t timeout_ms)
 {
-    redsem_client *c = q->client;
-    bool blocking = timeout_ms != 0;
-    int64_t deadline = blocking ? redsem__deadline_after_ms(timeout_ms) : 0;
-    int mode = blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
-    int64_t backoff_ms = BACKOFF_MIN_MS;
-    int64_t guard_backoff_us = 0; /* locked: pause after finding the guard busy */
-    int too_late = 0;             /* consecutive refusals for coming after the not-after time */
-    bool registered = false;
-    char keybuf[1024];
-    size_t keylen = 0;
-    const char *wkey = NULL;
+    memset(s, 0, sizeof *s);
+    s->q = *q;
+    memcpy(s->id, id, sizeof s->id);
+    s->blocking = timeout_ms != 0;
+    s->deadline = s->blocking ? redsem__deadline_after_ms(timeout_ms) : 0;
+    s->mode = s->blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
+    s->backoff_ms = BACKOFF_MIN_MS;
+}
 
+/* The loop's body: attempts until the acquire is decided (returns its status, *att filled on
+ * a grant) or must wait for a wake-up (returns REDSEM__WAIT with s->wkey, s->wait_ms and
+ * s->cut_ns set; the caller waits, sets s->wait_rc and s->signaled, and calls it again). */
+static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
+{
+    const redsem__acquirer *q = &s->q;
+    redsem_client *c = q->client;
+    const char *id = s->id;
+    if (s->waited) {
+        s->waited = false;
+        if (s->wait_rc != REDSEM_OK)
+            return leave_after_fault(q, id, att, s->wait_rc);
+        s->backoff_ms = s->signaled ? BACKOFF_MIN_MS
+                                    : (s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                                                          : s->backoff_ms * 2);
+    }
     for (;;) {
         redsem__req_info info;
-        int rc = q->attempt(q->handle, id, mode, q->weight, att, &info);
+        int rc = q->attempt(q->handle, id, s->mode, q->weight, att, &info);
         if (rc != REDSEM_OK && info.maybe_applied)
             return unknown(c, id, rc);
         if (rc != REDSEM_OK)
-            return registered ? leave_after_fault(q, id, att, rc) : rc;
+            return s->registered ? leave_after_fault(q, id, att, rc) : rc;
         if (att->outcome == REDSEM__ATT_GRANTED) {
             return granted(att, &info);
         }
@@ -186,25 +201,26 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             /* The server ran the request after the time we had given it: our estimate of its
              * clock was off (a clock step, a long idle drift) or it was stalled. The attempt
              * recorded the server's clock from the reply: try again, a few times at most. */
-            if (++too_late > 2)
+            if (++s->too_late > 2)
                 return redsem__set_err(c, REDSEM_ETIMEDOUT,
                                        "the server ran the acquire after its deadline, "
                                        "%d times in a row (stalled, or its clock jumps)",
-                                       too_late);
+                                       s->too_late);
             continue;
         }
-        too_late = 0;
-        if (!blocking)
+        s->too_late = 0;
+        if (!s->blocking)
             return redsem__set_err(c, REDSEM_EBUSY, "no permit free (limit %u)", att->limit);
         if (att->outcome == REDSEM__ATT_BUSY) {
-            registered = true;
-            mode = REDSEM__MODE_AGAIN;
+            s->registered = true;
+            s->mode = REDSEM__MODE_AGAIN;
         }
 
         int64_t now = redsem__now_ns();
         bool cancelled = redsem__cancelled();
+        int64_t deadline = s->deadline;
         if (now >= deadline || cancelled) {
-            if (!registered)
+            if (!s->registered)
                 return cancelled ? redsem__set_err(c, REDSEM_ECANCELED, "cancelled")
                                  : redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
             /* Leave the queue; a permit handed over at the last moment is still taken. */
@@ -226,16 +242,17 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         if (att->outcome == REDSEM__ATT_GUARD_BUSY) {
             /* The guard is held for about two round trips (~50 us on a LAN): a short jittered
              * pause, doubling from 100-200 us while the guard stays busy, at most 5 ms. */
-            guard_backoff_us = guard_backoff_us ? guard_backoff_us * 2 : 200;
-            if (guard_backoff_us > 5000)
-                guard_backoff_us = 5000;
-            int64_t nap_ns = redsem__rand_between(guard_backoff_us / 2, guard_backoff_us) * 1000;
+            s->guard_backoff_us = s->guard_backoff_us ? s->guard_backoff_us * 2 : 200;
+            if (s->guard_backoff_us > 5000)
+                s->guard_backoff_us = 5000;
+            int64_t nap_ns =
+                redsem__rand_between(s->guard_backoff_us / 2, s->guard_backoff_us) * 1000;
             int64_t left_ns = deadline == REDSEM__FOREVER ? nap_ns : deadline - now;
             redsem__sleep_ns(nap_ns < left_ns ? nap_ns : left_ns);
             continue;
         }
-        guard_backoff_us = 0;
-        int64_t wait = redsem__rand_between(backoff_ms * 3 / 4, backoff_ms);
+        s->guard_backoff_us = 0;
+        int64_t wait = redsem__rand_between(s->backoff_ms * 3 / 4, s->backoff_ms);
         if (att->next_ms >= 0 && att->next_ms < wait)
             wait = att->next_ms;
         if (q->wait_lease_ms > 0 && q->wait_lease_ms / 3 < wait)
@@ -258,14 +275,27 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
             if (expiry < cut)
                 cut = expiry;
         }
-        if (wkey == NULL)
-            wkey = q->wait_key(q->handle, id, &keylen, keybuf, sizeof keybuf);
-        bool signaled = false;
-        rc = redsem__blpop(c, wkey, keylen, wait, cut, &signaled);
-        if (rc != REDSEM_OK)
-            return leave_after_fault(q, id, att, rc);
-        backoff_ms = signaled ? BACKOFF_MIN_MS
-                              : (backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff_ms * 2);
+        if (s->wkey == NULL)
+            s->wkey = q->wait_key(q->handle, id, &s->keylen, s->keybuf, sizeof s->keybuf);
+        s->wait_ms = wait;
+        s->cut_ns = cut;
+        s->waited = true;
+        s->wait_rc = REDSEM_OK;
+        s->signaled = false;
+        return REDSEM__WAIT;
+    }
+}
+
+int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t timeout_ms,
+                         redsem__attempt *att)
+{
+    redsem__acq_state s;
+    state_init(&s, q, id, timeout_ms);
+    for (;;) {
+        int rc = acquire_step(&s, att);
+        if (rc != REDSEM__WAIT)
+            return rc;
+        s.wait_rc = redsem__blpop(q->client, s.wkey, s.keylen, s.wait_ms, s.cut_ns, &s.signaled);
     }
 }
 
@@ -292,12 +322,12 @@ int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t t
     return REDSEM_OK;
 }
 
-int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
-                           int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit)
+/* A decided acquire: a grant made a permit of the given kind (or given back), or rc. */
+static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
+                        int64_t lease_ms, int rc, redsem__attempt att,
+                        redsem_permit **ret_permit)
 {
     redsem_client *c = q->client;
-    redsem__attempt att;
-    int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
     if (rc != REDSEM_OK)
         return rc;
     att.weight = q->weight ? q->weight : 1;
@@ -325,4 +355,37 @@ int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, 
     }
     *ret_permit = p;
     return REDSEM_OK;
+}
+
+int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
+                           int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit)
+{
+    redsem__attempt att;
+    if (redsem__park_slot != NULL && timeout_ms != 0 &&
+        q->client->ep.kind != REDSEM__EP_CLUSTER) {
+        /* the event-loop API: a wait parks the acquire (its state kept on the heap) and
+         * returns to the worker instead of blocking it */
+        redsem__acq_state *s = redsem__malloc(sizeof *s);
+        if (s == NULL)
+            return redsem__set_err(q->client, REDSEM_ENOMEM, "out of memory");
+        state_init(s, q, id, timeout_ms);
+        s->kind = kind;
+        s->lease_ms = lease_ms;
+        *redsem__park_slot = s;
+        return redsem__acquire_resume(s, ret_permit);
+    }
+    int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
+    return acquire_done(q, kind, id, lease_ms, rc, att, ret_permit);
+}
+
+int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit)
+{
+    redsem__attempt att;
+    int rc = acquire_step(s, &att);
+    if (rc == REDSEM__WAIT)
+        return REDSEM__PARKED; /* s stays with the caller, which waits and calls again */
+    rc = acquire_done(&s->q, s->kind, s->id, s->lease_ms, rc, att, ret_permit);
+    *redsem__park_slot = NULL;
+    redsem__free(s);
+    return rc;
 }

@@ -9,10 +9,20 @@
  * byte to a pipe (only when the list was empty) whose read end the loop watches;
  * redsem_async_action() drains it and runs the callbacks, on the loop's thread.
  *
- * Cancellation of a running acquire: its cancel flag is the thread-local redsem__cancel of
- * the worker running it; the acquire loop (acquire.c) checks it before each wait, and the
- * shared wait (wake.c) ends a cancelled waiter's wait (redsem__wake_cancelled(), run by a
- * worker as an internal quick job, since it may send one request). */
+ * A waiting acquire does not keep its worker while it waits: where the blocking call would
+ * sleep in the client's shared wait (wake.c), the worker parks it instead (its loop's state
+ * kept, acquire.c's redsem__park_slot; the wait registered with redsem__wake_park) and takes
+ * other work. When the wait ends, the shared wait's leader queues it again (at the front of
+ * the waiting queue) and a worker continues its loop (redsem__acquire_resume). So thousands
+ * of acquires can wait at once on a few threads. The shared wait needs a thread to lead it:
+ * the worker that parks the first wait leads it until no parked wait is left; when a lead
+ * ends with only parked waits left, a worker is asked to take it (need_lead). A cluster
+ * client's waits are not parked (one connection each): they keep their worker.
+ *
+ * Cancellation of a running or parked acquire: its cancel flag is the thread-local
+ * redsem__cancel of the worker running it; the acquire loop (acquire.c) checks it before each
+ * wait, and the shared wait (wake.c) ends a cancelled waiter's wait (redsem__wake_cancelled(),
+ * run by a worker as an internal quick job, since it may send one request). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -26,6 +36,14 @@
 #include "internal.h"
 
 #define WORKER_IDLE_MS 2000
+/* idle workers kept (each ends after WORKER_IDLE_MS without work) */
+#define WORKERS_IDLE_KEEP 2
+/* waiting acquires started at once (running or parked; more wait in the queue, unstarted):
+ * each registered wait is one more key of the shared BLPOP, which the server registers anew
+ * at every wake-up */
+#ifndef ASYNC_WAITS_MAX
+#define ASYNC_WAITS_MAX (REDSEM_ASYNC_WORKERS_MAX - 1)
+#endif
 
 typedef enum op_kind {
     OP_SEM_ACQUIRE,
@@ -35,9 +53,12 @@ typedef enum op_kind {
     OP_SEM_STATUS,
     OP_LOCK_STATUS,
     OP_WAKE_CANCELLED, /* internal: redsem__wake_cancelled(); no callback */
+    OP_LEAD,           /* internal: redsem__wake_lead() (the one struct a->lead_op) */
 } op_kind;
 
-typedef enum op_state { ST_QUEUED, ST_RUNNING, ST_DONE } op_state;
+typedef enum op_state { ST_QUEUED, ST_RUNNING, ST_PARKED, ST_DONE } op_state;
+
+struct redsem_async;
 
 typedef struct op {
     struct op *next; /* in a queue, the running list or the done list */
@@ -56,6 +77,12 @@ typedef struct op {
     char errmsg[REDSEM__ERRMSG_LEN];
     redsem_permit *permit;
     redsem_status *status;
+    /* a parked acquire: its loop's state, and how its last wait ended */
+    struct redsem_async *async;
+    redsem__acq_state *park;
+    int wait_rc;
+    bool wait_signaled;
+    char wait_err[REDSEM__ERRMSG_LEN];
 } op;
 
 typedef struct op_list {
@@ -73,8 +100,13 @@ struct redsem_async {
     pthread_mutex_t mu;
     pthread_cond_t work_cv;
     op_list quick, waiting, running, done, delivering;
+    op_list parked; /* acquires whose wait is registered in the shared wait */
+    op_list resume; /* parked acquires whose wait ended: they go on before new ones */
     worker_slot slots[REDSEM_ASYNC_WORKERS_MAX];
-    int nworkers, nidle, nwaiting_running;
+    int nworkers, nidle, nwaiting_running, nparked;
+    int nstarted; /* waiting acquires started and not finished (parked ones included) */
+    int lead_requests; /* need_lead() calls not yet taken by a worker */
+    op lead_op;        /* what take() returns for them */
     bool closing, notified;
     int pipefd[2];
     redsem_async_socket_fn socket_fn;
@@ -159,6 +191,16 @@ static void run(redsem_async *a, op *o)
     redsem_client *c = a->c;
     int rc = REDSEM_OK;
     redsem__cancel = o->waits ? &o->cancel : NULL;
+    redsem__park_slot = o->waits ? &o->park : NULL;
+    if (o->park != NULL) {
+        /* a parked acquire whose wait ended: its loop goes on here */
+        if (o->wait_rc != REDSEM_OK)
+            redsem__text_copy(redsem__errbuf(c), o->wait_err);
+        o->park->wait_rc = o->wait_rc;
+        o->park->signaled = o->wait_signaled;
+        rc = redsem__acquire_resume(o->park, &o->permit);
+        goto out;
+    }
     switch (o->kind) {
     case OP_SEM_ACQUIRE:
         rc = o->timeout_ms == 0
@@ -184,19 +226,33 @@ static void run(redsem_async *a, op *o)
     case OP_WAKE_CANCELLED:
         redsem__wake_cancelled(c);
         break;
+    case OP_LEAD:
+        redsem__wake_lead(c);
+        break;
     }
+out:
     redsem__cancel = NULL;
+    redsem__park_slot = NULL;
     o->rc = rc;
-    if (rc != REDSEM_OK)
+    if (rc != REDSEM_OK && rc != REDSEM__PARKED)
         redsem__text_copy(o->errmsg, redsem_client_errmsg(c));
 }
 
 /* Under mu: the next operation a worker may take (quick ones first). */
 static op *take(redsem_async *a)
 {
+    if (a->lead_requests > 0) {
+        a->lead_requests = 0;
+        return &a->lead_op;
+    }
     op *o = list_pop(&a->quick);
     if (o == NULL && a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1) {
-        o = list_pop(&a->waiting);
+        o = list_pop(&a->resume);
+        if (o == NULL && a->nstarted < ASYNC_WAITS_MAX) {
+            o = list_pop(&a->waiting);
+            if (o != NULL)
+                a->nstarted++;
+        }
         if (o != NULL)
             a->nwaiting_running++;
     }
@@ -208,9 +264,12 @@ static void *worker_main(void *arg);
 /* Under mu: start a worker if work may be left without one. */
 static void maybe_spawn(redsem_async *a)
 {
-    bool work = a->quick.head != NULL ||
-                (a->waiting.head != NULL && a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1);
-    if (!work || a->nidle > 0 || a->nworkers >= REDSEM_ASYNC_WORKERS_MAX || a->closing)
+    bool work = a->quick.head != NULL || a->lead_requests > 0 ||
+                (a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1 &&
+                 (a->resume.head != NULL ||
+                  (a->waiting.head != NULL && a->nstarted < ASYNC_WAITS_MAX)));
+    /* also while closing: parked acquires come back to leave their queues */
+    if (!work || a->nidle > 0 || a->nworkers >= REDSEM_ASYNC_WORKERS_MAX)
         return;
     for (int i = 0; i < REDSEM_ASYNC_WORKERS_MAX; i++) {
         worker_slot *s = &a->slots[i];
@@ -231,6 +290,68 @@ static void maybe_spawn(redsem_async *a)
     }
 }
 
+/* The shared wait's callback (wake.c, under its lock, on its leader's thread): the parked
+ * acquire's wait ended; queue it to go on, ahead of the acquires not started yet. */
+static void on_woken(void *arg, int rc, bool signaled)
+{
+    op *o = arg;
+    redsem_async *a = o->async;
+    pthread_mutex_lock(&a->mu);
+    o->wait_rc = rc;
+    o->wait_signaled = signaled;
+    list_remove(&a->parked, o);
+    a->nparked--;
+    o->state = ST_QUEUED;
+    list_push(&a->resume, o);
+    if (a->closing)
+        pthread_cond_broadcast(&a->work_cv); /* redsem_async_free() waits for nparked 0 */
+    else
+        pthread_cond_signal(&a->work_cv);
+    maybe_spawn(a);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* The shared wait's callback when its lead must pass and only parked waits are left. */
+static void need_lead(void *arg)
+{
+    op *o = arg;
+    redsem_async *a = o->async;
+    pthread_mutex_lock(&a->mu);
+    a->lead_requests++;
+    pthread_cond_signal(&a->work_cv);
+    maybe_spawn(a);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Under mu, after run() said REDSEM__PARKED: register o's wait (a->mu released meanwhile; the
+ * worker may lead the shared wait for a while) and leave o to the shared wait. */
+static void park(redsem_async *a, op *o)
+{
+    list_remove(&a->running, o);
+    if (o->waits)
+        a->nwaiting_running--;
+    o->state = ST_PARKED;
+    o->wait_err[0] = '\0';
+    list_push(&a->parked, o);
+    a->nparked++;
+    const redsem__acq_state *s = o->park;
+    const char *key = s->wkey;
+    size_t keylen = s->keylen;
+    int64_t wait_ms = s->wait_ms, cut_ns = s->cut_ns;
+    pthread_mutex_unlock(&a->mu);
+    /* from the registration on, o may be woken and go on on another worker: not touched here
+     * after this call (wake.c copies the key before registering) */
+    int rc = redsem__wake_park(a->c, key, keylen, wait_ms, cut_ns, &o->cancel, o->wait_err,
+                               on_woken, need_lead, o);
+    if (rc != REDSEM_OK) {
+        /* not registered: cancelled already (1: its loop sees the flag), or out of memory */
+        if (rc == REDSEM_ENOMEM)
+            redsem__text_copy(o->wait_err, "out of memory (a parked wait)");
+        on_woken(o, rc == 1 ? REDSEM_OK : rc, false);
+    }
+    pthread_mutex_lock(&a->mu);
+}
+
 static worker_slot *my_slot(redsem_async *a)
 {
     for (int i = 0; i < REDSEM_ASYNC_WORKERS_MAX; i++)
@@ -242,27 +363,47 @@ static worker_slot *my_slot(redsem_async *a)
 static void *worker_main(void *arg)
 {
     redsem_async *a = arg;
+    int64_t idle_until = 0; /* idle since then + WORKER_IDLE_MS: end (0: not idle) */
     pthread_mutex_lock(&a->mu);
     for (;;) {
         op *o = take(a);
+        if (o == &a->lead_op) {
+            pthread_mutex_unlock(&a->mu);
+            redsem__wake_lead(a->c);
+            pthread_mutex_lock(&a->mu);
+            continue;
+        }
         if (o == NULL) {
-            if (a->closing)
+            if (a->closing && a->nparked == 0)
                 break;
+            /* Enough idle workers already: end now. Parked acquires come back often (their
+             * backoff), and a wake-up reaches any idle worker, so a pool larger than the work
+             * would otherwise never shrink (one burst of submissions starts many). */
+            if (a->nidle >= WORKERS_IDLE_KEEP)
+                break;
+            if (idle_until == 0)
+                idle_until = redsem__now_ns() + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
             a->nidle++;
-            int64_t until = redsem__now_ns() + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
-            struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
-            int w = pthread_cond_timedwait(&a->work_cv, &a->mu, &ts);
+            struct timespec ts = {(time_t)(idle_until / 1000000000),
+                                  (long)(idle_until % 1000000000)};
+            pthread_cond_timedwait(&a->work_cv, &a->mu, &ts);
             a->nidle--;
-            if (w == ETIMEDOUT && a->quick.head == NULL && a->waiting.head == NULL)
+            if (redsem__now_ns() >= idle_until && a->quick.head == NULL &&
+                a->waiting.head == NULL && a->resume.head == NULL && a->lead_requests == 0)
                 break;
             continue;
         }
+        idle_until = 0;
         o->state = ST_RUNNING;
         list_push(&a->running, o);
         maybe_spawn(a); /* more queued work, no idle worker: grow */
         pthread_mutex_unlock(&a->mu);
         run(a, o);
         pthread_mutex_lock(&a->mu);
+        if (o->rc == REDSEM__PARKED) {
+            park(a, o);
+            continue;
+        }
         if (atomic_load(&o->cancel) && o->waits) {
             /* cancelled: a permit granted meanwhile goes back */
             if (o->rc == REDSEM_OK && o->permit != NULL) {
@@ -280,8 +421,10 @@ static void *worker_main(void *arg)
             }
         }
         list_remove(&a->running, o);
-        if (o->waits)
+        if (o->waits) {
             a->nwaiting_running--;
+            a->nstarted--;
+        }
         finish(a, o);
     }
     a->nworkers--;
@@ -319,6 +462,9 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
     pthread_condattr_destroy(&ca);
     a->next_id = 1;
     atomic_init(&a->pending, 0);
+    a->lead_op.kind = OP_LEAD;
+    a->lead_op.async = a;
+    atomic_init(&a->lead_op.cancel, false);
     *ret_async = a;
     return REDSEM_OK;
 }
@@ -430,7 +576,14 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
     int rc;
     pthread_mutex_lock(&a->mu);
     op *o;
-    if ((o = list_find(&a->quick, id)) != NULL || (o = list_find(&a->waiting, id)) != NULL) {
+    if ((o = list_find(&a->parked, id)) != NULL || (o = list_find(&a->resume, id)) != NULL) {
+        /* a waiting acquire between two attempts: registered on the server, so its loop
+         * must run once more to leave (the leader ends its wait at once) */
+        atomic_store(&o->cancel, true);
+        queue_wake_cancelled(a);
+        rc = REDSEM_OK;
+    } else if ((o = list_find(&a->quick, id)) != NULL ||
+               (o = list_find(&a->waiting, id)) != NULL) {
         list_remove(o->waits ? &a->waiting : &a->quick, o);
         atomic_store(&o->cancel, true);
         o->rc = REDSEM_ECANCELED;
@@ -468,11 +621,14 @@ void redsem_async_free(redsem_async *async)
         /* a forked child: no worker runs here; free memory only */
         close(a->pipefd[0]);
         close(a->pipefd[1]);
-        op_list *lists[] = {&a->quick, &a->waiting, &a->running, &a->done};
+        op_list *lists[] = {&a->quick,  &a->waiting, &a->running,
+                            &a->done,   &a->parked,  &a->resume};
         for (size_t i = 0; i < sizeof lists / sizeof *lists; i++)
             for (op *o; (o = list_pop(lists[i])) != NULL;)
-                if (lists[i] != &a->running)
+                if (lists[i] != &a->running) {
+                    redsem__free(o->park);
                     redsem__free(o);
+                }
         redsem__free(a);
         return;
     }
@@ -490,19 +646,30 @@ void redsem_async_free(redsem_async *async)
             redsem__text_copy(o->errmsg, "cancelled: the redsem_async was freed");
             finish(a, o);
         }
-    bool any = false;
+    /* acquires between two attempts are registered on the server: they run once more, see
+     * their cancel flag and leave their queues */
+    for (op *o = a->resume.head; o != NULL; o = o->next)
+        atomic_store(&o->cancel, true);
+    bool any = a->parked.head != NULL;
+    for (op *o = a->parked.head; o != NULL; o = o->next)
+        atomic_store(&o->cancel, true);
     for (op *o = a->running.head; o != NULL; o = o->next)
         if (o->waits) {
             atomic_store(&o->cancel, true);
             any = true;
         }
     pthread_cond_broadcast(&a->work_cv);
+    maybe_spawn(a);
     pthread_mutex_unlock(&a->mu);
     if (any)
         redsem__wake_cancelled(a->c);
     pthread_mutex_lock(&a->mu);
-    while (a->nworkers > 0)
-        pthread_cond_wait(&a->work_cv, &a->mu);
+    while (a->nworkers > 0 || a->nparked > 0 || a->resume.head != NULL) {
+        maybe_spawn(a);
+        int64_t until = redsem__now_ns() + 100 * REDSEM__NS_PER_MS;
+        struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
+        pthread_cond_timedwait(&a->work_cv, &a->mu, &ts);
+    }
     pthread_mutex_unlock(&a->mu);
     for (int i = 0; i < REDSEM_ASYNC_WORKERS_MAX; i++)
         if (a->slots[i].used)
@@ -546,6 +713,7 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
     o->cb = cb;
     o->user = user;
     o->state = ST_QUEUED;
+    o->async = a;
     atomic_init(&o->cancel, false);
     pthread_mutex_lock(&a->mu);
     if (!a->loop_set || a->closing) {

@@ -229,9 +229,56 @@ static inline bool redsem__cancelled(void)
 }
 /* Wake the shared-wait waiters whose cancel flag is set (wake.c); may send one request. */
 void redsem__wake_cancelled(redsem_client *c);
+/* A parked wait (wake.c): as redsem__blpop(), but no thread sleeps while it lasts. It is
+ * registered in the shared wait, and on_done(arg, rc, signaled) runs once when it ends
+ * (popped, timed out, cut, cancelled, or the shared BLPOP failed: rc and the error text in
+ * errmsg, a buffer of REDSEM__ERRMSG_LEN bytes that must live until then), under the wait's
+ * lock, on the thread that leads the shared wait: it must only queue the work. When no
+ * thread leads, the caller's thread leads (this call then returns when no parked wait is
+ * left); when the lead must pass and only parked waits are left, need_lead(arg) asks for a
+ * thread, which calls redsem__wake_lead(). Returns REDSEM_OK (registered), 1 (cancel already
+ * set: not registered, on_done not called) or REDSEM_ENOMEM. Not for a cluster client. */
+typedef void (*redsem__park_fn)(void *arg, int rc, bool signaled);
+int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
+                      int64_t hard_deadline_ns, const atomic_bool *cancel, char *errmsg,
+                      redsem__park_fn on_done, void (*need_lead)(void *arg), void *arg);
+/* Lead the shared wait on this thread while parked waits are left and nobody leads. */
+void redsem__wake_lead(redsem_client *c);
 
 int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t timeout_ms,
                          redsem__attempt *att);
+
+/* A blocking acquire between two of its attempts (acquire.c): the loop's state, and the wait
+ * it asks for. The event-loop API keeps one per parked acquire. */
+typedef struct redsem__acq_state {
+    redsem__acquirer q;
+    const redsem__kind *kind;
+    char id[REDSEM_ID_BUFSIZE];
+    int64_t lease_ms;
+    bool blocking, registered;
+    int64_t deadline;
+    int mode, too_late;
+    int64_t backoff_ms, guard_backoff_us;
+    char keybuf[1024];
+    size_t keylen;
+    const char *wkey;
+    /* the wait asked for: BLPOP on wkey for wait_ms, cut at cut_ns (our clock); then the
+     * waiter sets wait_rc and signaled */
+    int64_t wait_ms, cut_ns;
+    bool waited, signaled;
+    int wait_rc;
+} redsem__acq_state;
+/* acquire_step()'s "wait, then call again", and redsem__acquire_resume()'s "parked". Internal
+ * codes: never returned by a public function except to the event-loop API's workers. */
+#define REDSEM__WAIT (-1000)
+#define REDSEM__PARKED (-1001)
+/* Set by an event-loop API worker around a waiting acquire: redsem__acquire_permit() then
+ * stores its state in *redsem__park_slot and returns REDSEM__PARKED where it would block
+ * (not for a cluster client, whose waits have a connection each); NULL elsewhere. */
+extern _Thread_local redsem__acq_state **redsem__park_slot;
+/* Continue a parked acquire after its wait (s->wait_rc, s->signaled set): REDSEM__PARKED
+ * again (a new wait in s), or its final status; then s is freed and *redsem__park_slot NULL. */
+int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit);
 /* Before any I/O: the fork check, ret_permit, the timeout, and the holder id (given_id
  * validated and copied, or a new random one; NULL is EINVAL when id_required). */
 int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,

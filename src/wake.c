@@ -33,10 +33,21 @@
 #define WAKE_KEYS_MAX 512
 /* the control list lives this long after its last push (ms) */
 #define WAKE_CTL_TTL_MS 10000
+/* slots of the leader's hash set of keys: a power of 2, at least twice WAKE_KEYS_MAX */
+#define WAKE_SET_SIZE 1024
+
+/* FNV-1a */
+static uint32_t key_hash(const char *k, size_t len)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)k[i]) * 16777619u;
+    return h;
+}
 
 typedef struct redsem__waiter {
     struct redsem__waiter *next;
-    const char *key;
+    const char *key; /* NULL: a leader that waits for nothing of its own (redsem__wake_park) */
     size_t keylen;
     int64_t until_ns; /* its wait ends (BLPOP timeout) */
     int64_t hard_ns;  /* and at the latest (our clock) */
@@ -46,7 +57,30 @@ typedef struct redsem__waiter {
     bool watched;     /* in the running BLPOP's keys */
     bool lead, done, signaled;
     int rc;
+    /* A parked wait (the event-loop API: no thread sleeps on cv): on_done(arg, rc, signaled)
+     * runs when it ends, under wake_mu, on the leader's thread; need_lead(arg) when the lead
+     * must pass and no thread waits. Heap-allocated with its key, freed by whoever ends it. */
+    redsem__park_fn on_done;
+    void (*need_lead)(void *arg);
+    void *arg;
 } redsem__waiter;
+
+/* Under wake_mu: end a parked waiter (its callback, then its memory). */
+static void end_parked(redsem__waiter *x)
+{
+    x->on_done(x->arg, x->rc, x->signaled);
+    redsem__free((char *)x->key);
+    redsem__free(x);
+}
+
+/* Under wake_mu: whether any parked waiter is registered. */
+static bool any_parked(const redsem_client *c)
+{
+    for (const redsem__waiter *x = c->waiters; x != NULL; x = x->next)
+        if (x->on_done != NULL)
+            return true;
+    return false;
+}
 
 int redsem__wake_init(redsem_client *c)
 {
@@ -111,6 +145,7 @@ static bool watched(const redsem_client *c, const redsem__waiter *w)
  * done; then the role goes to the next waiter. */
 static void lead(redsem_client *c, redsem__waiter *me)
 {
+    int set[WAKE_SET_SIZE]; /* indexes into keys, by key hash (open addressing) */
     const char **keys = redsem__calloc(WAKE_KEYS_MAX, sizeof *keys);
     size_t *lens = redsem__calloc(WAKE_KEYS_MAX, sizeof *lens);
     redsem__lane *l = NULL;
@@ -118,8 +153,12 @@ static void lead(redsem_client *c, redsem__waiter *me)
     while (!me->done) {
         int rc = keys == NULL || lens == NULL ? REDSEM_ENOMEM : REDSEM_OK;
         int nkeys = 0;
+        for (int i = 0; i < WAKE_SET_SIZE; i++)
+            set[i] = -1;
         int64_t until = INT64_MAX, hard = INT64_MAX;
         for (redsem__waiter *x = c->waiters; x != NULL; x = x->next) {
+            if (x->key == NULL)
+                continue; /* a parked waiters' leader: nothing of its own */
             if (x->until_ns < until)
                 until = x->until_ns;
             if (x->cancel != NULL && atomic_load(x->cancel))
@@ -129,9 +168,19 @@ static void lead(redsem_client *c, redsem__waiter *me)
             x->watched = false;
             if (rc != REDSEM_OK)
                 continue;
+            /* a key already in this BLPOP (several waiters of one basic semaphore share its
+             * list): a hash set of the keys so far, so that a round costs O(waiters) */
+            uint32_t h = key_hash(x->key, x->keylen);
+            uint32_t slot = h & (WAKE_SET_SIZE - 1);
             bool dup = false;
-            for (redsem__waiter *y = c->waiters; y != x && !dup; y = y->next)
-                dup = y->watched && same_key(x, y);
+            while (set[slot] >= 0) {
+                int k = set[slot];
+                if (lens[k] == x->keylen && memcmp(keys[k], x->key, x->keylen) == 0) {
+                    dup = true;
+                    break;
+                }
+                slot = (slot + 1) & (WAKE_SET_SIZE - 1);
+            }
             if (!dup && nkeys < WAKE_KEYS_MAX - 1) {
                 /* a copy: a waiter that gives up (its safety net) takes its key with it */
                 char *k = redsem__memdup0(x->key, x->keylen);
@@ -140,7 +189,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
                     continue;
                 }
                 keys[nkeys] = k;
-                lens[nkeys++] = x->keylen;
+                lens[nkeys] = x->keylen;
+                set[slot] = nkeys++;
                 x->watched = true;
             } else if (dup) {
                 x->watched = true;
@@ -183,7 +233,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
          * same list (basic: one list per semaphore) wait for theirs */
         redsem__waiter *woken = NULL;
         for (redsem__waiter *x = c->waiters; popped != NULL && x != NULL; x = x->next)
-            if (x->keylen == popped_len && memcmp(x->key, popped, popped_len) == 0)
+            if (x->key != NULL && x->keylen == popped_len &&
+                memcmp(x->key, popped, popped_len) == 0)
                 woken = x;
         for (redsem__waiter **p = &c->waiters; *p != NULL;) {
             redsem__waiter *x = *p;
@@ -196,6 +247,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 x->signaled = true;
                 REDSEM__COUNT(&l->ctx, wakeups, 1);
                 fin = true;
+            } else if (x->key == NULL) {
+                fin = !any_parked(c); /* a parked waiters' leader: until none is left */
             } else if (cut || now >= x->until_ns || now >= x->hard_ns ||
                        (x->cancel != NULL && atomic_load(x->cancel))) {
                 fin = true;
@@ -206,11 +259,17 @@ static void lead(redsem_client *c, redsem__waiter *me)
             }
             *p = x->next;
             x->done = true;
-            if (x != me)
+            if (x->on_done != NULL)
+                end_parked(x);
+            else if (x != me)
                 pthread_cond_signal(&x->cv);
         }
         for (int i = 0; i < nkeys; i++)
             redsem__free((char *)keys[i]);
+        if (!me->done && me->key == NULL && !any_parked(c)) {
+            unlink_waiter(c, me);
+            me->done = true;
+        }
     }
     if (l != NULL) {
         pthread_mutex_unlock(&c->wake_mu);
@@ -219,12 +278,30 @@ static void lead(redsem_client *c, redsem__waiter *me)
     }
     redsem__free(keys);
     redsem__free(lens);
-    if (c->waiters != NULL) {
-        c->waiters->lead = true;
-        pthread_cond_signal(&c->waiters->cv);
+    /* the role goes to a waiting thread; parked waiters alone ask their owner for a thread
+     * (redsem__wake_park's need_lead) */
+    redsem__waiter *next = c->waiters;
+    while (next != NULL && next->on_done != NULL)
+        next = next->next;
+    if (next != NULL) {
+        next->lead = true;
+        pthread_cond_signal(&next->cv);
     } else {
         c->wake_leading = false;
+        if (c->waiters != NULL)
+            c->waiters->need_lead(c->waiters->arg);
     }
+}
+
+/* Under wake_mu, with the role taken (wake_leading set by the caller): lead on this thread,
+ * for the parked waiters, until none is left. */
+static void lead_parked(redsem_client *c)
+{
+    redsem__waiter me = {.key = NULL, .errmsg = redsem__errbuf(c), .rc = REDSEM_OK,
+                         .until_ns = INT64_MAX, .hard_ns = INT64_MAX, .lead = true};
+    me.next = c->waiters;
+    c->waiters = &me;
+    lead(c, &me);
 }
 
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
@@ -293,6 +370,74 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait
     return w.rc;
 }
 
+int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
+                      int64_t hard_deadline_ns, const atomic_bool *cancel, char *errmsg,
+                      redsem__park_fn on_done, void (*need_lead)(void *arg), void *arg)
+{
+    redsem__waiter *w = redsem__calloc(1, sizeof *w);
+    char *k = redsem__memdup0(key, keylen);
+    if (w == NULL || k == NULL) {
+        redsem__free(w);
+        redsem__free(k);
+        return REDSEM_ENOMEM;
+    }
+    int64_t now = redsem__now_ns();
+    w->key = k;
+    w->keylen = keylen;
+    w->errmsg = errmsg;
+    w->cancel = cancel;
+    w->rc = REDSEM_OK;
+    w->until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
+    w->hard_ns = hard_deadline_ns;
+    w->on_done = on_done;
+    w->need_lead = need_lead;
+    w->arg = arg;
+
+    pthread_mutex_lock(&c->wake_mu);
+    if (cancel != NULL && atomic_load(cancel)) {
+        /* checked under wake_mu, as redsem__blpop does */
+        pthread_mutex_unlock(&c->wake_mu);
+        redsem__free(k);
+        redsem__free(w);
+        return 1;
+    }
+    bool lead_now = false, poke = false;
+    if (!c->wake_leading) {
+        c->wake_leading = true;
+        lead_now = true;
+    } else if (c->wake_blocked && !c->wake_poked &&
+               (!watched(c, w) || w->until_ns < c->wake_until || w->hard_ns < c->wake_hard)) {
+        c->wake_poked = true;
+        poke = true;
+    }
+    w->next = c->waiters;
+    c->waiters = w;
+    /* from here w belongs to the wait: it may end (and be freed) whenever wake_mu is free */
+    if (poke) {
+        pthread_mutex_unlock(&c->wake_mu);
+        char saved[REDSEM__ERRMSG_LEN];
+        redsem__text_copy(saved, redsem__errbuf(c));
+        if (redsem__routed(c, false, c->wake_ctl, strlen(c->wake_ctl), REDSEM__REQ_RETRY, NULL,
+                           call_poke, c->wake_ctl) != REDSEM_OK)
+            redsem__text_copy(redsem__errbuf(c), saved); /* the wait times out instead */
+        return REDSEM_OK;
+    }
+    if (lead_now)
+        lead_parked(c);
+    pthread_mutex_unlock(&c->wake_mu);
+    return REDSEM_OK;
+}
+
+void redsem__wake_lead(redsem_client *c)
+{
+    pthread_mutex_lock(&c->wake_mu);
+    if (!c->wake_leading && any_parked(c)) {
+        c->wake_leading = true;
+        lead_parked(c);
+    }
+    pthread_mutex_unlock(&c->wake_mu);
+}
+
 void redsem__wake_cancelled(redsem_client *c)
 {
     bool poke = false;
@@ -303,7 +448,7 @@ void redsem__wake_cancelled(redsem_client *c)
             p = &x->next;
             continue;
         }
-        if (x->lead) {
+        if (x->lead || x->key == NULL) {
             /* the leader, inside its BLPOP: end it (its loop then sees the flag) */
             if (c->wake_blocked && !c->wake_poked) {
                 c->wake_poked = true;
@@ -314,7 +459,10 @@ void redsem__wake_cancelled(redsem_client *c)
         }
         *p = x->next;
         x->done = true;
-        pthread_cond_signal(&x->cv);
+        if (x->on_done != NULL)
+            end_parked(x);
+        else
+            pthread_cond_signal(&x->cv);
     }
     pthread_mutex_unlock(&c->wake_mu);
     if (poke)

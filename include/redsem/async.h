@@ -30,13 +30,20 @@ extern "C" {
  * a worker thread of the redsem_async and sharing the client's pool with every other thread
  * (client.h, THREADS: a waiting acquire holds no connection of its own). The loop watches one
  * descriptor, the read end of a pipe that a finished operation writes to; no timer is asked
- * for. Workers are started on demand, at most REDSEM_ASYNC_WORKERS_MAX at once (more
- * operations wait their turn, in order); one of them is always left for the operations that
- * do not wait (try-acquire, refresh, release, status), so a release is never stuck behind
- * acquires waiting for the permit it frees. A worker idle for 2 s ends. The loop itself
- * never blocks on the network: redsem_async_action() only runs callbacks. A later version may
- * drive the sockets from the loop directly; the API does not change (it already carries the
- * socket and timer callbacks such a version needs).
+ * for. Workers are started on demand, at most REDSEM_ASYNC_WORKERS_MAX at once; one of them
+ * is always left for the operations that do not wait (try-acquire, refresh, release, status),
+ * so a release is never stuck behind acquires waiting for the permit it frees. A worker idle
+ * for 2 s ends. Since 0.4.1 a waiting acquire holds no thread while it waits: between two
+ * attempts it is parked in the client's shared wait (one BLPOP on all the waits' lists), and
+ * the next attempt runs on whichever worker is free when its wake-up or its backoff comes; one
+ * worker leads that shared wait while parked acquires exist. At most
+ * REDSEM_ASYNC_WORKERS_MAX - 1 waiting acquires are under way at once (more wait their turn,
+ * in order, before their first attempt): each wait under way is one more key of that BLPOP. A
+ * Redis Cluster client's waits are not parked (one connection each): there, as in 0.4, each
+ * waiting acquire keeps its worker. The loop itself never blocks on the network:
+ * redsem_async_action() only runs callbacks. A later version may drive the sockets from the
+ * loop directly; the API does not change (it already carries the socket and timer callbacks
+ * such a version needs).
  *
  * CALLBACKS run once per operation, on the thread that calls redsem_async_action() (or
  * redsem_async_free()), never inside the call that started the operation. A callback may
