@@ -108,6 +108,9 @@ struct redsem_async {
     int lead_requests; /* need_lead() calls not yet taken by a worker */
     op lead_op;        /* what take() returns for them */
     bool closing, notified;
+    /* set by redsem_async_free(): a worker leading the client's shared wait for parked
+     * acquires (maybe of another redsem_async of the same client) hands the lead on */
+    atomic_bool stopping;
     int pipefd[2];
     redsem_async_socket_fn socket_fn;
     redsem_async_timer_fn timer_fn;
@@ -227,7 +230,7 @@ static void run(redsem_async *a, op *o)
         redsem__wake_cancelled(c);
         break;
     case OP_LEAD:
-        redsem__wake_lead(c);
+        redsem__wake_lead(c, &a->stopping);
         break;
     }
 out:
@@ -311,16 +314,20 @@ static void on_woken(void *arg, int rc, bool signaled)
     pthread_mutex_unlock(&a->mu);
 }
 
-/* The shared wait's callback when its lead must pass and only parked waits are left. */
-static void need_lead(void *arg)
+/* The shared wait's callback when its lead must pass and only parked waits are left: a
+ * worker takes it, unless this redsem_async is being freed (then another owner is asked). */
+static bool need_lead(void *arg)
 {
     op *o = arg;
     redsem_async *a = o->async;
+    if (atomic_load(&a->stopping))
+        return false;
     pthread_mutex_lock(&a->mu);
     a->lead_requests++;
     pthread_cond_signal(&a->work_cv);
     maybe_spawn(a);
     pthread_mutex_unlock(&a->mu);
+    return true;
 }
 
 /* Under mu, after run() said REDSEM__PARKED: register o's wait (a->mu released meanwhile; the
@@ -342,7 +349,7 @@ static void park(redsem_async *a, op *o)
     /* from the registration on, o may be woken and go on on another worker: not touched here
      * after this call (wake.c copies the key before registering) */
     int rc = redsem__wake_park(a->c, key, keylen, wait_ms, cut_ns, &o->cancel, o->wait_err,
-                               on_woken, need_lead, o);
+                               on_woken, need_lead, o, &a->stopping);
     if (rc != REDSEM_OK) {
         /* not registered: cancelled already (1: its loop sees the flag), or out of memory */
         if (rc == REDSEM_ENOMEM)
@@ -369,7 +376,7 @@ static void *worker_main(void *arg)
         op *o = take(a);
         if (o == &a->lead_op) {
             pthread_mutex_unlock(&a->mu);
-            redsem__wake_lead(a->c);
+            redsem__wake_lead(a->c, &a->stopping);
             pthread_mutex_lock(&a->mu);
             continue;
         }
@@ -462,6 +469,7 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
     pthread_condattr_destroy(&ca);
     a->next_id = 1;
     atomic_init(&a->pending, 0);
+    atomic_init(&a->stopping, false);
     a->lead_op.kind = OP_LEAD;
     a->lead_op.async = a;
     atomic_init(&a->lead_op.cancel, false);
@@ -650,19 +658,16 @@ void redsem_async_free(redsem_async *async)
      * their cancel flag and leave their queues */
     for (op *o = a->resume.head; o != NULL; o = o->next)
         atomic_store(&o->cancel, true);
-    bool any = a->parked.head != NULL;
     for (op *o = a->parked.head; o != NULL; o = o->next)
         atomic_store(&o->cancel, true);
     for (op *o = a->running.head; o != NULL; o = o->next)
-        if (o->waits) {
+        if (o->waits)
             atomic_store(&o->cancel, true);
-            any = true;
-        }
+    atomic_store(&a->stopping, true);
     pthread_cond_broadcast(&a->work_cv);
     maybe_spawn(a);
     pthread_mutex_unlock(&a->mu);
-    if (any)
-        redsem__wake_cancelled(a->c);
+    redsem__wake_cancelled(a->c); /* also ends a lead of ours, if one runs */
     pthread_mutex_lock(&a->mu);
     while (a->nworkers > 0 || a->nparked > 0 || a->resume.head != NULL) {
         maybe_spawn(a);

@@ -236,14 +236,19 @@ void redsem__wake_cancelled(redsem_client *c);
  * lock, on the thread that leads the shared wait: it must only queue the work. When no
  * thread leads, the caller's thread leads (this call then returns when no parked wait is
  * left); when the lead must pass and only parked waits are left, need_lead(arg) asks for a
- * thread, which calls redsem__wake_lead(). Returns REDSEM_OK (registered), 1 (cancel already
+ * thread, which calls redsem__wake_lead() (false: this owner cannot, being freed; the next
+ * parked wait's owner is asked). A lead taken here or there ends early when *stop
+ * (may be NULL) is set, say by the owner being freed: redsem__wake_cancelled() then ends its
+ * running BLPOP, and the role passes on. Returns REDSEM_OK (registered), 1 (cancel already
  * set: not registered, on_done not called) or REDSEM_ENOMEM. Not for a cluster client. */
 typedef void (*redsem__park_fn)(void *arg, int rc, bool signaled);
 int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                       int64_t hard_deadline_ns, const atomic_bool *cancel, char *errmsg,
-                      redsem__park_fn on_done, void (*need_lead)(void *arg), void *arg);
-/* Lead the shared wait on this thread while parked waits are left and nobody leads. */
-void redsem__wake_lead(redsem_client *c);
+                      redsem__park_fn on_done, bool (*need_lead)(void *arg), void *arg,
+                      const atomic_bool *stop);
+/* Lead the shared wait on this thread while parked waits are left, nobody else leads and
+ * *stop (may be NULL) is not set. */
+void redsem__wake_lead(redsem_client *c, const atomic_bool *stop);
 
 int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t timeout_ms,
                          redsem__attempt *att);

@@ -61,7 +61,7 @@ typedef struct redsem__waiter {
      * runs when it ends, under wake_mu, on the leader's thread; need_lead(arg) when the lead
      * must pass and no thread waits. Heap-allocated with its key, freed by whoever ends it. */
     redsem__park_fn on_done;
-    void (*need_lead)(void *arg);
+    bool (*need_lead)(void *arg);
     void *arg;
 } redsem__waiter;
 
@@ -248,7 +248,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 REDSEM__COUNT(&l->ctx, wakeups, 1);
                 fin = true;
             } else if (x->key == NULL) {
-                fin = !any_parked(c); /* a parked waiters' leader: until none is left */
+                /* a parked waiters' leader: until none is left, or its owner stops it */
+                fin = !any_parked(c) || (x->cancel != NULL && atomic_load(x->cancel));
             } else if (cut || now >= x->until_ns || now >= x->hard_ns ||
                        (x->cancel != NULL && atomic_load(x->cancel))) {
                 fin = true;
@@ -266,7 +267,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
         }
         for (int i = 0; i < nkeys; i++)
             redsem__free((char *)keys[i]);
-        if (!me->done && me->key == NULL && !any_parked(c)) {
+        if (!me->done && me->key == NULL &&
+            (!any_parked(c) || (me->cancel != NULL && atomic_load(me->cancel)))) {
             unlink_waiter(c, me);
             me->done = true;
         }
@@ -288,17 +290,21 @@ static void lead(redsem_client *c, redsem__waiter *me)
         pthread_cond_signal(&next->cv);
     } else {
         c->wake_leading = false;
-        if (c->waiters != NULL)
-            c->waiters->need_lead(c->waiters->arg);
+        /* the first owner that can take it (one being freed says no) */
+        for (redsem__waiter *x = c->waiters; x != NULL; x = x->next)
+            if (x->on_done != NULL && x->need_lead(x->arg))
+                break;
     }
 }
 
 /* Under wake_mu, with the role taken (wake_leading set by the caller): lead on this thread,
- * for the parked waiters, until none is left. */
-static void lead_parked(redsem_client *c)
+ * for the parked waiters, until none is left or *stop is set (then the role passes on, as
+ * when a thread's own wait ends: redsem__wake_cancelled() ends the running BLPOP for it). */
+static void lead_parked(redsem_client *c, const atomic_bool *stop)
 {
     redsem__waiter me = {.key = NULL, .errmsg = redsem__errbuf(c), .rc = REDSEM_OK,
-                         .until_ns = INT64_MAX, .hard_ns = INT64_MAX, .lead = true};
+                         .until_ns = INT64_MAX, .hard_ns = INT64_MAX, .lead = true,
+                         .cancel = stop};
     me.next = c->waiters;
     c->waiters = &me;
     lead(c, &me);
@@ -372,7 +378,8 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait
 
 int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                       int64_t hard_deadline_ns, const atomic_bool *cancel, char *errmsg,
-                      redsem__park_fn on_done, void (*need_lead)(void *arg), void *arg)
+                      redsem__park_fn on_done, bool (*need_lead)(void *arg), void *arg,
+                      const atomic_bool *stop)
 {
     redsem__waiter *w = redsem__calloc(1, sizeof *w);
     char *k = redsem__memdup0(key, keylen);
@@ -423,17 +430,17 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t 
         return REDSEM_OK;
     }
     if (lead_now)
-        lead_parked(c);
+        lead_parked(c, stop);
     pthread_mutex_unlock(&c->wake_mu);
     return REDSEM_OK;
 }
 
-void redsem__wake_lead(redsem_client *c)
+void redsem__wake_lead(redsem_client *c, const atomic_bool *stop)
 {
     pthread_mutex_lock(&c->wake_mu);
-    if (!c->wake_leading && any_parked(c)) {
+    if (!c->wake_leading && any_parked(c) && !(stop != NULL && atomic_load(stop))) {
         c->wake_leading = true;
-        lead_parked(c);
+        lead_parked(c, stop);
     }
     pthread_mutex_unlock(&c->wake_mu);
 }

@@ -746,6 +746,67 @@ static void parked_body(redsem_strategy strategy)
     env_down(&e);
 }
 
+/* Two redsem_async on one client share its wait. Freeing the one whose worker leads it, while
+ * the other's acquires are parked there, hands the lead on: the free returns at once (its own
+ * acquires complete with ECANCELED) and the other's acquires are still granted. */
+Test(async, free_one_async_while_another_waits, .timeout = 120)
+{
+    env e;
+    env_up(&e);
+    redsem_async *a2 = NULL;
+    OK(e.c, redsem_async_new(e.c, &a2));
+    tloop l2;
+    memset(&l2, 0, sizeof l2);
+    loop_init(&l2);
+    cr_assert_eq(loop_attach(&l2, a2), REDSEM_OK);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-two"), REDSEM_STRATEGY_BASIC, 1, 10000, &s));
+    enum { N = 5 };
+    many m = {.e = &e};
+    many_op ops[N];
+    redsem_permit *held = submit_behind(&e, s, &m, ops, N); /* on e.a: parked first, leads */
+    int64_t end = tf_now_ms() + 30000;
+    while (waiters_on_server(e.c, s) < N && tf_now_ms() < end)
+        loop_once(&e.loop);
+    got g[N];
+    memset(g, 0, sizeof g);
+    for (int i = 0; i < N; i++) { /* 130 ms apart: their backoffs never all end at once */
+        OK(e.c, redsem_sem_acquire_async(a2, s, 1, 60000, on_done, &g[i], NULL));
+        for (int64_t until = tf_now_ms() + 130; tf_now_ms() < until;)
+            loop_once(&l2);
+    }
+    while (waiters_on_server(e.c, s) < 2 * N && tf_now_ms() < end)
+        loop_once(&l2);
+    cr_assert_eq(waiters_on_server(e.c, s), 2 * N);
+    int64_t t0 = tf_now_ms();
+    redsem_async_free(e.a);
+    e.a = NULL;
+    int64_t took = tf_now_ms() - t0;
+    cr_expect_lt(took, 5000, "freeing the leading redsem_async took %lld ms", (long long)took);
+    cr_expect_eq(m.calls, N, "its %d acquires called back once each (%d)", N, m.calls);
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    for (int i = 0; i < N; i++) { /* one after the other: each holds until released here */
+        end = tf_now_ms() + 30000;
+        int k = -1;
+        while (k < 0 && tf_now_ms() < end) {
+            loop_once(&l2);
+            for (int j = 0; j < N && k < 0; j++)
+                if (g[j].done && g[j].permit != NULL)
+                    k = j;
+        }
+        cr_assert_geq(k, 0, "acquire %d of the other redsem_async granted", i + 1);
+        cr_expect_eq(g[k].rc, REDSEM_OK);
+        OK(e.c, redsem_permit_release(g[k].permit));
+        redsem_permit_free(g[k].permit);
+        g[k].permit = NULL;
+    }
+    redsem_async_free(a2);
+    loop_fini(&l2);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
 Test(async, waiting_acquires_hold_no_thread_basic, .timeout = 120)
 {
     parked_body(REDSEM_STRATEGY_BASIC);
