@@ -331,12 +331,11 @@ static bool need_lead(void *arg)
 }
 
 /* Under mu, after run() said REDSEM__PARKED: register o's wait (a->mu released meanwhile; the
- * worker may lead the shared wait for a while) and leave o to the shared wait. */
+ * worker may lead the shared wait for a while, counted as running a waiting operation until
+ * it returns) and leave o to the shared wait. */
 static void park(redsem_async *a, op *o)
 {
     list_remove(&a->running, o);
-    if (o->waits)
-        a->nwaiting_running--;
     o->state = ST_PARKED;
     o->wait_err[0] = '\0';
     list_push(&a->parked, o);
@@ -357,6 +356,7 @@ static void park(redsem_async *a, op *o)
         on_woken(o, rc == 1 ? REDSEM_OK : rc, false);
     }
     pthread_mutex_lock(&a->mu);
+    a->nwaiting_running--;
 }
 
 static worker_slot *my_slot(redsem_async *a)
@@ -375,9 +375,14 @@ static void *worker_main(void *arg)
     for (;;) {
         op *o = take(a);
         if (o == &a->lead_op) {
+            /* leading may last: it counts as a waiting operation, so that one worker stays
+             * for the quick ones, and queued work may need another worker */
+            a->nwaiting_running++;
+            maybe_spawn(a);
             pthread_mutex_unlock(&a->mu);
             redsem__wake_lead(a->c, &a->stopping);
             pthread_mutex_lock(&a->mu);
+            a->nwaiting_running--;
             continue;
         }
         if (o == NULL) {
@@ -395,9 +400,12 @@ static void *worker_main(void *arg)
                                   (long)(idle_until % 1000000000)};
             pthread_cond_timedwait(&a->work_cv, &a->mu, &ts);
             a->nidle--;
-            if (redsem__now_ns() >= idle_until && a->quick.head == NULL &&
-                a->waiting.head == NULL && a->resume.head == NULL && a->lead_requests == 0)
-                break;
+            if (redsem__now_ns() >= idle_until) {
+                if (a->quick.head == NULL && a->waiting.head == NULL &&
+                    a->resume.head == NULL && a->lead_requests == 0)
+                    break;
+                idle_until = 0; /* work it may not take yet: idle anew, not in a spin */
+            }
             continue;
         }
         idle_until = 0;
