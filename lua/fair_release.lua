@@ -6,13 +6,13 @@
 -- client on its validity clock, see basic_release.lua).
 -- First writes are ZREM/HDEL (not DENYOOM): release works when the server is out of memory;
 -- Redis checks maxmemory only before a script's first write, so HINCRBY after them runs.
--- The uncontended path reads only what it needs: the permit's token and weight (HMGET),
--- 'used' comes back from HINCRBY, and the limit and fence are read only if a waiter is
--- queued (ZCARD of owners), which is when grant_heads may grant.
+-- One HMGET reads the permit and what grant_heads needs (limit, fence); 'used' comes back
+-- from HINCRBY; grant_heads runs only if a waiter is queued (ZCARD: cheaper than its ZRANGE
+-- and the call when nobody waits).
 local meta, owners, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
 local tkey, wkey = 't:' .. id, 'w:' .. id
-local m = redis.call('HMGET', meta, tkey, wkey)
+local m = redis.call('HMGET', meta, tkey, wkey, 'limit', 'fence')
 if not m[1] then return -1 end
 redis.call('ZREM', timeouts, id)
 redis.call('HDEL', meta, tkey, wkey)
@@ -25,7 +25,6 @@ if used < 0 then
 end
 if redis.call('ZCARD', owners) > 0 then
   -- the server's clock is read only if a waiter is granted (grant_heads)
-  local g = redis.call('HMGET', meta, 'limit', 'fence')
-  grant_heads(meta, owners, KEYS[4], tonumber(g[1]) or 0, {used = used, fence = g[2]}, nil, 1)
+  grant_heads(meta, owners, KEYS[4], tonumber(m[3]) or 0, {used = used, fence = m[4]}, nil, 1)
 end
 return 1
