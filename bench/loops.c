@@ -17,7 +17,8 @@
  *               contended workload does);
  *   acquire     from the acquire's start to its grant callback;
  *   max gap     the longest time between two consecutive callbacks (redsem's or the hold
- *               timers') during the run: how long the loop went without running anything;
+ *               timers') while loops still start (until --duration): how long the loop went
+ *               without running anything;
  *   threads     the client's stats cannot say how many worker threads redsem_async runs;
  *               connects and pool waits are redsem_client_get_stats(), cumulative.
  * Without libuv at build time the workload says so and measures nothing. */
@@ -65,10 +66,12 @@ typedef struct lrun {
     bench_samples handoff, acq;
 } lrun;
 
+/* A callback ran: the gap since the previous one counts while loops still start (the end's
+ * last holds, with nothing else to run, are not a stall). */
 static void tick(lrun *r)
 {
     int64_t now = bench_now_ns();
-    if (r->last_cb_ns && now - r->last_cb_ns > r->max_gap_ns)
+    if (r->last_cb_ns && now < r->stop_ns && now - r->last_cb_ns > r->max_gap_ns)
         r->max_gap_ns = now - r->last_cb_ns;
     r->last_cb_ns = now;
 }
