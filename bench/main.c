@@ -42,7 +42,7 @@ static void usage(FILE *out)
         "\n"
         "Measures redsem's strategies (basic, fair, locked) and its lock against a raw hiredis\n"
         "floor that makes the same round trips with a trivial script. With no --url it starts a\n"
-        "private redis-server. The default suite takes about three minutes (184 s measured).\n"
+        "private redis-server. The default suite takes about two minutes (120 s measured).\n"
         "\n"
         "  --url URL            measure this server (redis://host:port, unix:///path ...,\n"
         "                       redis+cluster://h1:p1,h2:p2: the semaphores are named to\n"

@@ -85,8 +85,10 @@ static long long holders_now(const bench_ctx *ctx, int kind, const char *name)
 {
     redisContext *c = bench_raw_connect(ctx);
     char key[512];
+    /* fair and locked: the deadline set holds the holders (and the waiters: none here); since
+     * 0.3 the owners set is the queue of waiters only */
     snprintf(key, sizeof key, "%s{%s}:%s", ctx->prefix, name,
-             kind == BENCH_BASIC ? "holders" : "owners");
+             kind == BENCH_BASIC ? "holders" : "timeouts");
     redisReply *r = redisCommand(c, "ZCARD %s", key);
     long long n = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
     if (r)
