@@ -28,6 +28,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,6 +70,10 @@ typedef struct op {
     void *handle;
     uint32_t n;
     int64_t timeout_ms;
+    /* a waiting acquire's deadline, counted from its submission (redsem__now_ns(); 0: none,
+     * REDSEM_WAIT_FOREVER); late: it started at or after it, as one try-acquire */
+    int64_t deadline_ns;
+    bool late;
     size_t max_entries;
     redsem_async_cb cb;
     void *user;
@@ -106,6 +111,8 @@ struct redsem_async {
     int nworkers, nidle, nwaiting_running, nparked;
     int nstarted; /* waiting acquires started and not finished (parked ones included) */
     int lead_requests; /* need_lead() calls not yet taken by a worker */
+    /* no unstarted waiting acquire's deadline comes before this (INT64_MAX: none known) */
+    int64_t expiry_ns;
     op lead_op;        /* what take() returns for them */
     bool closing, notified;
     /* set by redsem_async_free(): a worker leading the client's shared wait for parked
@@ -204,15 +211,24 @@ static void run(redsem_async *a, op *o)
         rc = redsem__acquire_resume(o->park, &o->permit);
         goto out;
     }
+    int64_t timeout_ms = o->timeout_ms;
+    if (o->deadline_ns > 0) {
+        /* the timeout counts from the submission: what is left of it (an acquire started
+         * at its deadline makes one attempt, as a try-acquire) */
+        int64_t left = o->deadline_ns - redsem__now_ns();
+        if (left <= 0)
+            o->late = true;
+        timeout_ms = left <= 0 ? 0 : (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
+    }
     switch (o->kind) {
     case OP_SEM_ACQUIRE:
-        rc = o->timeout_ms == 0
+        rc = timeout_ms == 0
                  ? redsem_sem_try_acquire_n(o->handle, o->n, &o->permit)
-                 : redsem_sem_acquire_n(o->handle, o->n, o->timeout_ms, &o->permit);
+                 : redsem_sem_acquire_n(o->handle, o->n, timeout_ms, &o->permit);
         break;
     case OP_LOCK_ACQUIRE:
-        rc = o->timeout_ms == 0 ? redsem_lock_try_acquire(o->handle, &o->permit)
-                                : redsem_lock_acquire(o->handle, o->timeout_ms, &o->permit);
+        rc = timeout_ms == 0 ? redsem_lock_try_acquire(o->handle, &o->permit)
+                             : redsem_lock_acquire(o->handle, timeout_ms, &o->permit);
         break;
     case OP_REFRESH:
         rc = redsem_permit_refresh(o->handle);
@@ -237,8 +253,43 @@ out:
     redsem__cancel = NULL;
     redsem__park_slot = NULL;
     o->rc = rc;
-    if (rc != REDSEM_OK && rc != REDSEM__PARKED)
+    if (rc == REDSEM_EBUSY && o->late)
+        snprintf(o->errmsg, sizeof o->errmsg,
+                 "no permit free at the deadline (the acquire waited its whole timeout, "
+                 "%lld ms, for its turn: %d waiting acquires of this redsem_async were under "
+                 "way; one try was made)",
+                 (long long)o->timeout_ms, ASYNC_WAITS_MAX);
+    else if (rc != REDSEM_OK && rc != REDSEM__PARKED)
         redsem__text_copy(o->errmsg, redsem_client_errmsg(c));
+}
+
+/* Under mu: a waiting acquire that could not start (ASYNC_WAITS_MAX are under way) and whose
+ * deadline has passed, taken out of the waiting queue to run as one try-acquire: it never
+ * waits, so it is not counted as under way (a try never parks). NULL if none. Scans the
+ * queue only once a known deadline has passed. */
+static op *take_expired(redsem_async *a)
+{
+    if (a->waiting.head == NULL || a->expiry_ns == INT64_MAX)
+        return NULL;
+    int64_t now = redsem__now_ns();
+    if (now < a->expiry_ns)
+        return NULL;
+    op *found = NULL;
+    int64_t next = INT64_MAX;
+    for (op *x = a->waiting.head; x != NULL; x = x->next) {
+        if (x->deadline_ns == 0)
+            continue;
+        if (found == NULL && x->deadline_ns <= now)
+            found = x;
+        else if (x->deadline_ns < next)
+            next = x->deadline_ns;
+    }
+    a->expiry_ns = next;
+    if (found != NULL) {
+        list_remove(&a->waiting, found);
+        found->waits = false;
+    }
+    return found;
 }
 
 /* Under mu: the next operation a worker may take (quick ones first). */
@@ -249,6 +300,8 @@ static op *take(redsem_async *a)
         return &a->lead_op;
     }
     op *o = list_pop(&a->quick);
+    if (o == NULL)
+        o = take_expired(a);
     if (o == NULL && a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1) {
         o = list_pop(&a->resume);
         if (o == NULL && a->nstarted < ASYNC_WAITS_MAX) {
@@ -396,8 +449,10 @@ static void *worker_main(void *arg)
             if (idle_until == 0)
                 idle_until = redsem__now_ns() + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
             a->nidle++;
-            struct timespec ts = {(time_t)(idle_until / 1000000000),
-                                  (long)(idle_until % 1000000000)};
+            /* also up at the first deadline of an acquire that cannot start yet */
+            int64_t wake = a->waiting.head != NULL && a->expiry_ns < idle_until ? a->expiry_ns
+                                                                                 : idle_until;
+            struct timespec ts = {(time_t)(wake / 1000000000), (long)(wake % 1000000000)};
             pthread_cond_timedwait(&a->work_cv, &a->mu, &ts);
             a->nidle--;
             if (redsem__now_ns() >= idle_until) {
@@ -476,6 +531,7 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
     pthread_cond_init(&a->work_cv, &ca);
     pthread_condattr_destroy(&ca);
     a->next_id = 1;
+    a->expiry_ns = INT64_MAX;
     atomic_init(&a->pending, 0);
     atomic_init(&a->stopping, false);
     a->lead_op.kind = OP_LEAD;
@@ -737,6 +793,11 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
                                                          : "no loop set (redsem_async_set_loop)");
     }
     o->id = a->next_id++;
+    if (o->waits && o->timeout_ms > 0) {
+        o->deadline_ns = redsem__now_ns() + o->timeout_ms * REDSEM__NS_PER_MS;
+        if (o->deadline_ns < a->expiry_ns)
+            a->expiry_ns = o->deadline_ns;
+    }
     atomic_fetch_add(&a->pending, 1);
     list_push(o->waits ? &a->waiting : &a->quick, o);
     pthread_cond_signal(&a->work_cv);

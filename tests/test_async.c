@@ -939,4 +939,71 @@ Test(async, a_forked_child_cannot_cancel)
     redsem_sem_free(s);
     env_down(&e);
 }
+
+/* A waiting acquire's timeout counts from its call, however many waiting acquires are under
+ * way before it (at most REDSEM_ASYNC_WORKERS_MAX - 1 at once; the next wait for their first
+ * attempt): 130 acquires with a 1.5 s timeout on a full limit-1 semaphore all end with
+ * REDSEM_EBUSY between 1.5 s and 3.5 s after their call, none before (0.4.1 started the
+ * 64th when the first 63 had timed out: the last ones ended after 4.5 s), and none stays
+ * queued on the server. */
+typedef struct timed {
+    int64_t start_ms, end_ms;
+    int rc, calls;
+    char errmsg[256];
+} timed;
+
+static void timed_done(redsem_async *a, const redsem_result *r, void *user)
+{
+    (void)a;
+    timed *t = user;
+    t->end_ms = tf_now_ms();
+    t->rc = r->rc;
+    t->calls++;
+    snprintf(t->errmsg, sizeof t->errmsg, "%s", r->errmsg);
+    if (r->permit != NULL)
+        redsem_permit_free(r->permit);
+}
+
+Test(async, timeouts_count_from_the_call, .timeout = 120)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-deadline"), REDSEM_STRATEGY_FAIR, 1, 30000, &s));
+    redsem_permit *held = NULL;
+    OK(e.c, redsem_sem_try_acquire(s, &held));
+    enum { N = 130, T = 1500 };
+    static timed t[N];
+    memset(t, 0, sizeof t);
+    for (int i = 0; i < N; i++) {
+        t[i].start_ms = tf_now_ms();
+        OK(e.c, redsem_sem_acquire_async(e.a, s, 1, T, timed_done, &t[i], NULL));
+    }
+    int64_t end = tf_now_ms() + 30000;
+    while (redsem_async_pending(e.a) > 0 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    int64_t slowest = 0, fastest = INT64_MAX;
+    int busy = 0, late_msg = 0;
+    for (int i = 0; i < N; i++) {
+        cr_expect_eq(t[i].calls, 1, "acquire %d: %d callbacks", i, t[i].calls);
+        int64_t took = t[i].end_ms - t[i].start_ms;
+        if (took > slowest)
+            slowest = took;
+        if (took < fastest)
+            fastest = took;
+        busy += t[i].rc == REDSEM_EBUSY;
+        late_msg += strstr(t[i].errmsg, "deadline") != NULL;
+    }
+    cr_expect_eq(busy, N, "%d of %d ended with REDSEM_EBUSY", busy, N);
+    cr_expect_geq(fastest, T - 5, "an acquire ended %lld ms after its call (timeout %d)",
+                  (long long)fastest, T);
+    cr_expect_leq(slowest, T + 2000, "an acquire ended %lld ms after its call (timeout %d)",
+                  (long long)slowest, T);
+    cr_expect_gt(late_msg, 0, "no acquire said it waited its turn until its deadline");
+    cr_expect_eq(waiters_on_server(e.c, s), 0, "a timed-out acquire is still queued");
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_sem_free(s);
+    env_down(&e);
+}
 #endif

@@ -38,7 +38,9 @@ extern "C" {
  * the next attempt runs on whichever worker is free when its wake-up or its backoff comes; one
  * worker leads that shared wait while parked acquires exist. At most
  * REDSEM_ASYNC_WORKERS_MAX - 1 waiting acquires are under way at once (more wait their turn,
- * in order, before their first attempt): each wait under way is one more key of that BLPOP. A
+ * in order, before their first attempt): each wait under way is one more key of that BLPOP.
+ * Their timeouts still count from their call (since 0.4.2): one that reaches its deadline
+ * before its turn makes one attempt then, as a try-acquire (REDSEM_EBUSY if refused). A
  * Redis Cluster client's waits are not parked (one connection each): there, as in 0.4, each
  * waiting acquire keeps its worker. The loop itself never blocks on the network:
  * redsem_async_action() only runs callbacks. A later version may drive the sockets from the
@@ -187,7 +189,9 @@ REDSEM_API void redsem_async_free(redsem_async *async);
  *                  the callback has run.
  * @n               permits (1..the limit), as redsem_sem_acquire_n().
  * @timeout_ms      0: try once (redsem_sem_try_acquire_n()); 1..REDSEM_WAIT_MAX_MS or
- *                  REDSEM_WAIT_FOREVER: wait, as redsem_sem_acquire_n().
+ *                  REDSEM_WAIT_FOREVER: wait, as redsem_sem_acquire_n(), counted from this
+ *                  call (an acquire still waiting for its turn to start at its deadline
+ *                  makes one try then: see HOW IT RUNS above).
  * @cb              required; gets the permit (owned-out) on REDSEM_OK.
  * @user            passed to cb (may be NULL).
  * @ret_op          the operation's id, for redsem_async_cancel() (may be NULL).
