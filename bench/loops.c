@@ -13,8 +13,11 @@
  *               release is requested; above L is a SAFETY VIOLATION (exit status 2);
  *   hand-off    per semaphore a FIFO of free permits: L at the start, one pushed (with its
  *               time) when a release is requested; a grant pops one, and a grant whose
- *               acquire began before that time records grant - release as a hand-off (as the
- *               contended workload does);
+ *               acquire began when none was free (the FIFO empty: it had to wait for a
+ *               release) records grant - that release as a hand-off. An acquire that began
+ *               while a permit was free records none: its time is client-side queueing (the
+ *               acquire's own figure), not a hand-off; "hand n" says how many were recorded
+ *               (with no hold, few: the semaphores are rarely full);
  *   acquire     from the acquire's start to its grant callback;
  *   max gap     the longest time between two consecutive callbacks (redsem's or the hold
  *               timers') while loops still start (until --duration): how long the loop went
@@ -49,6 +52,7 @@ typedef struct lloop {
     struct lrun *run;
     int sem;
     int64_t started_ns;
+    bool waited; /* no permit of its semaphore was free when its acquire began */
     redsem_permit *permit;
     uv_timer_t hold;
 } lloop;
@@ -140,7 +144,7 @@ static void acquired(redsem_async *a, const redsem_result *res, void *user)
         int64_t t = s->free_t[s->head];
         s->head = (s->head + 1) % s->cap;
         s->count--;
-        if (t > 0 && l->started_ns < t)
+        if (t > 0 && l->waited && l->started_ns < t)
             samples_add(&r->handoff, now - t);
     }
     samples_add(&r->acq, now - l->started_ns);
@@ -165,6 +169,7 @@ static void loop_start(lloop *l)
         return;
     }
     l->started_ns = now;
+    l->waited = r->sems[l->sem].count == 0;
     int rc = redsem_sem_acquire_async(r->a, r->sems[l->sem].sem, 1, LOOPS_WAIT_MS, acquired, l,
                                       NULL);
     if (rc != REDSEM_OK) {
@@ -260,9 +265,9 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     bench_pct ho = bench_percentiles(r.handoff.v, r.handoff.n);
     bench_pct aq = bench_percentiles(r.acq.v, r.acq.n);
     double gps = secs > 0 ? r.grants / secs : 0;
-    printf("  %-8s %9.0f %7ld %5d%s %9.3f %9.3f %9.2f %9.2f %8.1f %9llu %10llu\n",
+    printf("  %-8s %9.0f %7ld %5d%s %7zu %9.3f %9.3f %9.2f %9.2f %8.1f %9llu %10llu\n",
            bench_kind_name(kind), gps, r.errors, max_held,
-           r.violations ? " SAFETY VIOLATION" : "", ho.p50 / 1e3, ho.p99 / 1e3, aq.p50 / 1e3,
+           r.violations ? " SAFETY VIOLATION" : "", ho.n, ho.p50 / 1e3, ho.p99 / 1e3, aq.p50 / 1e3,
            aq.p99 / 1e3, (double)r.max_gap_ns / 1e6,
            (unsigned long long)(st.connects - st0.connects),
            (unsigned long long)(st.pool_waits - st0.pool_waits));
@@ -299,17 +304,19 @@ void bench_run_loops(bench_ctx *ctx)
            "semaphores of limit %u (hold %g-%g ms), one client, %.1f s per strategy\n",
            o->loops, o->loop_sems, o->limit, o->loop_hold_min_ms, o->loop_hold_max_ms,
            o->duration);
-    printf("  %-8s %9s %7s %5s %9s %9s %9s %9s %8s %9s %10s\n", "strategy", "grants/s", "errors",
-           "held", "hand p50", "p99 ms", "acq p50", "p99 ms", "gap ms", "connects", "pool waits");
-    bench_rule(104);
+    printf("  %-8s %9s %7s %5s %7s %9s %9s %9s %9s %8s %9s %10s\n", "strategy", "grants/s",
+           "errors", "held", "hand n", "hand p50", "p99 ms", "acq p50", "p99 ms", "gap ms",
+           "connects", "pool waits");
+    bench_rule(112);
     json_t *rows = json_array();
     static const int kinds[] = {BENCH_BASIC, BENCH_FAIR, BENCH_LOCKED};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
         if (o->kinds[kinds[k]])
             json_array_append_new(rows, run_kind(ctx, kinds[k]));
     printf("  (held: the most permits of one semaphore held at once, counted from the grant "
-           "callback until the release is requested; gap: the longest time between two "
-           "callbacks on the loop)\n");
+           "callback until the release is requested; hand: grants to acquires that began "
+           "when no permit was free, from the release that freed theirs; gap: the longest "
+           "time between two callbacks on the loop)\n");
     json_object_set_new(ctx->json, "loops", rows);
 #endif
 }
