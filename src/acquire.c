@@ -156,6 +156,7 @@ static void state_init(redsem__acq_state *s, const redsem__acquirer *q, const ch
     memcpy(s->id, id, sizeof s->id);
     s->blocking = timeout_ms != 0;
     s->deadline = s->blocking ? redsem__deadline_after_ms(timeout_ms) : 0;
+    s->since_ns = redsem__now_ns();
     s->mode = s->blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
     s->backoff_ms = BACKOFF_MIN_MS;
 }
@@ -295,7 +296,8 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         int rc = acquire_step(&s, att);
         if (rc != REDSEM__WAIT)
             return rc;
-        s.wait_rc = redsem__blpop(q->client, s.wkey, s.keylen, s.wait_ms, s.cut_ns, &s.signaled);
+        s.wait_rc = redsem__blpop(q->client, s.wkey, s.keylen, s.wait_ms, s.cut_ns, s.since_ns,
+                                  &s.signaled);
     }
 }
 

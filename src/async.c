@@ -39,12 +39,16 @@
 #define WORKER_IDLE_MS 2000
 /* idle workers kept (each ends after WORKER_IDLE_MS without work) */
 #define WORKERS_IDLE_KEEP 2
-/* waiting acquires started at once (running or parked; more wait in the queue, unstarted):
- * each registered wait is one more key of the shared BLPOP, which the server registers anew
- * at every wake-up */
+/* waiting acquires with a wake-up list of their own (fair and locked semaphores) started at
+ * once (running or parked; more wait in the queue, unstarted): each is one more key of the
+ * shared BLPOP, which the server registers anew at every wake-up */
 #ifndef ASYNC_WAITS_MAX
 #define ASYNC_WAITS_MAX (REDSEM_ASYNC_WORKERS_MAX - 1)
 #endif
+/* waiting acquires of every kind started at once: those of a basic semaphore or a lock share
+ * their handle's list (no more keys for more waits), so only memory bounds them (a few KiB
+ * each while parked) */
+#define ASYNC_WAITS_ALL 1024
 
 typedef enum op_kind {
     OP_SEM_ACQUIRE,
@@ -67,6 +71,7 @@ typedef struct op {
     op_kind kind;
     op_state state;
     bool waits; /* a blocking acquire: the waiting queue, cancellable while running */
+    bool own_list; /* a waiting acquire with a wake-up list of its own (fair, locked) */
     void *handle;
     uint32_t n;
     int64_t timeout_ms;
@@ -110,6 +115,7 @@ struct redsem_async {
     worker_slot slots[REDSEM_ASYNC_WORKERS_MAX];
     int nworkers, nidle, nwaiting_running, nparked;
     int nstarted; /* waiting acquires started and not finished (parked ones included) */
+    int nstarted_own; /* those of them with a list of their own */
     int lead_requests; /* need_lead() calls not yet taken by a worker */
     /* no unstarted waiting acquire's deadline comes before this (INT64_MAX: none known) */
     int64_t expiry_ns;
@@ -256,9 +262,9 @@ out:
     if (rc == REDSEM_EBUSY && o->late)
         snprintf(o->errmsg, sizeof o->errmsg,
                  "no permit free at the deadline (the acquire waited its whole timeout, "
-                 "%lld ms, for its turn: %d waiting acquires of this redsem_async were under "
-                 "way; one try was made)",
-                 (long long)o->timeout_ms, ASYNC_WAITS_MAX);
+                 "%lld ms, for its turn: at most %d waiting acquires of this redsem_async "
+                 "are under way at once, %d of fair or locked semaphores; one try was made)",
+                 (long long)o->timeout_ms, ASYNC_WAITS_ALL, ASYNC_WAITS_MAX);
     else if (rc != REDSEM_OK && rc != REDSEM__PARKED)
         redsem__text_copy(o->errmsg, redsem_client_errmsg(c));
 }
@@ -292,6 +298,15 @@ static op *take_expired(redsem_async *a)
     return found;
 }
 
+/* Under mu: whether the first queued waiting acquire may start (the queue is FIFO: the ones
+ * behind it wait for it). */
+static bool head_may_start(const redsem_async *a)
+{
+    const op *h = a->waiting.head;
+    return h != NULL && a->nstarted < ASYNC_WAITS_ALL &&
+           (!h->own_list || a->nstarted_own < ASYNC_WAITS_MAX);
+}
+
 /* Under mu: the next operation a worker may take (quick ones first). */
 static op *take(redsem_async *a)
 {
@@ -304,10 +319,10 @@ static op *take(redsem_async *a)
         o = take_expired(a);
     if (o == NULL && a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1) {
         o = list_pop(&a->resume);
-        if (o == NULL && a->nstarted < ASYNC_WAITS_MAX) {
+        if (o == NULL && head_may_start(a)) {
             o = list_pop(&a->waiting);
-            if (o != NULL)
-                a->nstarted++;
+            a->nstarted++;
+            a->nstarted_own += o->own_list;
         }
         if (o != NULL)
             a->nwaiting_running++;
@@ -323,7 +338,7 @@ static void maybe_spawn(redsem_async *a)
     bool work = a->quick.head != NULL || a->lead_requests > 0 ||
                 (a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1 &&
                  (a->resume.head != NULL ||
-                  (a->waiting.head != NULL && a->nstarted < ASYNC_WAITS_MAX)));
+                  head_may_start(a)));
     /* also while closing: parked acquires come back to leave their queues */
     if (!work || a->nidle > 0 || a->nworkers >= REDSEM_ASYNC_WORKERS_MAX)
         return;
@@ -396,11 +411,12 @@ static void park(redsem_async *a, op *o)
     const redsem__acq_state *s = o->park;
     const char *key = s->wkey;
     size_t keylen = s->keylen;
-    int64_t wait_ms = s->wait_ms, cut_ns = s->cut_ns;
+    int64_t wait_ms = s->wait_ms, cut_ns = s->cut_ns, since_ns = s->since_ns;
     pthread_mutex_unlock(&a->mu);
     /* from the registration on, o may be woken and go on on another worker: not touched here
      * after this call (wake.c copies the key before registering) */
-    int rc = redsem__wake_park(a->c, key, keylen, wait_ms, cut_ns, &o->cancel, o->wait_err,
+    int rc = redsem__wake_park(a->c, key, keylen, wait_ms, cut_ns, since_ns, &o->cancel,
+                               o->wait_err,
                                on_woken, need_lead, o, &a->stopping);
     if (rc != REDSEM_OK) {
         /* not registered: cancelled already (1: its loop sees the flag), or out of memory */
@@ -494,6 +510,7 @@ static void *worker_main(void *arg)
         if (o->waits) {
             a->nwaiting_running--;
             a->nstarted--;
+            a->nstarted_own -= o->own_list;
         }
         finish(a, o);
     }
@@ -836,7 +853,8 @@ int redsem_sem_acquire_async(redsem_async *async, redsem_sem *sem, uint32_t n,
         return rc;
     if (async != NULL && n == 0)
         return redsem__set_err(async->c, REDSEM_EINVAL, "n is 0: take 1..limit permits");
-    op t = {.n = n, .timeout_ms = timeout_ms, .waits = timeout_ms != 0};
+    op t = {.n = n, .timeout_ms = timeout_ms, .waits = timeout_ms != 0,
+            .own_list = sem != NULL && sem->strategy != REDSEM_STRATEGY_BASIC};
     return submit(async, sem != NULL ? sem->client : NULL, OP_SEM_ACQUIRE, sem, cb, user, ret_op,
                   &t);
 }

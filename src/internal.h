@@ -28,9 +28,11 @@ int redsem__eval_status(redsem_client *c, int script, int nkeys,
 void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k);
 /* Wait up to wait_ms (our clock: never past hard_deadline_ns) for an element on the list key,
  * popping it: REDSEM_OK with *signaled, or a fault. One server: through the client's shared
- * wait (wake.c), one BLPOP for every thread waiting; a cluster: alone, on a wait lane. */
+ * wait (wake.c), one BLPOP for every thread waiting; a cluster: alone, on a wait lane.
+ * since_ns: when the caller began waiting (its acquire's start, our clock): of the waiters on
+ * one list, the one waiting longest gets its element. */
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
-                  int64_t hard_deadline_ns, bool *signaled);
+                  int64_t hard_deadline_ns, int64_t since_ns, bool *signaled);
 /* The same on a wait lane of its own, routed to the node serving key (client.c). */
 int redsem__blpop_alone(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                         int64_t hard_deadline_ns, bool *signaled);
@@ -240,10 +242,12 @@ void redsem__wake_cancelled(redsem_client *c);
  * parked wait's owner is asked). A lead taken here or there ends early when *stop
  * (may be NULL) is set, say by the owner being freed: redsem__wake_cancelled() then ends its
  * running BLPOP, and the role passes on. Returns REDSEM_OK (registered), 1 (cancel already
- * set: not registered, on_done not called) or REDSEM_ENOMEM. Not for a cluster client. */
+ * set: not registered, on_done not called) or REDSEM_ENOMEM. Not for a cluster client.
+ * since_ns: as redsem__blpop()'s. */
 typedef void (*redsem__park_fn)(void *arg, int rc, bool signaled);
 int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
-                      int64_t hard_deadline_ns, const atomic_bool *cancel, char *errmsg,
+                      int64_t hard_deadline_ns, int64_t since_ns, const atomic_bool *cancel,
+                      char *errmsg,
                       redsem__park_fn on_done, bool (*need_lead)(void *arg), void *arg,
                       const atomic_bool *stop);
 /* Lead the shared wait on this thread while parked waits are left, nobody else leads and
@@ -262,6 +266,7 @@ typedef struct redsem__acq_state {
     int64_t lease_ms;
     bool blocking, registered;
     int64_t deadline;
+    int64_t since_ns; /* the acquire's start (our clock): its age among a list's waiters */
     int mode, too_late;
     int64_t backoff_ms, guard_backoff_us;
     char keybuf[1024];

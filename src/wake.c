@@ -6,7 +6,8 @@
  * condition variable. One of them, the leader, runs BLPOP on every registered list at once
  * (BLPOP takes many keys and pops from the first that has an element), with the earliest
  * deadline as its timeout. When it returns, the leader wakes the thread whose list had the
- * element (the longest waiting one on that list: one element is one wake-up) and those whose
+ * element (the longest waiting one on that list, by its acquire's start: one element is one
+ * wake-up) and those whose
  * deadline has passed, then waits again for the rest. A thread that
  * registers a list the running BLPOP does not watch, or a wait that must end before it,
  * pushes to the client's control list
@@ -50,6 +51,7 @@ typedef struct redsem__waiter {
     const char *key; /* NULL: a leader that waits for nothing of its own (redsem__wake_park) */
     size_t keylen;
     int64_t until_ns; /* its wait ends (BLPOP timeout) */
+    int64_t since_ns; /* it began waiting (its acquire's start): the oldest on a list wins */
     int64_t hard_ns;  /* and at the latest (our clock) */
     char *errmsg;     /* its thread's error text */
     pthread_cond_t cv;
@@ -228,13 +230,16 @@ static void lead(redsem_client *c, redsem__waiter *me)
         bool cut = rc == REDSEM_OK && which == -1 && now < until;
         const char *popped = rc == REDSEM_OK && which >= 0 && which < nkeys ? keys[which] : NULL;
         size_t popped_len = popped != NULL ? lens[which] : 0;
-        /* one element popped is one wake-up: it goes to the longest-waiting thread on that
-         * list (the list's last match: waiters are pushed at the front); the others on the
-         * same list (basic: one list per semaphore) wait for theirs */
+        /* one element popped is one wake-up: it goes to the longest-waiting waiter on that
+         * list, by its acquire's start (a waiter that woke by its deadline, or lost its
+         * permit to a barging acquire, registers anew but keeps its age; on a tie the one
+         * registered first: waiters are pushed at the front); the others on the same list
+         * (basic: one list per semaphore) wait for theirs */
         redsem__waiter *woken = NULL;
         for (redsem__waiter *x = c->waiters; popped != NULL && x != NULL; x = x->next)
             if (x->key != NULL && x->keylen == popped_len &&
-                memcmp(x->key, popped, popped_len) == 0)
+                memcmp(x->key, popped, popped_len) == 0 &&
+                (woken == NULL || x->since_ns <= woken->since_ns))
                 woken = x;
         for (redsem__waiter **p = &c->waiters; *p != NULL;) {
             redsem__waiter *x = *p;
@@ -311,14 +316,14 @@ static void lead_parked(redsem_client *c, const atomic_bool *stop)
 }
 
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
-                  int64_t hard_deadline_ns, bool *signaled)
+                  int64_t hard_deadline_ns, int64_t since_ns, bool *signaled)
 {
     *signaled = false;
     if (c->ep.kind == REDSEM__EP_CLUSTER)
         return redsem__blpop_alone(c, key, keylen, wait_ms, hard_deadline_ns, signaled);
     int64_t now = redsem__now_ns();
     redsem__waiter w = {.key = key, .keylen = keylen, .errmsg = redsem__errbuf(c),
-                        .cancel = redsem__cancel, .rc = REDSEM_OK};
+                        .cancel = redsem__cancel, .rc = REDSEM_OK, .since_ns = since_ns};
     w.until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w.hard_ns = hard_deadline_ns;
     pthread_condattr_t ca;
@@ -377,7 +382,8 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait
 }
 
 int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
-                      int64_t hard_deadline_ns, const atomic_bool *cancel, char *errmsg,
+                      int64_t hard_deadline_ns, int64_t since_ns, const atomic_bool *cancel,
+                      char *errmsg,
                       redsem__park_fn on_done, bool (*need_lead)(void *arg), void *arg,
                       const atomic_bool *stop)
 {
@@ -396,6 +402,7 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t 
     w->rc = REDSEM_OK;
     w->until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w->hard_ns = hard_deadline_ns;
+    w->since_ns = since_ns;
     w->on_done = on_done;
     w->need_lead = need_lead;
     w->arg = arg;

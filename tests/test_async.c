@@ -1006,4 +1006,51 @@ Test(async, timeouts_count_from_the_call, .timeout = 120)
     redsem_sem_free(s);
     env_down(&e);
 }
+
+/* Waiting acquires of a basic semaphore share its wake-up list, so they are not held back by
+ * the bound on waits with a list of their own (63): 200 acquires queued behind a full basic
+ * semaphore are all registered on the server at once (0.4.1 registered 63 and kept the rest
+ * in the client, where a permit freed meanwhile could not reach them), and all are granted
+ * once it is released. The same 200 on a fair semaphore: at most 63 at once. */
+static void uncapped_body(redsem_strategy strategy, size_t want)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-uncapped"), strategy, 1, 30000, &s));
+    enum { N = 200 };
+    many m = {.e = &e};
+    static many_op ops[N];
+    redsem_permit *held = submit_behind(&e, s, &m, ops, N);
+    size_t seen = 0;
+    int64_t end = tf_now_ms() + 20000;
+    while (seen < want && tf_now_ms() < end) {
+        for (int i = 0; i < 20; i++)
+            loop_once(&e.loop);
+        seen = waiters_on_server(e.c, s);
+    }
+    if (want < N) {
+        /* give more than 63 a chance to register, if the bound failed */
+        int64_t more = tf_now_ms() + 500;
+        while (tf_now_ms() < more) {
+            loop_once(&e.loop);
+            size_t n = waiters_on_server(e.c, s);
+            if (n > seen)
+                seen = n;
+        }
+    }
+    cr_expect_eq(seen, want, "%zu waiters on the server (want %zu of %d)", seen, want, N);
+    release_and_drain(&e, held, &m, N);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+Test(async, basic_waits_are_not_held_back, .timeout = 120)
+{
+    uncapped_body(REDSEM_STRATEGY_BASIC, 200);
+}
+Test(async, fair_waits_under_way_are_bounded, .timeout = 120)
+{
+    uncapped_body(REDSEM_STRATEGY_FAIR, REDSEM_ASYNC_WORKERS_MAX - 1);
+}
 #endif
