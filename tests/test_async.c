@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -944,8 +945,15 @@ Test(async, a_forked_child_cannot_cancel)
  * way before it (at most REDSEM_ASYNC_WORKERS_MAX - 1 at once; the next wait for their first
  * attempt): 130 acquires with a 1.5 s timeout on a full limit-1 semaphore all end with
  * REDSEM_EBUSY between 1.5 s and 3.5 s after their call, none before (0.4.1 started the
- * 64th when the first 63 had timed out: the last ones ended after 4.5 s), and none stays
- * queued on the server. */
+ * 64th when the first 63 had timed out: the last ones ended after 4.5 s, and none said it
+ * had waited for its turn), and none stays queued on the server. Under valgrind, whose
+ * slowness adds seconds to running 130 last attempts, the upper bound is not checked. */
+static bool under_valgrind(void)
+{
+    const char *p = getenv("LD_PRELOAD"); /* valgrind preloads its vgpreload_*.so */
+    return p != NULL && strstr(p, "vgpreload") != NULL;
+}
+
 typedef struct timed {
     int64_t start_ms, end_ms;
     int rc, calls;
@@ -997,8 +1005,9 @@ Test(async, timeouts_count_from_the_call, .timeout = 120)
     cr_expect_eq(busy, N, "%d of %d ended with REDSEM_EBUSY", busy, N);
     cr_expect_geq(fastest, T - 5, "an acquire ended %lld ms after its call (timeout %d)",
                   (long long)fastest, T);
-    cr_expect_leq(slowest, T + 2000, "an acquire ended %lld ms after its call (timeout %d)",
-                  (long long)slowest, T);
+    if (!under_valgrind())
+        cr_expect_leq(slowest, T + 2000, "an acquire ended %lld ms after its call (timeout %d)",
+                      (long long)slowest, T);
     cr_expect_gt(late_msg, 0, "no acquire said it waited its turn until its deadline");
     cr_expect_eq(waiters_on_server(e.c, s), 0, "a timed-out acquire is still queued");
     OK(e.c, redsem_permit_release(held));
