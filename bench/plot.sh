@@ -7,7 +7,11 @@
 # Writes, for the workloads present in FILE.json:
 #   OUTDIR/PREFIXlatency.png    uncontended acquire and release latency percentiles per
 #                               strategy, with the floors (log scale)
-#   OUTDIR/PREFIXthreads.png    uncontended pairs/s with T threads, library and floor
+#   OUTDIR/PREFIXthreads.png    uncontended pairs/s with T threads, library and floor (a
+#                               client per thread, or one shared: --shared)
+#   OUTDIR/PREFIXasync.png      the event-loop API's pairs/s at each depth, and its floor
+#   OUTDIR/PREFIXloops.png      the loops workload: grants/s, and acquire and hand-off
+#                               latency, per strategy
 #   OUTDIR/PREFIXcontended.png  grants/s and hand-off latency vs clients, per strategy
 #   OUTDIR/PREFIXscale.png      us per acquire+release pair vs holders, per strategy
 # OUTDIR defaults to docs/img, PREFIX to "".
@@ -90,11 +94,13 @@ fi
 if has threads; then
     jq -r '.threads[] | "\(.strategy)/\(.threads) \(.pairs_per_s) \(.floor_pairs_per_s)"' \
         "$json" >"$tmp/thr.dat"
+    who=$(jq -r 'if (.threads | length) > 0 and .threads[0].shared_client
+        then "all threads share one client" else "one client per thread" end' "$json")
     if [ -s "$tmp/thr.dat" ]; then
         gnuplot <<EOF
 set terminal $term
 set output "$out/${prefix}threads.png"
-set title "Uncontended pairs/s with T threads (strategy/T), library vs its floor\n$subtitle"
+set title "Uncontended pairs/s with T threads (strategy/T; $who), library vs its floor (a connection per thread)\n$subtitle"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
@@ -105,6 +111,55 @@ set xtics rotate by -30
 plot "$tmp/thr.dat" using 2:xtic(1) title "redsem", '' using 3 title "floor (same round trips)"
 EOF
     fi
+fi
+
+# ---------------------------------------------------------------- async
+if has async && jq -e '.async.throughput | type == "array"' "$json" >/dev/null; then
+    jq -r '.async.throughput[] | "\(.strategy)/D=\(.depth) \(.pairs_per_s) \(.floor_pairs_per_s)"' \
+        "$json" >"$tmp/async.dat"
+    if [ -s "$tmp/async.dat" ]; then
+        gnuplot <<EOF
+set terminal $term
+set output "$out/${prefix}async.png"
+set title "Event-loop API: pairs/s with D operations in flight on one loop (strategy/D), vs a floor with D threads\n$subtitle"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set yrange [0:*]
+set grid ytics
+set key top right
+set xtics rotate by -30
+plot "$tmp/async.dat" using 2:xtic(1) title "redsem_async", '' using 3 title "floor"
+EOF
+    fi
+fi
+
+# ---------------------------------------------------------------- loops
+if has loops && jq -e '.loops | type == "array" and length > 0' "$json" >/dev/null; then
+    # columns: strategy grants/s acquire p50 p99, hand-off p50 p99 (ms; NaN: no hand-off)
+    jq -r '.loops[] | "\(.strategy) \(.grants_per_s) \(.acquire.p50_us / 1000) \(.acquire.p99_us / 1000) " +
+        (if .handoff.n > 0 then "\(.handoff.p50_us / 1000) \(.handoff.p99_us / 1000)" else "NaN NaN" end)' \
+        "$json" >"$tmp/loops.dat"
+    what=$(jq -r '.params as $p | "\($p.loops) loops on \($p.loop_sems) semaphores of limit \($p.limit), hold \($p.loop_hold_min_ms)-\($p.loop_hold_max_ms) ms"' "$json")
+    gnuplot <<EOF
+set terminal $(echo "$term" | sed 's/size 1000,560/size 1200,560/')
+set output "$out/${prefix}loops.png"
+set multiplot layout 1,2 title "One libuv loop drives $what\n$subtitle"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set grid ytics
+set key top right
+set title "grants/s"
+set yrange [0:*]
+plot "$tmp/loops.dat" using 2:xtic(1) title "grants/s"
+set title "latency (ms, log scale; no hand-off bar: no acquire had to wait)"
+set logscale y
+set yrange [0.1:*]
+plot "$tmp/loops.dat" using 3:xtic(1) title "acquire p50", '' using 4 title "acquire p99", \
+     '' using 5 title "hand-off p50", '' using 6 title "hand-off p99"
+unset multiplot
+EOF
 fi
 
 # ---------------------------------------------------------------- contended
