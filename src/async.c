@@ -269,8 +269,8 @@ out:
         redsem__text_copy(o->errmsg, redsem_client_errmsg(c));
 }
 
-/* Under mu: a waiting acquire that could not start (ASYNC_WAITS_MAX are under way) and whose
- * deadline has passed, taken out of the waiting queue to run as one try-acquire: it never
+/* Under mu: a waiting acquire that could not start (as many as may be are under way: see
+ * head_may_start) and whose deadline has passed, taken out of the waiting queue to run as one try-acquire: it never
  * waits, so it is not counted as under way (a try never parks). NULL if none. Scans the
  * queue only once a known deadline has passed. */
 static op *take_expired(redsem_async *a)
@@ -416,8 +416,7 @@ static void park(redsem_async *a, op *o)
     /* from the registration on, o may be woken and go on on another worker: not touched here
      * after this call (wake.c copies the key before registering) */
     int rc = redsem__wake_park(a->c, key, keylen, wait_ms, cut_ns, since_ns, &o->cancel,
-                               o->wait_err,
-                               on_woken, need_lead, o, &a->stopping);
+                               o->wait_err, on_woken, need_lead, o, &a->stopping);
     if (rc != REDSEM_OK) {
         /* not registered: cancelled already (1: its loop sees the flag), or out of memory */
         if (rc == REDSEM_ENOMEM)

@@ -247,9 +247,8 @@ void redsem__wake_cancelled(redsem_client *c);
 typedef void (*redsem__park_fn)(void *arg, int rc, bool signaled);
 int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                       int64_t hard_deadline_ns, int64_t since_ns, const atomic_bool *cancel,
-                      char *errmsg,
-                      redsem__park_fn on_done, bool (*need_lead)(void *arg), void *arg,
-                      const atomic_bool *stop);
+                      char *errmsg, redsem__park_fn on_done, bool (*need_lead)(void *arg),
+                      void *arg, const atomic_bool *stop);
 /* Lead the shared wait on this thread while parked waits are left, nobody else leads and
  * *stop (may be NULL) is not set. */
 void redsem__wake_lead(redsem_client *c, const atomic_bool *stop);

@@ -383,9 +383,8 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait
 
 int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                       int64_t hard_deadline_ns, int64_t since_ns, const atomic_bool *cancel,
-                      char *errmsg,
-                      redsem__park_fn on_done, bool (*need_lead)(void *arg), void *arg,
-                      const atomic_bool *stop)
+                      char *errmsg, redsem__park_fn on_done, bool (*need_lead)(void *arg),
+                      void *arg, const atomic_bool *stop)
 {
     redsem__waiter *w = redsem__calloc(1, sizeof *w);
     char *k = redsem__memdup0(key, keylen);
