@@ -140,6 +140,14 @@ if has loops && jq -e '.loops | type == "array" and length > 0' "$json" >/dev/nu
     jq -r '.loops[] | "\(.strategy) \(.grants_per_s) \(.acquire.p50_us / 1000) \(.acquire.p99_us / 1000) " +
         (if .handoff.n > 0 then "\(.handoff.p50_us / 1000) \(.handoff.p99_us / 1000)" else "NaN NaN" end)' \
         "$json" >"$tmp/loops.dat"
+    # no acquire had to wait (no hold: the semaphores are never full): no hand-off columns
+    if jq -e '[.loops[].handoff.n] | add > 0' "$json" >/dev/null; then
+        handoffs=", '' using 5 title \"hand-off p50\", '' using 6 title \"hand-off p99\""
+        lat="latency (ms, log scale)"
+    else
+        handoffs=""
+        lat="acquire latency (ms, log scale; no hand-off: no acquire had to wait)"
+    fi
     what=$(jq -r '.params as $p | "\($p.loops) loops on \($p.loop_sems) semaphores of limit \($p.limit), hold \($p.loop_hold_min_ms)-\($p.loop_hold_max_ms) ms"' "$json")
     gnuplot <<EOF
 set terminal $(echo "$term" | sed 's/size 1000,560/size 1200,560/')
@@ -153,11 +161,10 @@ set key top right
 set title "grants/s"
 set yrange [0:*]
 plot "$tmp/loops.dat" using 2:xtic(1) title "grants/s"
-set title "latency (ms, log scale; no hand-off bar: no acquire had to wait)"
+set title "$lat"
 set logscale y
 set yrange [0.1:*]
-plot "$tmp/loops.dat" using 3:xtic(1) title "acquire p50", '' using 4 title "acquire p99", \
-     '' using 5 title "hand-off p50", '' using 6 title "hand-off p99"
+plot "$tmp/loops.dat" using 3:xtic(1) title "acquire p50", '' using 4 title "acquire p99"$handoffs
 unset multiplot
 EOF
 fi
