@@ -229,6 +229,9 @@ static inline bool redsem__cancelled(void)
 {
     return redsem__cancel != NULL && atomic_load(redsem__cancel);
 }
+/* Waits registered in the client's shared wait now, parked ones included (wake.c; for the
+ * white-box tests). */
+int redsem__wake_waiters(redsem_client *c);
 /* Wake the shared-wait waiters whose cancel flag is set (wake.c); may send one request. */
 void redsem__wake_cancelled(redsem_client *c);
 /* A parked wait (wake.c): as redsem__blpop(), but no thread sleeps while it lasts. It is

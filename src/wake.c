@@ -451,6 +451,16 @@ void redsem__wake_lead(redsem_client *c, const atomic_bool *stop)
     pthread_mutex_unlock(&c->wake_mu);
 }
 
+int redsem__wake_waiters(redsem_client *c)
+{
+    int n = 0;
+    pthread_mutex_lock(&c->wake_mu);
+    for (const redsem__waiter *x = c->waiters; x != NULL; x = x->next)
+        n += x->key != NULL;
+    pthread_mutex_unlock(&c->wake_mu);
+    return n;
+}
+
 void redsem__wake_cancelled(redsem_client *c)
 {
     bool poke = false;
