@@ -817,9 +817,9 @@ void redsem_client_free(redsem_client *c)
         pthread_mutex_destroy(&c->renew_mu);
         pthread_mutex_destroy(&c->wake_mu);
     }
+    redsem__wake_free(c); /* in a forked child also the parent's parked waits (memory) */
     redsem__endpoint_clear(&c->ep);
     redsem__tls_opts_clear(&c->tls);
-    redsem__free(c->wake_ctl);
     redsem__free(c->prefix);
     redsem__free(c);
 }

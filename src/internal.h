@@ -132,6 +132,11 @@ struct redsem_client {
     bool wake_poked;   /* wake_ctl was pushed since that BLPOP started */
     int64_t wake_until, wake_hard; /* that BLPOP's timeout and hard deadline */
     char *wake_ctl;
+    /* the leader's BLPOP keys (copies: a waiter may leave meanwhile) and their lengths,
+     * WAKE_KEYS_MAX each, made with the client; wake_nkeys: copies held now */
+    const char **wake_keys;
+    size_t *wake_lens;
+    int wake_nkeys;
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled (atomic access) */
     const redsem__renew_ops *renew_ops; /* set with renewer */
 };
@@ -142,8 +147,13 @@ int redsem__lane_get(redsem_client *c, bool for_wait, redsem__lane **ret);
 void redsem__lane_put(redsem_client *c, redsem__lane *l, int rc);
 /* Copy an error text (REDSEM__ERRMSG_LEN bytes at most). */
 void redsem__text_copy(char *dst, const char *src);
-/* wake.c: set up c's shared wait (its control list's name). REDSEM_OK or REDSEM_ENOMEM. */
+/* wake.c: set up c's shared wait (its control list's name, the leader's key arrays).
+ * REDSEM_OK or REDSEM_ENOMEM. */
 int redsem__wake_init(redsem_client *c);
+/* wake.c, from redsem_client_free(): free what redsem__wake_init() made; in a forked child
+ * also the parent's parked waits and the key copies of its leader's round (no thread of the
+ * child runs the shared wait: memory only). */
+void redsem__wake_free(redsem_client *c);
 
 /* The calling thread's error text for c: a buffer of REDSEM__ERRMSG_LEN bytes that the
  * thread's next call on c may overwrite (client.c). */
@@ -232,6 +242,7 @@ static inline bool redsem__cancelled(void)
 /* Waits registered in the client's shared wait now, parked ones included (wake.c; for the
  * white-box tests). */
 int redsem__wake_waiters(redsem_client *c);
+
 /* Wake the shared-wait waiters whose cancel flag is set (wake.c); may send one request. */
 void redsem__wake_cancelled(redsem_client *c);
 /* A parked wait (wake.c): as redsem__blpop(), but no thread sleeps while it lasts. It is

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 #include <sodium.h>
@@ -95,7 +96,29 @@ int redsem__wake_init(redsem_client *c)
     if (c->wake_ctl == NULL)
         return REDSEM_ENOMEM;
     snprintf(c->wake_ctl, len, "%swake:%s", c->prefix, hex);
-    return REDSEM_OK;
+    c->wake_keys = redsem__calloc(WAKE_KEYS_MAX, sizeof *c->wake_keys);
+    c->wake_lens = redsem__calloc(WAKE_KEYS_MAX, sizeof *c->wake_lens);
+    return c->wake_keys != NULL && c->wake_lens != NULL ? REDSEM_OK : REDSEM_ENOMEM;
+}
+
+void redsem__wake_free(redsem_client *c)
+{
+    if (c->pid != getpid()) {
+        /* a forked child: one thread; the parent's may have held wake_mu at fork, so no lock */
+        for (redsem__waiter *x = c->waiters, *next; x != NULL; x = next) {
+            next = x->next;
+            if (x->on_done != NULL) { /* heap: a parked wait (a thread's is on its stack) */
+                redsem__free((char *)x->key);
+                redsem__free(x);
+            }
+        }
+        c->waiters = NULL;
+        for (int i = 0; c->wake_keys != NULL && i < c->wake_nkeys; i++)
+            redsem__free((char *)c->wake_keys[i]);
+    }
+    redsem__free(c->wake_keys);
+    redsem__free(c->wake_lens);
+    redsem__free(c->wake_ctl);
 }
 
 static void unlink_waiter(redsem_client *c, redsem__waiter *w)
@@ -148,12 +171,13 @@ static bool watched(const redsem_client *c, const redsem__waiter *w)
 static void lead(redsem_client *c, redsem__waiter *me)
 {
     int set[WAKE_SET_SIZE]; /* indexes into keys, by key hash (open addressing) */
-    const char **keys = redsem__calloc(WAKE_KEYS_MAX, sizeof *keys);
-    size_t *lens = redsem__calloc(WAKE_KEYS_MAX, sizeof *lens);
+    /* the client's: one leader at a time (wake_leading) */
+    const char **keys = c->wake_keys;
+    size_t *lens = c->wake_lens;
     redsem__lane *l = NULL;
     int last = REDSEM_OK;
     while (!me->done) {
-        int rc = keys == NULL || lens == NULL ? REDSEM_ENOMEM : REDSEM_OK;
+        int rc = REDSEM_OK;
         int nkeys = 0;
         for (int i = 0; i < WAKE_SET_SIZE; i++)
             set[i] = -1;
@@ -193,6 +217,7 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 keys[nkeys] = k;
                 lens[nkeys] = x->keylen;
                 set[slot] = nkeys++;
+                c->wake_nkeys = nkeys;
                 x->watched = true;
             } else if (dup) {
                 x->watched = true;
@@ -272,6 +297,7 @@ static void lead(redsem_client *c, redsem__waiter *me)
         }
         for (int i = 0; i < nkeys; i++)
             redsem__free((char *)keys[i]);
+        c->wake_nkeys = 0;
         if (!me->done && me->key == NULL &&
             (!any_parked(c) || (me->cancel != NULL && atomic_load(me->cancel)))) {
             unlink_waiter(c, me);
@@ -283,8 +309,6 @@ static void lead(redsem_client *c, redsem__waiter *me)
         redsem__lane_put(c, l, last);
         pthread_mutex_lock(&c->wake_mu);
     }
-    redsem__free(keys);
-    redsem__free(lens);
     /* the role goes to a waiting thread; parked waiters alone ask their owner for a thread
      * (redsem__wake_park's need_lead) */
     redsem__waiter *next = c->waiters;
