@@ -7,8 +7,7 @@
  * (BLPOP takes many keys and pops from the first that has an element), with the earliest
  * deadline as its timeout. When it returns, the leader wakes the thread whose list had the
  * element (the longest waiting one on that list, by its acquire's start: one element is one
- * wake-up) and those whose
- * deadline has passed, then waits again for the rest. A thread that
+ * wake-up) and those whose deadline has passed, then waits again for the rest. A thread that
  * registers a list the running BLPOP does not watch, or a wait that must end before it,
  * pushes to the client's control list
  * (one of the BLPOP's keys, with a TTL), which ends that BLPOP at once so that the leader
