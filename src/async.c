@@ -262,9 +262,9 @@ out:
     if (rc == REDSEM_EBUSY && o->late)
         snprintf(o->errmsg, sizeof o->errmsg,
                  "no permit free at the deadline (the acquire waited its whole timeout, "
-                 "%lld ms, for its turn: at most %d waiting acquires of this redsem_async "
-                 "are under way at once, %d of fair or locked semaphores; one try was made)",
-                 (long long)o->timeout_ms, ASYNC_WAITS_ALL, ASYNC_WAITS_MAX);
+                 "%lld ms, for its turn to start behind other waiting acquires of this "
+                 "redsem_async; one try was made)",
+                 (long long)o->timeout_ms);
     else if (rc != REDSEM_OK && rc != REDSEM__PARKED)
         redsem__text_copy(o->errmsg, redsem_client_errmsg(c));
 }
@@ -335,10 +335,13 @@ static void *worker_main(void *arg);
 /* Under mu: start a worker if work may be left without one. */
 static void maybe_spawn(redsem_async *a)
 {
+    /* a queued waiting acquire with a deadline needs a worker to take it at that deadline
+     * even if it may not start before (take_expired): say, when every other worker runs a
+     * waiting acquire that holds it (a cluster client's waits are not parked) */
     bool work = a->quick.head != NULL || a->lead_requests > 0 ||
+                (a->waiting.head != NULL && a->expiry_ns != INT64_MAX) ||
                 (a->nwaiting_running < REDSEM_ASYNC_WORKERS_MAX - 1 &&
-                 (a->resume.head != NULL ||
-                  head_may_start(a)));
+                 (a->resume.head != NULL || head_may_start(a)));
     /* also while closing: parked acquires come back to leave their queues */
     if (!work || a->nidle > 0 || a->nworkers >= REDSEM_ASYNC_WORKERS_MAX)
         return;

@@ -132,11 +132,10 @@ struct redsem_client {
     bool wake_poked;   /* wake_ctl was pushed since that BLPOP started */
     int64_t wake_until, wake_hard; /* that BLPOP's timeout and hard deadline */
     char *wake_ctl;
-    /* the leader's BLPOP keys (copies: a waiter may leave meanwhile) and their lengths,
-     * WAKE_KEYS_MAX each, made with the client; wake_nkeys: copies held now */
+    /* the leader's BLPOP keys (copies: a waiter may leave meanwhile; NULL when free) and
+     * their lengths, WAKE_KEYS_MAX each, made with the client */
     const char **wake_keys;
     size_t *wake_lens;
-    int wake_nkeys;
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled (atomic access) */
     const redsem__renew_ops *renew_ops; /* set with renewer */
 };

@@ -112,8 +112,11 @@ void redsem__wake_free(redsem_client *c)
             }
         }
         c->waiters = NULL;
-        for (int i = 0; c->wake_keys != NULL && i < c->wake_nkeys; i++)
-            redsem__free((char *)c->wake_keys[i]);
+        /* the copies of a round the parent's leader was in (NULL once freed; its control
+         * list's name, which the leader puts after them, is the client's) */
+        for (int i = 0; c->wake_keys != NULL && i < WAKE_KEYS_MAX; i++)
+            if (c->wake_keys[i] != NULL && c->wake_keys[i] != c->wake_ctl)
+                redsem__free((char *)c->wake_keys[i]);
     }
     redsem__free(c->wake_keys);
     redsem__free(c->wake_lens);
@@ -216,7 +219,6 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 keys[nkeys] = k;
                 lens[nkeys] = x->keylen;
                 set[slot] = nkeys++;
-                c->wake_nkeys = nkeys;
                 x->watched = true;
             } else if (dup) {
                 x->watched = true;
@@ -294,9 +296,14 @@ static void lead(redsem_client *c, redsem__waiter *me)
             else if (x != me)
                 pthread_cond_signal(&x->cv);
         }
-        for (int i = 0; i < nkeys; i++)
-            redsem__free((char *)keys[i]);
-        c->wake_nkeys = 0;
+        /* each entry NULL as it is freed (and the control list's): a child forked meanwhile
+         * frees the copies it finds (redsem__wake_free), never one twice */
+        keys[nkeys] = NULL;
+        for (int i = 0; i < nkeys; i++) {
+            const char *k = keys[i];
+            keys[i] = NULL;
+            redsem__free((char *)k);
+        }
         if (!me->done && me->key == NULL &&
             (!any_parked(c) || (me->cancel != NULL && atomic_load(me->cancel)))) {
             unlink_waiter(c, me);

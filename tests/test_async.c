@@ -1062,4 +1062,57 @@ Test(async, fair_waits_under_way_are_bounded, .timeout = 120)
 {
     uncapped_body(REDSEM_STRATEGY_FAIR, REDSEM_ASYNC_WORKERS_MAX - 1);
 }
+
+/* A Redis Cluster client's waiting acquires hold their worker while they wait (one BLPOP
+ * each, not parked): with 63 of them running and the idle workers gone, a 64th queued with a
+ * 300 ms timeout still ends by its deadline, as one try (it waited for the 63 to end: 6 s). */
+#include "cluster.h"
+Test(async, a_queued_deadline_is_kept_when_every_worker_waits, .timeout = 120)
+{
+    ts_cluster cl;
+    int rc = ts_cluster_start(&cl, 1, 0);
+    if (rc == 77)
+        cr_skip_test("no redis-server for a cluster");
+    cr_assert_eq(rc, 0);
+    char err[512];
+    redsem_client *c = tf_client_try(cl.url, 0, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    env e;
+    memset(&e, 0, sizeof e);
+    e.c = c;
+    OK(c, redsem_async_new(c, &e.a));
+    loop_init(&e.loop);
+    cr_assert_eq(loop_attach(&e.loop, e.a), REDSEM_OK);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, tf_name("async-cl-deadline"), REDSEM_STRATEGY_BASIC, 1, 30000, &s));
+    redsem_permit *held = NULL;
+    OK(c, redsem_sem_try_acquire(s, &held));
+    enum { N = REDSEM_ASYNC_WORKERS_MAX - 1, LONG_MS = 6000, SHORT_MS = 300 };
+    static timed t[N];
+    memset(t, 0, sizeof t);
+    for (int i = 0; i < N; i++)
+        OK(c, redsem_sem_acquire_async(e.a, s, 1, LONG_MS, timed_done, &t[i], NULL));
+    int64_t until = tf_now_ms() + 3000; /* idle workers end after 2 s */
+    while (tf_now_ms() < until)
+        loop_once(&e.loop);
+    timed late = {0};
+    late.start_ms = tf_now_ms();
+    OK(c, redsem_sem_acquire_async(e.a, s, 1, SHORT_MS, timed_done, &late, NULL));
+    until = tf_now_ms() + 20000;
+    while (late.calls == 0 && tf_now_ms() < until)
+        loop_once(&e.loop);
+    int64_t took = late.end_ms - late.start_ms;
+    cr_expect_eq(late.rc, REDSEM_EBUSY, "%s: %s", redsem_err_name(late.rc), late.errmsg);
+    cr_expect_geq(took, SHORT_MS - 5, "ended %lld ms after its call", (long long)took);
+    /* 0.4.2 before this fix: when the first of the 63 ended, 6 s after they started */
+    cr_expect_leq(took, under_valgrind() ? 4000 : SHORT_MS + 1500,
+                  "ended %lld ms after its call (timeout %d ms)", (long long)took, SHORT_MS);
+    while (redsem_async_pending(e.a) > 0 && tf_now_ms() < until)
+        loop_once(&e.loop);
+    OK(c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_cluster_stop(&cl);
+}
 #endif
