@@ -58,6 +58,23 @@ color() {
     esac
 }
 
+# A clustered bar chart of a "label value1 value2" file: bars OUT TITLE DAT NAME1 NAME2
+bars() {
+    gnuplot <<EOF
+set terminal $term
+set output "$1"
+set title "$2\n$subtitle"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set yrange [0:*]
+set grid ytics
+set key top right
+set xtics rotate by -30
+plot "$3" using 2:xtic(1) title "$4", '' using 3 title "$5"
+EOF
+}
+
 # ---------------------------------------------------------------- latency percentiles
 if has uncontended; then
     # columns: label p50 p90 p99 p99.9 (acquire) then the same for release
@@ -97,19 +114,9 @@ if has threads; then
     who=$(jq -r 'if (.threads | length) > 0 and .threads[0].shared_client
         then "all threads share one client" else "one client per thread" end' "$json")
     if [ -s "$tmp/thr.dat" ]; then
-        gnuplot <<EOF
-set terminal $term
-set output "$out/${prefix}threads.png"
-set title "Uncontended pairs/s with T threads (strategy/T; $who), library vs its floor (a connection per thread)\n$subtitle"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.85 border -1
-set yrange [0:*]
-set grid ytics
-set key top right
-set xtics rotate by -30
-plot "$tmp/thr.dat" using 2:xtic(1) title "redsem", '' using 3 title "floor (same round trips)"
-EOF
+        bars "$out/${prefix}threads.png" \
+            "Uncontended pairs/s with T threads (strategy/T; $who), library vs its floor (a connection per thread)" \
+            "$tmp/thr.dat" "redsem" "floor (same round trips)"
     fi
 fi
 
@@ -118,19 +125,9 @@ if has async && jq -e '.async.throughput | type == "array"' "$json" >/dev/null; 
     jq -r '.async.throughput[] | "\(.strategy)/D=\(.depth) \(.pairs_per_s) \(.floor_pairs_per_s)"' \
         "$json" >"$tmp/async.dat"
     if [ -s "$tmp/async.dat" ]; then
-        gnuplot <<EOF
-set terminal $term
-set output "$out/${prefix}async.png"
-set title "Event-loop API: pairs/s with D operations in flight on one loop (strategy/D), vs a floor with D threads\n$subtitle"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.85 border -1
-set yrange [0:*]
-set grid ytics
-set key top right
-set xtics rotate by -30
-plot "$tmp/async.dat" using 2:xtic(1) title "redsem_async", '' using 3 title "floor"
-EOF
+        bars "$out/${prefix}async.png" \
+            "Event-loop API: pairs/s with D operations in flight on one loop (strategy/D), vs a floor with D threads" \
+            "$tmp/async.dat" "redsem_async" "floor"
     fi
 fi
 
