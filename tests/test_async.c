@@ -197,13 +197,27 @@ typedef struct env {
     tloop loop;
 } env;
 
-static void env_up(env *e)
+/* c (owned by e from now on), a redsem_async of it, and a loop */
+static void env_up_with(env *e, redsem_client *c)
 {
     memset(e, 0, sizeof *e);
-    e->c = tf_client();
+    e->c = c;
     OK(e->c, redsem_async_new(e->c, &e->a));
     loop_init(&e->loop);
     cr_assert_eq(loop_attach(&e->loop, e->a), REDSEM_OK);
+}
+
+static void env_up(env *e) { env_up_with(e, tf_client()); }
+
+/* A new limit-1 semaphore of e's client whose one permit the test holds (returned). */
+static redsem_permit *full_sem(env *e, const char *base, redsem_strategy strategy,
+                               int64_t lease_ms, redsem_sem **s)
+{
+    *s = NULL;
+    OK(e->c, redsem_sem_open(e->c, tf_name(base), strategy, 1, lease_ms, s));
+    redsem_permit *held = NULL;
+    OK(e->c, redsem_sem_try_acquire(*s, &held));
+    return held;
 }
 
 static void env_down(env *e)
@@ -357,10 +371,8 @@ Test(async, a_timeout_completes_once_with_ebusy)
 {
     env e;
     env_up(&e);
-    redsem_sem *s = NULL;
-    OK(e.c, redsem_sem_open(e.c, tf_name("async-timeout"), REDSEM_STRATEGY_FAIR, 1, 10000, &s));
-    redsem_permit *held = NULL;
-    OK(e.c, redsem_sem_try_acquire(s, &held));
+    redsem_sem *s;
+    redsem_permit *held = full_sem(&e, "async-timeout", REDSEM_STRATEGY_FAIR, 10000, &s);
     got g = {.loop = &e.loop};
     OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 300, on_done, &g, NULL));
     cr_assert(run_until(&e.loop, &g.done, 20000));
@@ -660,7 +672,7 @@ Test(async, a_forked_child_gets_eforked)
 static redsem_permit *submit_behind(env *e, redsem_sem *s, many *m, many_op *ops, int n)
 {
     redsem_permit *held = NULL;
-    OK(e->c, redsem_sem_try_acquire(s, &held));
+    OK(e->c, redsem_sem_try_acquire(s, &held)); /* s: limit 1 */
     for (int i = 0; i < n; i++) {
         ops[i] = (many_op){m, NULL};
         OK(e->c, redsem_sem_acquire_async(e->a, s, 1, 60000, many_granted, &ops[i], NULL));
@@ -976,10 +988,8 @@ Test(async, timeouts_count_from_the_call, .timeout = 120)
 {
     env e;
     env_up(&e);
-    redsem_sem *s = NULL;
-    OK(e.c, redsem_sem_open(e.c, tf_name("async-deadline"), REDSEM_STRATEGY_FAIR, 1, 30000, &s));
-    redsem_permit *held = NULL;
-    OK(e.c, redsem_sem_try_acquire(s, &held));
+    redsem_sem *s;
+    redsem_permit *held = full_sem(&e, "async-deadline", REDSEM_STRATEGY_FAIR, 30000, &s);
     enum { N = 130, T = 1500 };
     static timed t[N];
     memset(t, 0, sizeof t);
@@ -1078,15 +1088,9 @@ Test(async, a_queued_deadline_is_kept_when_every_worker_waits, .timeout = 120)
     redsem_client *c = tf_client_try(cl.url, 0, &rc, err, sizeof err);
     cr_assert_eq(rc, REDSEM_OK, "%s", err);
     env e;
-    memset(&e, 0, sizeof e);
-    e.c = c;
-    OK(c, redsem_async_new(c, &e.a));
-    loop_init(&e.loop);
-    cr_assert_eq(loop_attach(&e.loop, e.a), REDSEM_OK);
-    redsem_sem *s = NULL;
-    OK(c, redsem_sem_open(c, tf_name("async-cl-deadline"), REDSEM_STRATEGY_BASIC, 1, 30000, &s));
-    redsem_permit *held = NULL;
-    OK(c, redsem_sem_try_acquire(s, &held));
+    env_up_with(&e, c);
+    redsem_sem *s;
+    redsem_permit *held = full_sem(&e, "async-cl-deadline", REDSEM_STRATEGY_BASIC, 30000, &s);
     enum { N = REDSEM_ASYNC_WORKERS_MAX - 1, LONG_MS = 6000, SHORT_MS = 300 };
     static timed t[N];
     memset(t, 0, sizeof t);
