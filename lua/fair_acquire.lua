@@ -8,7 +8,9 @@
 --       KEYS[4] .. id), 5 guard (locked only)
 -- ARGV: 1 id, 2 limit (used if new), 3 lease ms, 4 mode (0 try, 1 wait, 2 again, 3 last),
 --       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked),
---       8 not after (server us; 0: none), 9 weight n (permits wanted, >= 1; absent: 1)
+--       8 not after (server us; 0: none), 9 weight n (permits wanted, >= 1; absent: 1),
+--       10 the client's id list (absent or '': none): a new waiter records it as c:<id>,
+--       and is then woken by its id pushed there (grant_heads), not on KEYS[4] .. id
 -- meta 'used' is the weight held. A new request is granted iff nobody is queued and
 -- used + n <= limit; otherwise it queues at the tail (mode 1) with the next arrival number
 -- (meta 'q'). Queued waiters are granted only at the head of the queue, by grant_heads():
@@ -203,6 +205,7 @@ if not queued then
   end
   local f = {'q', q}
   if n > 1 then table.insert(f, 'w:' .. id); table.insert(f, n) end
+  if ARGV[10] and ARGV[10] ~= '' then table.insert(f, 'c:' .. id); table.insert(f, ARGV[10]) end
   save_meta(f)
   if n == 1 and m[8] then redis.call('HDEL', meta, 'w:' .. id) end
 else

@@ -4,7 +4,8 @@
 --     which replicate effects, not scripts);
 --   * every key is passed in KEYS; the only name formed here is a fair waiter's wake-up list,
 --     KEYS[4] .. id, where KEYS[4] (a declared key prefix) carries the semaphore's hash tag,
---     so the list is always in the semaphore's cluster slot;
+--     so the list is always in the semaphore's cluster slot; the one name taken from data
+--     is the id list a fair waiter of a one-server client records (see grant_heads);
 --   * numbers passed to redis.call are formatted by Redis with %.17g, exactly but slowly:
 --     on hot paths pass strings (string.format('%d', n) takes the integer path, or the
 --     digits of TIME itself);
@@ -96,12 +97,13 @@ local function expire_at(keys, exp)
 end
 
 -- @fn forget
--- Remove ids from sorted sets and their tokens (t:) and weights (w:) from the meta hash.
+-- Remove ids from sorted sets and their tokens (t:), weights (w:) and fair waiters' wake
+-- id lists (c:, see grant_heads) from the meta hash.
 local function forget(meta, zsets, ids)
   for _, z in ipairs(zsets) do redis.call('ZREM', z, unpack(ids)) end
   local f = {}
   for _, g in ipairs(ids) do
-    table.insert(f, 't:' .. g); table.insert(f, 'w:' .. g)
+    table.insert(f, 't:' .. g); table.insert(f, 'w:' .. g); table.insert(f, 'c:' .. g)
   end
   redis.call('HDEL', meta, unpack(f))
 end
@@ -126,15 +128,26 @@ end
 -- same path as an idempotent retry), with the deadline its wait lease gave it. st: {used,
 -- fence, now_us, now_us_str}, updated (now_us may be nil: the server's clock is then read
 -- here, only if a permit is granted). `self`, `selfw`: the caller's own id and weight (not
--- woken; its token is returned). Cost per grant O(log N): ZRANGE of the head, HGET of its
--- weight, ZREM, HSET, LPUSH.
+-- woken; its token is returned). Cost per grant O(log N): ZRANGE of the head, HMGET of its
+-- weight and wake-up list, ZREM, HSET, LPUSH.
+-- The wake-up: a waiter that recorded its client's id list (c:<id>, fair_acquire.lua's
+-- ARGV[10]; redsem >= 0.4.3 on one server, not a cluster) gets its id pushed there (RPUSH:
+-- oldest first): one list per client for all its fair waiters, which the client's one BLPOP
+-- watches and drains (wake.c). That list is the one name a script takes from data, not
+-- KEYS: it is only recorded by a client of one server (whose shared BLPOP watches keys of
+-- many semaphores at once anyway), never by a cluster client. Any other waiter (a cluster
+-- client's, or redsem <= 0.4.2's) on its own list, sigp .. id, which carries the
+-- semaphore's hash tag.
 local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
   local got = nil
   while st.used < limit do
     local h = redis.call('ZRANGE', owners, '0', '0')[1]
     if not h then break end
-    local hw = selfw
-    if h ~= self then hw = tonumber(redis.call('HGET', meta, 'w:' .. h)) or 1 end
+    local hw, list = selfw, nil
+    if h ~= self then
+      local f = redis.call('HMGET', meta, 'w:' .. h, 'c:' .. h)
+      hw, list = tonumber(f[1]) or 1, f[2]
+    end
     if st.used + hw > limit then break end
     if not st.now_us then
       local _, us, us_str = clock()
@@ -148,6 +161,9 @@ local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
       string.format('%d', st.used))
     if h == self then
       got = tok
+    elseif list then
+      redis.call('RPUSH', list, h)
+      redis.call('PEXPIRE', list, IDLE_STR)
     else
       redis.call('LPUSH', sigp .. h, '1')
       redis.call('PEXPIRE', sigp .. h, IDLE_STR)

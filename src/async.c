@@ -39,14 +39,16 @@
 #define WORKER_IDLE_MS 2000
 /* idle workers kept (each ends after WORKER_IDLE_MS without work) */
 #define WORKERS_IDLE_KEEP 2
-/* waiting acquires with a wake-up list of their own (fair and locked semaphores) started at
- * once (running or parked; more wait in the queue, unstarted): each is one more key of the
- * shared BLPOP, which the server registers anew at every wake-up */
+/* waiting acquires with a wake-up list of their own (fair and locked semaphores on a
+ * cluster client, whose waits have a wait connection and a worker each) started at once
+ * (running; more wait in the queue, unstarted). On one server (0.4.3) a fair waiter shares
+ * its client's list for its semaphore (wake.c), and ASYNC_WAITS_ALL bounds it as a basic
+ * one. */
 #ifndef ASYNC_WAITS_MAX
 #define ASYNC_WAITS_MAX (REDSEM_ASYNC_WORKERS_MAX - 1)
 #endif
-/* waiting acquires of every kind started at once: those of a basic semaphore or a lock share
- * their handle's list (no more keys for more waits), so only memory bounds them (a few KiB
+/* waiting acquires of every kind started at once: on one server they share one list per
+ * semaphore or lock (no more keys for more waits), so only memory bounds them (a few KiB
  * each while parked) */
 #define ASYNC_WAITS_ALL 1024
 
@@ -71,7 +73,7 @@ typedef struct op {
     op_kind kind;
     op_state state;
     bool waits; /* a blocking acquire: the waiting queue, cancellable while running */
-    bool own_list; /* a waiting acquire with a wake-up list of its own (fair, locked) */
+    bool own_list; /* a waiting acquire with a wake-up list of its own (ASYNC_WAITS_MAX) */
     void *handle;
     uint32_t n;
     int64_t timeout_ms;
@@ -414,17 +416,19 @@ static void park(redsem_async *a, op *o)
     const redsem__acq_state *s = o->park;
     const char *key = s->wkey;
     size_t keylen = s->keylen;
+    const char *id = s->q.wake_by_id ? s->id : NULL;
     int64_t wait_ms = s->wait_ms, cut_ns = s->cut_ns, since_ns = s->since_ns;
     pthread_mutex_unlock(&a->mu);
     /* from the registration on, o may be woken and go on on another worker: not touched here
      * after this call (wake.c copies the key before registering) */
-    int rc = redsem__wake_park(a->c, key, keylen, wait_ms, cut_ns, since_ns, &o->cancel,
+    int rc = redsem__wake_park(a->c, key, keylen, id, wait_ms, cut_ns, since_ns, &o->cancel,
                                o->wait_err, on_woken, need_lead, o, &a->stopping);
     if (rc != REDSEM_OK) {
-        /* not registered: cancelled already (1: its loop sees the flag), or out of memory */
+        /* not registered: cancelled already (1: its loop sees the flag), its wake-up came
+         * already (2), or out of memory */
         if (rc == REDSEM_ENOMEM)
             redsem__text_copy(o->wait_err, "out of memory (a parked wait)");
-        on_woken(o, rc == 1 ? REDSEM_OK : rc, false);
+        on_woken(o, rc == 1 || rc == 2 ? REDSEM_OK : rc, rc == 2);
     }
     pthread_mutex_lock(&a->mu);
     a->nwaiting_running--;
@@ -856,7 +860,8 @@ int redsem_sem_acquire_async(redsem_async *async, redsem_sem *sem, uint32_t n,
     if (async != NULL && n == 0)
         return redsem__set_err(async->c, REDSEM_EINVAL, "n is 0: take 1..limit permits");
     op t = {.n = n, .timeout_ms = timeout_ms, .waits = timeout_ms != 0,
-            .own_list = sem != NULL && sem->strategy != REDSEM_STRATEGY_BASIC};
+            .own_list = sem != NULL && sem->strategy != REDSEM_STRATEGY_BASIC &&
+                        sem->client->ep.kind == REDSEM__EP_CLUSTER};
     return submit(async, sem != NULL ? sem->client : NULL, OP_SEM_ACQUIRE, sem, cb, user, ret_op,
                   &t);
 }

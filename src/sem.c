@@ -100,6 +100,14 @@ static int take_guard(redsem_sem *s, const char *id, bool *taken)
     return rc;
 }
 
+/* Fair and locked on one server (0.4.3): a waiter is woken by its id pushed to its client's
+ * id list (wake.c, prelude.lua's grant_heads); on a cluster client, whose waiters each BLPOP
+ * alone, on a list of its own in the semaphore's slot. */
+static bool wake_by_id(const redsem_sem *s)
+{
+    return s->strategy != REDSEM_STRATEGY_BASIC && s->client->ep.kind != REDSEM__EP_CLUSTER;
+}
+
 static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
                         redsem__req_info *info)
 {
@@ -137,6 +145,8 @@ static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, reds
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
     redsem__args_i64(&a, redsem__not_after_us(s->client, s->k_meta));
     redsem__args_i64(&a, weight);
+    if (wake_by_id(s))
+        redsem__args_str(&a, s->client->wake_ids);
     /* locked: fair_acquire.lua deletes the guard as soon as it has checked it. If the script
      * did not run (a timeout, a lost connection, a refusal), the guard expires after
      * guard_lease_ms: one more request to a server that did not answer would double this
@@ -157,6 +167,10 @@ static const char *basic_wait_key(void *h, const char *id, size_t *len, char *bu
 static const char *fair_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)
 {
     redsem_sem *s = h;
+    if (wake_by_id(s)) {
+        *len = strlen(s->client->wake_ids);
+        return s->client->wake_ids;
+    }
     /* buf holds prefix (<= 256) + '{' + name (<= 512) + "}:signal:" + id (40): < 1024 */
     size_t pl = s->sigprefix_len;
     if (pl + REDSEM_ID_LEN + 1 > buflen) {
@@ -308,6 +322,7 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, u
         .wait_key = is_basic(s) ? basic_wait_key : fair_wait_key,
         .wait_lease_ms = is_basic(s) ? 0 : s->wait_lease_ms,
         .weight = n,
+        .wake_by_id = wake_by_id(s),
     };
     return redsem__acquire_permit(&q, &sem_kind, id, timeout_ms, s->lease_ms,
                                   ret_permit);

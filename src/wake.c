@@ -17,6 +17,14 @@
  * the role to another waiter. The acquire loop's bounded, jittered fallback (acquire.c) is
  * unchanged: every waiter also wakes by its own deadline.
  *
+ * A fair or locked waiter (since 0.4.3) waits on its client's list for its semaphore,
+ * {name}:signal:c:<wake tag>, whose elements are the ids of the waiters granted
+ * (prelude.lua's grant_heads): the BLPOP watches one key per semaphore, not one per waiter,
+ * and a popped id goes to the waiter with that id. An id whose waiter is not registered
+ * (between two attempts: its attempt may have begun before the grant) is kept for a while
+ * (WAKE_PEND_MAX, WAKE_PEND_NS), and that waiter's next registration finds it and ends at
+ * once: such a wake-up is not lost to the fallback either.
+ *
  * A Redis Cluster client keeps one wait connection per waiting thread (redsem__blpop_alone):
  * one BLPOP cannot watch lists in different slots. */
 #include <stdio.h>
@@ -36,27 +44,42 @@
 #define WAKE_CTL_TTL_MS 10000
 /* slots of the leader's hash set of keys: a power of 2, at least twice WAKE_KEYS_MAX */
 #define WAKE_SET_SIZE 1024
+/* ids popped while their waiter was between attempts: how many are kept, and how long */
+#define WAKE_PEND_MAX 256
+#define WAKE_PEND_NS (10000 * REDSEM__NS_PER_MS)
 
-/* FNV-1a */
-static uint32_t key_hash(const char *k, size_t len)
+struct redsem__wake_pend {
+    char id[REDSEM_ID_BUFSIZE]; /* "" when free */
+    int64_t at_ns;
+};
+
+/* registered waiters the array holds at first (it grows by doubling) */
+#define WAKE_WV_MIN 64
+/* ids one drain of the client's id list takes at most (wake_drain.lua) */
+#define WAKE_DRAIN_MAX 256
+
+/* FNV-1a, 64 bits. Two keys with the same hash and length count as one list: for any two of
+ * the at most WAKE_KEYS_MAX keys of a round a collision has a chance of about 2^-45, and it
+ * would only leave a waiter to its fallback. */
+static uint64_t key_hash(const char *k, size_t len)
 {
-    uint32_t h = 2166136261u;
+    uint64_t h = 14695981039346656037u;
     for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)k[i]) * 16777619u;
+        h = (h ^ (unsigned char)k[i]) * 1099511628211u;
     return h;
 }
 
 typedef struct redsem__waiter {
-    struct redsem__waiter *next;
+    int slot;        /* its entry in c->wv while registered */
     const char *key; /* NULL: a leader that waits for nothing of its own (redsem__wake_park) */
     size_t keylen;
     int64_t until_ns; /* its wait ends (BLPOP timeout) */
     int64_t since_ns; /* it began waiting (its acquire's start): the oldest on a list wins */
     int64_t hard_ns;  /* and at the latest (our clock) */
+    char id[REDSEM_ID_BUFSIZE]; /* "" or the fair waiter's id: its list's element */
     char *errmsg;     /* its thread's error text */
     pthread_cond_t cv;
     const atomic_bool *cancel; /* its operation's cancel flag (async.c), or NULL */
-    bool watched;     /* in the running BLPOP's keys */
     bool lead, done, signaled;
     int rc;
     /* A parked wait (the event-loop API: no thread sleeps on cv): on_done(arg, rc, signaled)
@@ -66,6 +89,67 @@ typedef struct redsem__waiter {
     bool (*need_lead)(void *arg);
     void *arg;
 } redsem__waiter;
+
+/* A registered waiter's entry in c->wv, with what the leader's rounds read of it: the rounds
+ * scan this array, not the waiters (on threads' stacks and the heap, one cache miss each:
+ * with 600 waiters and a round per wake-up, most of the client's time). */
+typedef struct redsem__wentry {
+    redsem__waiter *w;
+    uint64_t hash; /* key_hash(key) */
+    size_t keylen; /* 0: no key (a parked waiters' leader) */
+    int64_t until_ns, hard_ns, since_ns;
+    uint64_t idh; /* the first 8 bytes of w->id (0: none) */
+    bool parked;  /* w->on_done != NULL */
+    bool watched; /* its list is in the running BLPOP's keys */
+    bool woken;   /* given an element this round */
+} redsem__wentry;
+
+static uint64_t id_head(const char *id)
+{
+    uint64_t h = 0;
+    if (id[0] != '\0')
+        memcpy(&h, id, sizeof h);
+    return h;
+}
+
+/* Under wake_mu: register w (room for one more is kept for lead_parked()'s own entry). */
+static int add_waiter(redsem_client *c, redsem__waiter *w)
+{
+    if (c->wn + 2 > c->wcap) {
+        int cap = c->wcap * 2;
+        redsem__wentry *v = redsem__realloc(c->wv, (size_t)cap * sizeof *v);
+        if (v == NULL)
+            return REDSEM_ENOMEM;
+        c->wv = v;
+        c->wcap = cap;
+    }
+    redsem__wentry *e = &c->wv[c->wn];
+    *e = (redsem__wentry){.w = w, .keylen = w->key != NULL ? w->keylen : 0,
+                          .until_ns = w->until_ns, .hard_ns = w->hard_ns,
+                          .since_ns = w->since_ns, .idh = id_head(w->id),
+                          .parked = w->on_done != NULL};
+    if (w->key != NULL)
+        e->hash = key_hash(w->key, w->keylen);
+    w->slot = c->wn++;
+    c->wnparked += e->parked;
+    return REDSEM_OK;
+}
+
+/* Under wake_mu: unregister the waiter of entry i (the last entry takes its place). */
+static void remove_at(redsem_client *c, int i)
+{
+    c->wnparked -= c->wv[i].parked;
+    c->wv[i].w->slot = -1;
+    c->wv[i] = c->wv[--c->wn];
+    if (i < c->wn)
+        c->wv[i].w->slot = i;
+}
+
+static void unlink_waiter(redsem_client *c, redsem__waiter *w)
+{
+    if (w->slot >= 0 && w->slot < c->wn && c->wv[w->slot].w == w)
+        remove_at(c, w->slot);
+}
 
 /* Under wake_mu: end a parked waiter (its callback, then its memory). */
 static void end_parked(redsem__waiter *x)
@@ -78,10 +162,7 @@ static void end_parked(redsem__waiter *x)
 /* Under wake_mu: whether any parked waiter is registered. */
 static bool any_parked(const redsem_client *c)
 {
-    for (const redsem__waiter *x = c->waiters; x != NULL; x = x->next)
-        if (x->on_done != NULL)
-            return true;
-    return false;
+    return c->wnparked > 0;
 }
 
 int redsem__wake_init(redsem_client *c)
@@ -95,41 +176,79 @@ int redsem__wake_init(redsem_client *c)
     if (c->wake_ctl == NULL)
         return REDSEM_ENOMEM;
     snprintf(c->wake_ctl, len, "%swake:%s", c->prefix, hex);
+    /* this client's list of fair wake-ups: other random bytes than the control list's */
+    randombytes_buf(rnd, sizeof rnd);
+    sodium_bin2hex(hex, sizeof hex, rnd, sizeof rnd);
+    len = c->prefix_len + sizeof "wake:" + sizeof hex + sizeof ":ids";
+    c->wake_ids = redsem__malloc(len);
+    if (c->wake_ids == NULL)
+        return REDSEM_ENOMEM;
+    snprintf(c->wake_ids, len, "%swake:%s:ids", c->prefix, hex);
     c->wake_keys = redsem__calloc(WAKE_KEYS_MAX, sizeof *c->wake_keys);
     c->wake_lens = redsem__calloc(WAKE_KEYS_MAX, sizeof *c->wake_lens);
-    return c->wake_keys != NULL && c->wake_lens != NULL ? REDSEM_OK : REDSEM_ENOMEM;
+    c->wake_pend = redsem__calloc(WAKE_PEND_MAX, sizeof *c->wake_pend);
+    c->wv = redsem__calloc(WAKE_WV_MIN, sizeof *c->wv);
+    c->wcap = WAKE_WV_MIN;
+    return c->wake_keys != NULL && c->wake_lens != NULL && c->wake_pend != NULL && c->wv != NULL
+               ? REDSEM_OK
+               : REDSEM_ENOMEM;
+}
+
+/* Under wake_mu: keep an id popped for a waiter not registered now (in place of the oldest
+ * kept, or of one too old). */
+static void pend_add(redsem_client *c, const char *id, int64_t now)
+{
+    struct redsem__wake_pend *slot = &c->wake_pend[0];
+    for (int i = 0; i < WAKE_PEND_MAX; i++) {
+        struct redsem__wake_pend *p = &c->wake_pend[i];
+        if (p->id[0] == '\0' || now - p->at_ns > WAKE_PEND_NS) {
+            slot = p;
+            break;
+        }
+        if (p->at_ns < slot->at_ns)
+            slot = p;
+    }
+    memcpy(slot->id, id, REDSEM_ID_BUFSIZE);
+    slot->at_ns = now;
+}
+
+/* Under wake_mu: whether an id popped for this waiter is kept (it is then taken). */
+static bool pend_take(redsem_client *c, const char *id, int64_t now)
+{
+    for (int i = 0; i < WAKE_PEND_MAX; i++) {
+        struct redsem__wake_pend *p = &c->wake_pend[i];
+        if (p->id[0] != '\0' && memcmp(p->id, id, REDSEM_ID_LEN) == 0) {
+            p->id[0] = '\0';
+            return now - p->at_ns <= WAKE_PEND_NS;
+        }
+    }
+    return false;
 }
 
 void redsem__wake_free(redsem_client *c)
 {
     if (c->pid != getpid()) {
         /* a forked child: one thread; the parent's may have held wake_mu at fork, so no lock */
-        for (redsem__waiter *x = c->waiters, *next; x != NULL; x = next) {
-            next = x->next;
-            if (x->on_done != NULL) { /* heap: a parked wait (a thread's is on its stack) */
+        for (int i = 0; c->wv != NULL && i < c->wn; i++) {
+            redsem__waiter *x = c->wv[i].w;
+            if (c->wv[i].parked) { /* heap: a parked wait (a thread's is on its stack) */
                 redsem__free((char *)x->key);
                 redsem__free(x);
             }
         }
-        c->waiters = NULL;
+        c->wn = 0;
         /* the copies of a round the parent's leader was in (NULL once freed; its control
          * list's name, which the leader puts after them, is the client's) */
         for (int i = 0; c->wake_keys != NULL && i < WAKE_KEYS_MAX; i++)
             if (c->wake_keys[i] != NULL && c->wake_keys[i] != c->wake_ctl)
                 redsem__free((char *)c->wake_keys[i]);
     }
+    redsem__free(c->wv);
     redsem__free(c->wake_keys);
     redsem__free(c->wake_lens);
+    redsem__free(c->wake_pend);
+    redsem__free(c->wake_ids);
     redsem__free(c->wake_ctl);
-}
-
-static void unlink_waiter(redsem_client *c, redsem__waiter *w)
-{
-    for (redsem__waiter **p = &c->waiters; *p != NULL; p = &(*p)->next)
-        if (*p == w) {
-            *p = w->next;
-            return;
-        }
 }
 
 /* LPUSH + PEXPIRE of the control list, in one round trip. */
@@ -154,18 +273,32 @@ static int call_poke(redsem__node *n, void *arg)
     return rc;
 }
 
-static bool same_key(const redsem__waiter *a, const redsem__waiter *b)
+/* Under wake_mu: whether a waiter on the list key (hash h) is in the running BLPOP. */
+static bool watched(const redsem_client *c, uint64_t h, size_t keylen)
 {
-    return a->keylen == b->keylen && memcmp(a->key, b->key, a->keylen) == 0;
-}
-
-/* Under wake_mu: whether a waiter on w's list is in the running BLPOP. */
-static bool watched(const redsem_client *c, const redsem__waiter *w)
-{
-    for (const redsem__waiter *x = c->waiters; x != NULL; x = x->next)
-        if (x->watched && same_key(x, w))
+    for (int i = 0; i < c->wn; i++)
+        if (c->wv[i].watched && c->wv[i].hash == h && c->wv[i].keylen == keylen)
             return true;
     return false;
+}
+
+/* Under wake_mu: give the id popped from the client's id list (key hash h, length len) to
+ * its waiter, or keep it for a while if it is not registered now. */
+static void wake_id(redsem_client *c, const char *id, uint64_t h, size_t len, int64_t now)
+{
+    uint64_t idh = id_head(id);
+    for (int i = 0; i < c->wn; i++) {
+        redsem__wentry *e = &c->wv[i];
+        if (e->idh == idh && e->hash == h && e->keylen == len && !e->woken &&
+            memcmp(e->w->id, id, REDSEM_ID_LEN) == 0) {
+            e->woken = true;
+            return;
+        }
+    }
+    char kept[REDSEM_ID_BUFSIZE];
+    memcpy(kept, id, REDSEM_ID_LEN);
+    kept[REDSEM_ID_LEN] = '\0';
+    pend_add(c, kept, now);
 }
 
 /* The leader's loop, with wake_mu held (released around each BLPOP), until its own wait is
@@ -173,37 +306,42 @@ static bool watched(const redsem_client *c, const redsem__waiter *w)
 static void lead(redsem_client *c, redsem__waiter *me)
 {
     int set[WAKE_SET_SIZE]; /* indexes into keys, by key hash (open addressing) */
+    uint64_t khash[WAKE_KEYS_MAX];
     /* the client's: one leader at a time (wake_leading) */
     const char **keys = c->wake_keys;
     size_t *lens = c->wake_lens;
     redsem__lane *l = NULL;
     int last = REDSEM_OK;
+    size_t ids_len = strlen(c->wake_ids);
+    uint64_t ids_hash = key_hash(c->wake_ids, ids_len);
+    bool drain = false; /* this round drains the id list instead of a BLPOP */
     while (!me->done) {
         int rc = REDSEM_OK;
         int nkeys = 0;
         for (int i = 0; i < WAKE_SET_SIZE; i++)
             set[i] = -1;
-        int64_t until = INT64_MAX, hard = INT64_MAX;
-        for (redsem__waiter *x = c->waiters; x != NULL; x = x->next) {
-            if (x->key == NULL)
+        /* a cancelled wait ends now: redsem__wake_cancelled() ends the others' at once (the
+         * leader's own, by a 1 ms BLPOP) */
+        int64_t until = me->cancel != NULL && atomic_load(me->cancel) ? 0 : INT64_MAX;
+        int64_t hard = INT64_MAX;
+        for (int i = 0; i < c->wn; i++) {
+            redsem__wentry *e = &c->wv[i];
+            if (e->keylen == 0)
                 continue; /* a parked waiters' leader: nothing of its own */
-            if (x->until_ns < until)
-                until = x->until_ns;
-            if (x->cancel != NULL && atomic_load(x->cancel))
-                until = 0; /* a cancelled wait ends now (a 1 ms BLPOP) */
-            if (x->hard_ns < hard)
-                hard = x->hard_ns;
-            x->watched = false;
+            if (e->until_ns < until)
+                until = e->until_ns;
+            if (e->hard_ns < hard)
+                hard = e->hard_ns;
+            e->watched = false;
             if (rc != REDSEM_OK)
                 continue;
-            /* a key already in this BLPOP (several waiters of one basic semaphore share its
-             * list): a hash set of the keys so far, so that a round costs O(waiters) */
-            uint32_t h = key_hash(x->key, x->keylen);
-            uint32_t slot = h & (WAKE_SET_SIZE - 1);
+            /* a key already in this BLPOP (the waiters of one semaphore share its list): a
+             * hash set of the keys so far, so that a round costs O(waiters) */
+            uint32_t slot = (uint32_t)e->hash & (WAKE_SET_SIZE - 1);
             bool dup = false;
             while (set[slot] >= 0) {
                 int k = set[slot];
-                if (lens[k] == x->keylen && memcmp(keys[k], x->key, x->keylen) == 0) {
+                if (khash[k] == e->hash && lens[k] == e->keylen) {
                     dup = true;
                     break;
                 }
@@ -211,24 +349,30 @@ static void lead(redsem_client *c, redsem__waiter *me)
             }
             if (!dup && nkeys < WAKE_KEYS_MAX - 1) {
                 /* a copy: a waiter that gives up (its safety net) takes its key with it */
-                char *k = redsem__memdup0(x->key, x->keylen);
+                char *k = redsem__memdup0(e->w->key, e->keylen);
                 if (k == NULL) {
                     rc = REDSEM_ENOMEM;
                     continue;
                 }
                 keys[nkeys] = k;
-                lens[nkeys] = x->keylen;
+                lens[nkeys] = e->keylen;
+                khash[nkeys] = e->hash;
                 set[slot] = nkeys++;
-                x->watched = true;
+                e->watched = true;
             } else if (dup) {
-                x->watched = true;
+                e->watched = true;
             }
         }
         int which = -1;
+        char val[REDSEM_ID_BUFSIZE + 1];
+        val[0] = '\0';
+        redisReply *ids = NULL; /* a drain's */
+        bool drained = false;
         if (rc == REDSEM_OK) {
             keys[nkeys] = c->wake_ctl; /* last: a wake-up's element is popped first */
             lens[nkeys] = strlen(c->wake_ctl);
-            c->wake_blocked = true;
+            /* a drain does not block: a new wait needs no poke, the next BLPOP sees it */
+            c->wake_blocked = !drain;
             c->wake_poked = false;
             c->wake_until = until;
             c->wake_hard = hard;
@@ -239,10 +383,27 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 int64_t now = redsem__now_ns();
                 int64_t wait_ms = until > now ? (until - now + REDSEM__NS_PER_MS - 1) /
                                                     REDSEM__NS_PER_MS : 1;
+                redsem__node *n = redsem__topo_node(&l->topo, NULL, 0);
                 l->ctx.errmsg[0] = '\0';
                 l->ctx.deadline_cap_ns = hard; /* reconnects too end by the earliest cut */
-                rc = redsem__node_blpop_many(redsem__topo_node(&l->topo, NULL, 0), keys, lens,
-                                             nkeys + 1, wait_ms, hard, &which);
+                if (drain) {
+                    redsem__args ka;
+                    redsem__args_init(&ka);
+                    redsem__args_str(&ka, c->wake_ids);
+                    redsem__args_i64(&ka, WAKE_DRAIN_MAX);
+                    rc = redsem__node_eval(n, REDSEM__SCRIPT_WAKE_DRAIN, 1, &ka,
+                                           REDSEM__REQ_RETRY, NULL, &ids);
+                    if (rc == REDSEM_OK && ids->type != REDIS_REPLY_ARRAY) {
+                        freeReplyObject(ids);
+                        ids = NULL;
+                        rc = redsem__ctx_err(&l->ctx, REDSEM_EPROTO,
+                                             "wake_drain: unexpected reply");
+                    }
+                    drained = rc == REDSEM_OK;
+                } else {
+                    rc = redsem__node_blpop_many(n, keys, lens, nkeys + 1, wait_ms, hard, &which,
+                                                 val, sizeof val);
+                }
             }
             pthread_mutex_lock(&c->wake_mu);
             c->wake_blocked = false;
@@ -253,43 +414,64 @@ static void lead(redsem_client *c, redsem__waiter *me)
          * primary): every waiter goes back to its acquire loop, which tries again (on the new
          * primary), as a lone wait would. Our own hard deadline (which == -2) ends only the
          * waits that reached theirs. */
-        bool cut = rc == REDSEM_OK && which == -1 && now < until;
-        const char *popped = rc == REDSEM_OK && which >= 0 && which < nkeys ? keys[which] : NULL;
-        size_t popped_len = popped != NULL ? lens[which] : 0;
-        /* one element popped is one wake-up: it goes to the longest-waiting waiter on that
-         * list, by its acquire's start (a waiter that woke by its deadline, or lost its
-         * permit to a barging acquire, registers anew but keeps its age; on a tie the one
-         * registered first: waiters are pushed at the front); the others on the same list
-         * (basic: one list per semaphore) wait for theirs */
-        redsem__waiter *woken = NULL;
-        for (redsem__waiter *x = c->waiters; popped != NULL && x != NULL; x = x->next)
-            if (x->key != NULL && x->keylen == popped_len &&
-                memcmp(x->key, popped, popped_len) == 0 &&
-                (woken == NULL || x->since_ns <= woken->since_ns))
-                woken = x;
-        for (redsem__waiter **p = &c->waiters; *p != NULL;) {
-            redsem__waiter *x = *p;
+        bool cut = rc == REDSEM_OK && !drained && which == -1 && now < until;
+        bool popped = rc == REDSEM_OK && which >= 0 && which < nkeys;
+        /* One element popped is one wake-up. An id (the client's id list) goes to the waiter
+         * with that id, and is kept for a while if none is registered now. Any other element
+         * goes to the longest-waiting waiter on its list, by its acquire's start (a basic
+         * waiter that woke by its deadline, or lost its permit to a barging acquire,
+         * registers anew but keeps its age; on a tie the first found); the others on the
+         * same list (basic: one list per semaphore) wait for theirs. An id popped means more
+         * may be queued behind it (a busy server grants faster than one BLPOP each): the next
+         * round drains the list, and so on while a drain comes back full. */
+        bool more = false;
+        if (drained) {
+            for (size_t j = 0; j < ids->elements; j++)
+                if (ids->element[j]->type == REDIS_REPLY_STRING &&
+                    ids->element[j]->len == REDSEM_ID_LEN)
+                    wake_id(c, ids->element[j]->str, ids_hash, ids_len, now);
+            more = ids->elements >= WAKE_DRAIN_MAX;
+            freeReplyObject(ids);
+        } else if (popped && khash[which] == ids_hash && lens[which] == ids_len) {
+            if (redsem__valid_id(val))
+                wake_id(c, val, ids_hash, ids_len, now);
+            more = true;
+        } else if (popped) {
+            int woken = -1;
+            for (int i = 0; i < c->wn; i++) {
+                const redsem__wentry *e = &c->wv[i];
+                if (e->keylen == lens[which] && e->hash == khash[which] && !e->woken &&
+                    (woken < 0 || e->since_ns < c->wv[woken].since_ns))
+                    woken = i;
+            }
+            if (woken >= 0)
+                c->wv[woken].woken = true;
+        }
+        drain = more;
+        for (int i = 0; i < c->wn;) {
+            const redsem__wentry *e = &c->wv[i];
+            redsem__waiter *x = e->w;
             bool fin = false;
             if (rc != REDSEM_OK) {
                 x->rc = rc;
                 redsem__text_copy(x->errmsg, l != NULL ? l->ctx.errmsg : me->errmsg);
                 fin = true;
-            } else if (x == woken) {
+            } else if (e->woken) {
                 x->signaled = true;
                 REDSEM__COUNT(&l->ctx, wakeups, 1);
                 fin = true;
-            } else if (x->key == NULL) {
+            } else if (e->keylen == 0) {
                 /* a parked waiters' leader: until none is left, or its owner stops it */
                 fin = !any_parked(c) || (x->cancel != NULL && atomic_load(x->cancel));
-            } else if (cut || now >= x->until_ns || now >= x->hard_ns ||
-                       (x->cancel != NULL && atomic_load(x->cancel))) {
+            } else if (cut || now >= e->until_ns || now >= e->hard_ns ||
+                       (x == me && x->cancel != NULL && atomic_load(x->cancel))) {
                 fin = true;
             }
             if (!fin) {
-                p = &x->next;
+                i++;
                 continue;
             }
-            *p = x->next;
+            remove_at(c, i); /* the last entry comes to i: looked at next */
             x->done = true;
             if (x->on_done != NULL)
                 end_parked(x);
@@ -317,17 +499,18 @@ static void lead(redsem_client *c, redsem__waiter *me)
     }
     /* the role goes to a waiting thread; parked waiters alone ask their owner for a thread
      * (redsem__wake_park's need_lead) */
-    redsem__waiter *next = c->waiters;
-    while (next != NULL && next->on_done != NULL)
-        next = next->next;
+    redsem__waiter *next = NULL;
+    for (int i = 0; i < c->wn && next == NULL; i++)
+        if (!c->wv[i].parked)
+            next = c->wv[i].w;
     if (next != NULL) {
         next->lead = true;
         pthread_cond_signal(&next->cv);
     } else {
         c->wake_leading = false;
         /* the first owner that can take it (one being freed says no) */
-        for (redsem__waiter *x = c->waiters; x != NULL; x = x->next)
-            if (x->on_done != NULL && x->need_lead(x->arg))
+        for (int i = 0; i < c->wn; i++)
+            if (c->wv[i].w->need_lead(c->wv[i].w->arg))
                 break;
     }
 }
@@ -340,48 +523,63 @@ static void lead_parked(redsem_client *c, const atomic_bool *stop)
     redsem__waiter me = {.key = NULL, .errmsg = redsem__errbuf(c), .rc = REDSEM_OK,
                          .until_ns = INT64_MAX, .hard_ns = INT64_MAX, .lead = true,
                          .cancel = stop};
-    me.next = c->waiters;
-    c->waiters = &me;
+    (void)add_waiter(c, &me); /* cannot fail: add_waiter() keeps room for it */
     lead(c, &me);
 }
 
-int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
-                  int64_t hard_deadline_ns, int64_t since_ns, bool *signaled)
+int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *id,
+                  int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled)
 {
     *signaled = false;
     if (c->ep.kind == REDSEM__EP_CLUSTER)
         return redsem__blpop_alone(c, key, keylen, wait_ms, hard_deadline_ns, signaled);
     int64_t now = redsem__now_ns();
     redsem__waiter w = {.key = key, .keylen = keylen, .errmsg = redsem__errbuf(c),
-                        .cancel = redsem__cancel, .rc = REDSEM_OK, .since_ns = since_ns};
+                        .cancel = redsem__cancel, .rc = REDSEM_OK, .since_ns = since_ns,
+                        .slot = -1};
+    if (id != NULL)
+        memcpy(w.id, id, REDSEM_ID_BUFSIZE);
     w.until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w.hard_ns = hard_deadline_ns;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w.cv, &ca);
-    pthread_condattr_destroy(&ca);
+    uint64_t h = key_hash(key, keylen);
 
     pthread_mutex_lock(&c->wake_mu);
     if (redsem__cancelled()) {
         /* checked under wake_mu: redsem__wake_cancelled() either sees this waiter or ran
          * before it and set the flag first */
         pthread_mutex_unlock(&c->wake_mu);
-        pthread_cond_destroy(&w.cv);
         return REDSEM_OK;
     }
-    bool poke = false;
+    if (id != NULL && pend_take(c, id, now)) {
+        /* its wake-up came while it was between attempts */
+        pthread_mutex_unlock(&c->wake_mu);
+        *signaled = true;
+        return REDSEM_OK;
+    }
+    bool poke = false, lead_now = false;
     if (!c->wake_leading) {
-        c->wake_leading = true;
-        w.lead = true;
+        lead_now = true;
     } else if (c->wake_blocked && !c->wake_poked &&
-               (!watched(c, &w) || w.until_ns < c->wake_until || w.hard_ns < c->wake_hard)) {
+               (!watched(c, h, keylen) || w.until_ns < c->wake_until ||
+                w.hard_ns < c->wake_hard)) {
         /* a list the running BLPOP does not watch, or a wait that ends before it does */
-        c->wake_poked = true;
         poke = true;
     }
-    w.next = c->waiters;
-    c->waiters = &w;
+    if (add_waiter(c, &w) != REDSEM_OK) {
+        pthread_mutex_unlock(&c->wake_mu);
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (registering a wait)");
+    }
+    if (lead_now) {
+        c->wake_leading = true;
+        w.lead = true;
+    }
+    if (poke)
+        c->wake_poked = true;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (poke) {
         /* end the running BLPOP, so that the next one watches this list too */
         pthread_mutex_unlock(&c->wake_mu);
@@ -411,10 +609,10 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, int64_t wait
     return w.rc;
 }
 
-int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
-                      int64_t hard_deadline_ns, int64_t since_ns, const atomic_bool *cancel,
-                      char *errmsg, redsem__park_fn on_done, bool (*need_lead)(void *arg),
-                      void *arg, const atomic_bool *stop)
+int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const char *id,
+                      int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns,
+                      const atomic_bool *cancel, char *errmsg, redsem__park_fn on_done,
+                      bool (*need_lead)(void *arg), void *arg, const atomic_bool *stop)
 {
     redsem__waiter *w = redsem__calloc(1, sizeof *w);
     char *k = redsem__memdup0(key, keylen);
@@ -424,6 +622,7 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t 
         return REDSEM_ENOMEM;
     }
     int64_t now = redsem__now_ns();
+    w->slot = -1;
     w->key = k;
     w->keylen = keylen;
     w->errmsg = errmsg;
@@ -432,29 +631,43 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, int64_t 
     w->until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w->hard_ns = hard_deadline_ns;
     w->since_ns = since_ns;
+    if (id != NULL)
+        memcpy(w->id, id, REDSEM_ID_BUFSIZE);
     w->on_done = on_done;
     w->need_lead = need_lead;
     w->arg = arg;
+    uint64_t h = key_hash(k, keylen);
 
     pthread_mutex_lock(&c->wake_mu);
-    if (cancel != NULL && atomic_load(cancel)) {
-        /* checked under wake_mu, as redsem__blpop does */
+    int rc = REDSEM_OK;
+    if (cancel != NULL && atomic_load(cancel))
+        rc = 1; /* checked under wake_mu, as redsem__blpop does */
+    else if (id != NULL && pend_take(c, id, now))
+        rc = 2; /* its wake-up came while it was between attempts */
+    if (rc != REDSEM_OK) {
         pthread_mutex_unlock(&c->wake_mu);
         redsem__free(k);
         redsem__free(w);
-        return 1;
+        return rc;
     }
     bool lead_now = false, poke = false;
     if (!c->wake_leading) {
-        c->wake_leading = true;
         lead_now = true;
     } else if (c->wake_blocked && !c->wake_poked &&
-               (!watched(c, w) || w->until_ns < c->wake_until || w->hard_ns < c->wake_hard)) {
-        c->wake_poked = true;
+               (!watched(c, h, keylen) || w->until_ns < c->wake_until ||
+                w->hard_ns < c->wake_hard)) {
         poke = true;
     }
-    w->next = c->waiters;
-    c->waiters = w;
+    if (add_waiter(c, w) != REDSEM_OK) {
+        pthread_mutex_unlock(&c->wake_mu);
+        redsem__free(k);
+        redsem__free(w);
+        return REDSEM_ENOMEM;
+    }
+    if (lead_now)
+        c->wake_leading = true;
+    if (poke)
+        c->wake_poked = true;
     /* from here w belongs to the wait: it may end (and be freed) whenever wake_mu is free */
     if (poke) {
         pthread_mutex_unlock(&c->wake_mu);
@@ -485,8 +698,8 @@ int redsem__wake_waiters(redsem_client *c)
 {
     int n = 0;
     pthread_mutex_lock(&c->wake_mu);
-    for (const redsem__waiter *x = c->waiters; x != NULL; x = x->next)
-        n += x->key != NULL;
+    for (int i = 0; i < c->wn; i++)
+        n += c->wv[i].keylen != 0;
     pthread_mutex_unlock(&c->wake_mu);
     return n;
 }
@@ -495,10 +708,10 @@ void redsem__wake_cancelled(redsem_client *c)
 {
     bool poke = false;
     pthread_mutex_lock(&c->wake_mu);
-    for (redsem__waiter **p = &c->waiters; *p != NULL;) {
-        redsem__waiter *x = *p;
+    for (int i = 0; i < c->wn;) {
+        redsem__waiter *x = c->wv[i].w;
         if (x->cancel == NULL || !atomic_load(x->cancel)) {
-            p = &x->next;
+            i++;
             continue;
         }
         if (x->lead || x->key == NULL) {
@@ -507,10 +720,10 @@ void redsem__wake_cancelled(redsem_client *c)
                 c->wake_poked = true;
                 poke = true;
             }
-            p = &x->next;
+            i++;
             continue;
         }
-        *p = x->next;
+        remove_at(c, i);
         x->done = true;
         if (x->on_done != NULL)
             end_parked(x);

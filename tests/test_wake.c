@@ -10,6 +10,7 @@
 typedef struct blocked {
     redsem_client *c;
     const char *key;
+    const char *id;   /* NULL, or the id whose element alone wakes it (a fair waiter) */
     int64_t since_ns; /* the acquire's start it claims */
     bool signaled;
     int rc;
@@ -19,7 +20,7 @@ typedef struct blocked {
 static void *blpop_thread(void *arg)
 {
     blocked *b = arg;
-    b->rc = redsem__blpop(b->c, b->key, strlen(b->key), 20000,
+    b->rc = redsem__blpop(b->c, b->key, strlen(b->key), b->id, 20000,
                           redsem__now_ns() + 25000 * REDSEM__NS_PER_MS, b->since_ns,
                           &b->signaled);
     atomic_store(&b->done, 1);
@@ -36,10 +37,37 @@ static void await_registered(redsem_client *c, int n)
                  redsem__wake_waiters(c), n);
 }
 
-static void push(const char *key)
+static void push_value(const char *key, const char *value)
 {
     char out[64];
-    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "LPUSH", key, "1", NULL), 0);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "LPUSH", key, value, NULL), 0);
+}
+
+static void push(const char *key)
+{
+    push_value(key, "1");
+}
+
+/* A holder id made of one repeated hex digit. */
+static const char *id_of(char digit, char buf[REDSEM_ID_BUFSIZE])
+{
+    memset(buf, digit, REDSEM_ID_LEN);
+    buf[REDSEM_ID_LEN] = '\0';
+    return buf;
+}
+
+/* Wait (at most 10 s) until key's list is empty (the shared BLPOP popped it). */
+static void await_popped(const char *key)
+{
+    char out[64];
+    int64_t end = tf_now_ms() + 10000;
+    do {
+        cr_assert_eq(ts_command(tf_server(), out, sizeof out, "LLEN", key, NULL), 0);
+        if (strcmp(out, "0") == 0)
+            return;
+        tf_sleep_ms(1);
+    } while (tf_now_ms() < end);
+    cr_assert_fail("%s still holds %s elements after 10 s", key, out);
 }
 
 /* Wait (at most 10 s) until one of a, b is done; returns it, or NULL. */
@@ -86,5 +114,141 @@ Test(wake, the_oldest_acquire_on_a_list_gets_its_wake_up, .timeout = 60)
     pthread_join(to, NULL);
     cr_expect(other->signaled, "the second element did not reach the other waiter");
     cr_expect_eq(other->rc, REDSEM_OK);
+    redsem_client_free(c);
+}
+
+/* Fair waiters of one client share its id list, and an element is the id of the waiter
+ * granted: it wakes that waiter, even if another one on the list waits longer (0.4.2 woke
+ * the oldest of a list). */
+Test(wake, an_id_wakes_the_waiter_with_that_id, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    char ida[REDSEM_ID_BUFSIZE], idb[REDSEM_ID_BUFSIZE];
+    const char *key = c->wake_ids; /* the client's id list */
+    blocked a = {.c = c, .key = key, .id = id_of('a', ida), .since_ns = 1000},
+            b = {.c = c, .key = key, .id = id_of('b', idb), .since_ns = 2000};
+    pthread_t ta, tb;
+    cr_assert_eq(pthread_create(&ta, NULL, blpop_thread, &a), 0);
+    await_registered(c, 1);
+    cr_assert_eq(pthread_create(&tb, NULL, blpop_thread, &b), 0);
+    await_registered(c, 2);
+    push_value(key, idb);
+    blocked *first = first_done(&a, &b);
+    cr_assert_not_null(first, "no waiter woke within 10 s of the push");
+    cr_expect_eq(first, &b, "the oldest waiter woke, not the one whose id was pushed");
+    cr_expect(first->signaled, "woken without the element");
+    tf_sleep_ms(50);
+    cr_expect_eq(atomic_load(&a.done), 0, "one id woke both waiters");
+    push_value(key, ida);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_expect(a.signaled, "its own id did not reach the other waiter");
+    cr_expect_eq(a.rc, REDSEM_OK);
+    redsem_client_free(c);
+}
+
+/* An id popped while its waiter is not registered (between two attempts: its attempt may have
+ * begun before the grant) is kept: the waiter's next wait ends at once, signaled, instead of
+ * sleeping until its fallback. Here the other waiter keeps the shared BLPOP running. */
+Test(wake, an_id_popped_between_attempts_is_kept, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    char ida[REDSEM_ID_BUFSIZE], idb[REDSEM_ID_BUFSIZE];
+    const char *key = c->wake_ids;
+    blocked a = {.c = c, .key = key, .id = id_of('a', ida), .since_ns = 1000},
+            b = {.c = c, .key = key, .id = id_of('b', idb), .since_ns = 2000};
+    pthread_t ta, tb;
+    cr_assert_eq(pthread_create(&ta, NULL, blpop_thread, &a), 0);
+    await_registered(c, 1);
+    push_value(key, idb); /* b is not waiting now */
+    await_popped(key);
+    cr_assert_eq(pthread_create(&tb, NULL, blpop_thread, &b), 0);
+    blocked *first = first_done(&a, &b);
+    cr_assert_not_null(first, "b's wait did not end within 10 s: its popped id was lost");
+    cr_expect_eq(first, &b, "the id woke another waiter");
+    cr_expect(b.signaled, "b's wait ended without its wake-up");
+    cr_expect_eq(b.rc, REDSEM_OK);
+    tf_sleep_ms(50);
+    cr_expect_eq(atomic_load(&a.done), 0, "b's id woke a too");
+    push_value(key, ida);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_expect(a.signaled);
+    redsem_client_free(c);
+}
+
+/* One fair acquire attempt (fair_acquire.lua) that queues id as a waiter: with the client's
+ * id list, as redsem 0.4.3 on one server sends it, or without (list NULL: redsem <= 0.4.2,
+ * or a cluster client). */
+static void queue_waiter(redsem_client *c, const redsem_sem *s, const char *id, const char *list)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, s->k_meta);
+    redsem__args_str(&a, s->k_owners);
+    redsem__args_str(&a, s->k_timeouts);
+    redsem__args_str(&a, s->k_sigprefix);
+    redsem__args_str(&a, s->k_guard);
+    redsem__args_str(&a, id);
+    redsem__args_i64(&a, 1);     /* limit */
+    redsem__args_i64(&a, 30000); /* lease */
+    redsem__args_i64(&a, 1);     /* mode: wait */
+    redsem__args_i64(&a, 30000); /* wait lease */
+    redsem__args_str(&a, "fair");
+    redsem__args_str(&a, id);
+    redsem__args_i64(&a, 0); /* not after: none */
+    redsem__args_i64(&a, 1); /* weight */
+    if (list != NULL)
+        redsem__args_str(&a, list);
+    redisReply *r = NULL;
+    cr_assert_eq(redsem__eval(c, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, 0, NULL, &r), REDSEM_OK,
+                 "%s", redsem_client_errmsg(c));
+    cr_assert(r->type == REDIS_REPLY_STRING && r->str[0] == '0', "%s was not queued", id);
+    freeReplyObject(r);
+}
+
+static void expect_reply(const char *want, const char *cmd, const char *k1, const char *k2)
+{
+    char out[256];
+    ts_command(tf_server(), out, sizeof out, cmd, k1, k2, NULL);
+    cr_expect_str_eq(out, want, "%s %s %s", cmd, k1, k2 != NULL ? k2 : "");
+}
+
+/* The server side of the id list: a fair waiter queued with its client's id list records it
+ * (c:<id> in the meta hash), and the release that grants it pushes its id there; a waiter
+ * queued without one (redsem <= 0.4.2: mixed versions during an upgrade) is still woken on
+ * its own list, {name}:signal:<id>, with "1". A release forgets the holder's c: field. */
+Test(wake, a_grant_wakes_a_waiter_where_its_client_waits, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    cr_assert_eq(redsem_sem_open(c, tf_name("wake-where"), REDSEM_STRATEGY_FAIR, 1, 30000, &s),
+                 REDSEM_OK);
+    redsem_permit *p = NULL, *pa = NULL;
+    cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
+    char ida[REDSEM_ID_BUFSIZE], idb[REDSEM_ID_BUFSIZE], field[64], own[1100];
+    queue_waiter(c, s, id_of('a', ida), c->wake_ids);
+    queue_waiter(c, s, id_of('b', idb), NULL);
+    snprintf(field, sizeof field, "c:%s", ida);
+    expect_reply(c->wake_ids, "HGET", s->k_meta, field);
+    snprintf(field, sizeof field, "c:%s", idb);
+    expect_reply("0", "HEXISTS", s->k_meta, field);
+
+    cr_assert_eq(redsem_permit_release(p), REDSEM_OK); /* grants a, the head */
+    expect_reply("1", "LLEN", c->wake_ids, NULL);
+    expect_reply(ida, "LINDEX", c->wake_ids, "0");
+    snprintf(own, sizeof own, "%s%s", s->k_sigprefix, ida);
+    expect_reply("0", "EXISTS", own, NULL);
+
+    cr_assert_eq(redsem_sem_adopt(s, ida, &pa), REDSEM_OK, "%s", redsem_client_errmsg(c));
+    cr_assert_eq(redsem_permit_release(pa), REDSEM_OK); /* grants b */
+    snprintf(field, sizeof field, "c:%s", ida);
+    expect_reply("0", "HEXISTS", s->k_meta, field);
+    expect_reply("1", "LLEN", c->wake_ids, NULL); /* nothing more for this client */
+    snprintf(own, sizeof own, "%s%s", s->k_sigprefix, idb);
+    expect_reply("1", "LLEN", own, NULL);
+    redsem_permit_free(p);
+    redsem_permit_free(pa);
+    redsem_sem_free(s);
     redsem_client_free(c);
 }

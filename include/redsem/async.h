@@ -36,12 +36,12 @@ extern "C" {
  * for 2 s ends. Since 0.4.1 a waiting acquire holds no thread while it waits: between two
  * attempts it is parked in the client's shared wait (one BLPOP on all the waits' lists), and
  * the next attempt runs on whichever worker is free when its wake-up or its backoff comes; one
- * worker leads that shared wait while parked acquires exist. At most
- * REDSEM_ASYNC_WORKERS_MAX - 1 waiting acquires of fair or locked semaphores are under way at
- * once (each has a wake-up list of its own: one more key of that BLPOP), and since 0.4.2 at
- * most 1,024 in all (those of basic semaphores and locks share their handle's list; 0.4.1
- * bounded them at 63 too). More wait their turn, in order, before their first attempt (FIFO:
- * one that may not start yet holds back those behind it).
+ * worker leads that shared wait while parked acquires exist. At most 1,024 waiting acquires
+ * are under way at once (those of a basic semaphore or a lock share their handle's list, and
+ * since 0.4.3 those of fair and locked semaphores their client's id list; 0.4.2 bounded fair
+ * and locked ones at 63, 0.4.1 all of them); on a Redis Cluster client at most
+ * REDSEM_ASYNC_WORKERS_MAX - 1 fair or locked ones. More wait their turn, in order, before
+ * their first attempt (FIFO: one that may not start yet holds back those behind it).
  * Their timeouts still count from their call (since 0.4.2): one that reaches its deadline
  * before its turn makes one attempt then, as a try-acquire (REDSEM_EBUSY if refused). A
  * Redis Cluster client's waits are not parked (one connection each): there, as in 0.4, each

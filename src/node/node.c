@@ -541,9 +541,12 @@ int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__
 }
 
 int redsem__node_blpop_many(redsem__node *n, const char *const *keys, const size_t *lens,
-                            int nkeys, int64_t wait_ms, int64_t hard_deadline_ns, int *which)
+                            int nkeys, int64_t wait_ms, int64_t hard_deadline_ns, int *which,
+                            char *val, size_t valcap)
 {
     *which = -1;
+    if (val != NULL && valcap > 0)
+        val[0] = '\0';
     if (wait_ms < 1)
         wait_ms = 1;
     /* The server's BLPOP timeout only fires on its event-loop tick (hz 10: up to 100 ms
@@ -621,6 +624,13 @@ int redsem__node_blpop_many(redsem__node *n, const char *const *keys, const size
                 *which = i;
         if (*which < 0)
             *which = 0; /* cannot happen; count it as the first key's */
+        const redisReply *v = r->element[1];
+        if (val != NULL && valcap > 0 && v->type == REDIS_REPLY_STRING) {
+            /* the element (a fair waiter's id on its client's list); longer ones cut */
+            size_t vl = v->len < valcap - 1 ? (size_t)v->len : valcap - 1;
+            memcpy(val, v->str, vl);
+            val[vl] = '\0';
+        }
     }
     freeReplyObject(r);
     return rc;
@@ -630,7 +640,8 @@ int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t 
                        int64_t hard_deadline_ns, bool *signaled)
 {
     int which = -1;
-    int rc = redsem__node_blpop_many(n, &key, &keylen, 1, wait_ms, hard_deadline_ns, &which);
+    int rc = redsem__node_blpop_many(n, &key, &keylen, 1, wait_ms, hard_deadline_ns, &which,
+                                     NULL, 0);
     *signaled = which >= 0;
     if (*signaled)
         REDSEM__COUNT(n->ctx, wakeups, 1);

@@ -163,9 +163,11 @@ int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t 
 /* The same on nkeys lists at once (all on this node; in a cluster, of one slot): *which is
  * the index of the key an element was popped from, -1 (the server's timeout, or UNBLOCKED
  * from a demoted Sentinel primary), or -2 (hard_deadline_ns came first: the connection was
- * dropped). */
+ * dropped). val (may be NULL), valcap bytes: the popped element, NUL-terminated (cut to
+ * valcap - 1 bytes; "" if nothing was popped). */
 int redsem__node_blpop_many(redsem__node *n, const char *const *keys, const size_t *lens,
-                            int nkeys, int64_t wait_ms, int64_t hard_deadline_ns, int *which);
+                            int nkeys, int64_t wait_ms, int64_t hard_deadline_ns, int *which,
+                            char *val, size_t valcap);
 /* Map an error reply to a code and record it. On a cluster node a redirection (MOVED, ASK,
  * TRYAGAIN, CLUSTERDOWN, UNBLOCKED) is REDSEM__EREDIRECT with n->redirect set; elsewhere a MOVED or ASK
  * is REDSEM_ESERVER with a hint to use a redis+cluster:// URL. */
