@@ -9,8 +9,8 @@
 -- ARGV: 1 id, 2 limit (used if new), 3 lease ms, 4 mode (0 try, 1 wait, 2 again, 3 last),
 --       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked),
 --       8 not after (server us; 0: none), 9 weight n (permits wanted, >= 1; absent: 1),
---       10 the client's id list (absent or '': none): a new waiter records it as c:<id>,
---       and is then woken by its id pushed there (grant_heads), not on KEYS[4] .. id
+--       10 the client's id list (absent or '': none): a waiter records it as c:<id>, and is
+--       then woken by "<id> <KEYS[1]>" pushed there (grant_heads), not on KEYS[4] .. id
 -- meta 'used' is the weight held. A new request is granted iff nobody is queued and
 -- used + n <= limit; otherwise it queues at the tail (mode 1) with the next arrival number
 -- (meta 'q'). Queued waiters are granted only at the head of the queue, by grant_heads():
@@ -44,7 +44,7 @@ local n = 1
 if ARGV[9] and ARGV[9] ~= '1' then n = tonumber(ARGV[9]) or 1 end
 local tkey = 't:' .. id
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'used', 'q',
-  'w:' .. id)
+  'w:' .. id, 'c:' .. id)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
 local limit_str = m[2] or ARGV[2]
 local limit = tonumber(limit_str)
@@ -210,6 +210,11 @@ if not queued then
   if n == 1 and m[8] then redis.call('HDEL', meta, 'w:' .. id) end
 else
   redis.call('ZADD', timeouts, string.format('%d', now + wait_lease), id)
-  save_meta({})
+  -- a waiter taken over by another client (the same id: adopt, acquire_as) is woken there
+  if ARGV[10] and ARGV[10] ~= '' and m[9] ~= ARGV[10] then
+    save_meta({'c:' .. id, ARGV[10]})
+  else
+    save_meta({})
+  end
 end
 return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str

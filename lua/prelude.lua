@@ -131,13 +131,17 @@ end
 -- woken; its token is returned). Cost per grant O(log N): ZRANGE of the head, HMGET of its
 -- weight and wake-up list, ZREM, HSET, LPUSH.
 -- The wake-up: a waiter that recorded its client's id list (c:<id>, fair_acquire.lua's
--- ARGV[10]; redsem >= 0.4.3 on one server, not a cluster) gets its id pushed there (RPUSH:
--- oldest first): one list per client for all its fair waiters, which the client's one BLPOP
--- watches and drains (wake.c). That list is the one name a script takes from data, not
--- KEYS: it is only recorded by a client of one server (whose shared BLPOP watches keys of
--- many semaphores at once anyway), never by a cluster client. Any other waiter (a cluster
--- client's, or redsem <= 0.4.2's) on its own list, sigp .. id, which carries the
--- semaphore's hash tag.
+-- ARGV[10]; redsem >= 0.4.3 on one server, not a cluster) gets "<id> <meta key>" pushed
+-- there (RPUSH: oldest first; the meta key tells apart one id's waits on two semaphores):
+-- one list per client for all its fair waiters, which the client drains (wake.c,
+-- wake_drain.lua). When the push makes the list non-empty it also pushes the element to the
+-- list's bell, list .. ':bell', which the client's one BLPOP watches (so that the first
+-- wake-up needs no drain): a bell popped and lost (a connection dropped) loses no wake-up,
+-- since the elements stay in the list until drained. Those
+-- two are the names a script takes from data, not KEYS: they are only recorded by a client
+-- of one server (whose shared BLPOP watches keys of many semaphores at once anyway), never by
+-- a cluster client. Any other waiter (a cluster client's, or redsem <= 0.4.2's) is woken on
+-- its own list, sigp .. id, which carries the semaphore's hash tag.
 local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
   local got = nil
   while st.used < limit do
@@ -162,8 +166,12 @@ local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
     if h == self then
       got = tok
     elseif list then
-      redis.call('RPUSH', list, h)
-      redis.call('PEXPIRE', list, IDLE_STR)
+      local e = h .. ' ' .. meta
+      if redis.call('RPUSH', list, e) == 1 then
+        redis.call('PEXPIRE', list, IDLE_STR)
+        redis.call('RPUSH', list .. ':bell', e)
+        redis.call('PEXPIRE', list .. ':bell', IDLE_STR)
+      end
     else
       redis.call('LPUSH', sigp .. h, '1')
       redis.call('PEXPIRE', sigp .. h, IDLE_STR)

@@ -107,13 +107,14 @@ static int granted(redsem__attempt *att, const redsem__req_info *info)
 
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
-/* The fallback of a fair waiter woken by its id (wake.c; q->wake_by_id): its grant's wake-up
- * reaches it by id, however many waiters share the list, and one popped while it was between
- * attempts is kept for it, so it only polls for what no wake-up reports (a lost element: its
- * popping connection failed; a release by redsem <= 0.4.2, which pushes to the waiter's own
- * list). Its wait lease (renewed every third of it) and the expiry takeover (next_ms) still
- * cut its waits. A short backoff there would cost one attempt per waiter every 50 ms: with
- * 600 waiters, more server time than the grants themselves. */
+/* The fallback of a fair waiter woken by its element on its client's id list (wake.c;
+ * q->wake_meta): its grant's wake-up reaches it alone, however many waiters share the list;
+ * one drained while it was between attempts is kept for it; and the list is drained again
+ * after a BLPOP whose bell may have been lost. So it only polls for what no wake-up reports
+ * (a drain whose reply was lost with its connection; a release by redsem <= 0.4.2, which
+ * pushes to the waiter's own list). Its wait lease (renewed every third of it) and the
+ * expiry takeover (next_ms) still cut its waits. A short backoff there would cost one
+ * attempt per waiter every 50 ms: with 600 waiters, more server time than the grants. */
 #define BACKOFF_BY_ID_MS 1000
 
 static int unknown(redsem_client *c, const char *id, int rc)
@@ -166,7 +167,9 @@ static void state_init(redsem__acq_state *s, const redsem__acquirer *q, const ch
     s->deadline = s->blocking ? redsem__deadline_after_ms(timeout_ms) : 0;
     s->since_ns = redsem__now_ns();
     s->mode = s->blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
-    s->backoff_ms = q->wake_by_id ? BACKOFF_BY_ID_MS : BACKOFF_MIN_MS;
+    s->backoff_ms = q->wake_meta != NULL ? BACKOFF_BY_ID_MS : BACKOFF_MIN_MS;
+    if (q->wake_meta != NULL)
+        snprintf(s->elem, sizeof s->elem, "%.*s %s", REDSEM_ID_LEN, id, q->wake_meta);
 }
 
 /* The loop's body: attempts until the acquire is decided (returns its status, *att filled on
@@ -181,7 +184,7 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
         s->waited = false;
         if (s->wait_rc != REDSEM_OK)
             return leave_after_fault(q, id, att, s->wait_rc);
-        if (q->wake_by_id)
+        if (q->wake_meta != NULL)
             s->backoff_ms = BACKOFF_BY_ID_MS;
         else
             s->backoff_ms = s->signaled ? BACKOFF_MIN_MS
@@ -308,7 +311,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         int rc = acquire_step(&s, att);
         if (rc != REDSEM__WAIT)
             return rc;
-        s.wait_rc = redsem__blpop(q->client, s.wkey, s.keylen, q->wake_by_id ? s.id : NULL,
+        s.wait_rc = redsem__blpop(q->client, s.wkey, s.keylen, q->wake_meta ? s.elem : NULL,
                                   s.wait_ms, s.cut_ns, s.since_ns, &s.signaled);
     }
 }

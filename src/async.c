@@ -42,8 +42,7 @@
 /* waiting acquires with a wake-up list of their own (fair and locked semaphores on a
  * cluster client, whose waits have a wait connection and a worker each) started at once
  * (running; more wait in the queue, unstarted). On one server (0.4.3) a fair waiter shares
- * its client's list for its semaphore (wake.c), and ASYNC_WAITS_ALL bounds it as a basic
- * one. */
+ * its client's id list (wake.c), and ASYNC_WAITS_ALL bounds it as a basic one. */
 #ifndef ASYNC_WAITS_MAX
 #define ASYNC_WAITS_MAX (REDSEM_ASYNC_WORKERS_MAX - 1)
 #endif
@@ -416,12 +415,12 @@ static void park(redsem_async *a, op *o)
     const redsem__acq_state *s = o->park;
     const char *key = s->wkey;
     size_t keylen = s->keylen;
-    const char *id = s->q.wake_by_id ? s->id : NULL;
+    const char *elem = s->q.wake_meta != NULL ? s->elem : NULL;
     int64_t wait_ms = s->wait_ms, cut_ns = s->cut_ns, since_ns = s->since_ns;
     pthread_mutex_unlock(&a->mu);
     /* from the registration on, o may be woken and go on on another worker: not touched here
      * after this call (wake.c copies the key before registering) */
-    int rc = redsem__wake_park(a->c, key, keylen, id, wait_ms, cut_ns, since_ns, &o->cancel,
+    int rc = redsem__wake_park(a->c, key, keylen, elem, wait_ms, cut_ns, since_ns, &o->cancel,
                                o->wait_err, on_woken, need_lead, o, &a->stopping);
     if (rc != REDSEM_OK) {
         /* not registered: cancelled already (1: its loop sees the flag), its wake-up came

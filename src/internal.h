@@ -30,10 +30,11 @@ void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k);
  * popping it: REDSEM_OK with *signaled, or a fault. One server: through the client's shared
  * wait (wake.c), one BLPOP for every thread waiting; a cluster: alone, on a wait lane.
  * since_ns: when the caller began waiting (its acquire's start, our clock): of the waiters on
- * one list, the one waiting longest gets its element. id: NULL, or (a fair waiter on its
- * client's list, wake.c) the holder id whose element alone wakes it; an element popped for
- * it since its last wait, while it was not registered, ends this one at once (signaled). */
-int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *id,
+ * one list, the one waiting longest gets its element. elem: NULL, or (a fair waiter of a
+ * one-server client, whose key is then the client's bell, c->wake_bell) the element of its
+ * client's id list that alone wakes it, "<id> <meta key>"; one drained for it since its
+ * last wait, while it was not registered, ends this one at once (signaled). */
+int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *elem,
                   int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled);
 /* The same on a wait lane of its own, routed to the node serving key (client.c). */
 int redsem__blpop_alone(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
@@ -135,7 +136,12 @@ struct redsem_client {
     bool wake_poked;   /* wake_ctl was pushed since that BLPOP started */
     int64_t wake_until, wake_hard; /* that BLPOP's timeout and hard deadline */
     char *wake_ctl;
-    char *wake_ids; /* this client's list of fair wake-ups (ids): {prefix}wake:<tag>:ids */
+    char *wake_ids;  /* this client's list of fair wake-ups: {prefix}wake:<tag>:ids */
+    char *wake_bell; /* its bell (wake_ids + ":bell"), which the shared BLPOP watches */
+    bool wake_drain_due; /* a bell may have been lost: the next lead drains first */
+    uint64_t wake_skip;     /* the element a bell gave, which the next drain returns too */
+    uint64_t *wake_recent;  /* the last elements drains gave (WAKE_RECENT_MAX hashes) */
+    unsigned wake_recent_next;
     struct redsem__wake_pend *wake_pend; /* ids popped for waiters between attempts */
     /* the leader's BLPOP keys (copies: a waiter may leave meanwhile; NULL when free) and
      * their lengths, WAKE_KEYS_MAX each, made with the client */
@@ -228,7 +234,9 @@ typedef struct redsem__acquirer {
     /* Key to BLPOP on while waiting (may depend on id). */
     const char *(*wait_key)(void *handle, const char *id, size_t *len, char *buf, size_t buflen);
     int64_t wait_lease_ms; /* > 0: renew registration at least every third of it */
-    bool wake_by_id;       /* the wait key is shared; its elements are ids (wake.c) */
+    /* NULL, or (a fair waiter of a one-server client) the semaphore's meta key: the waiter
+     * is woken by "<id> <wake_meta>" on its client's id list (wake.c) */
+    const char *wake_meta;
     uint32_t weight;       /* permits wanted (1 for a lock) */
 } redsem__acquirer;
 
@@ -261,11 +269,11 @@ void redsem__wake_cancelled(redsem_client *c);
  * parked wait's owner is asked). A lead taken here or there ends early when *stop
  * (may be NULL) is set, say by the owner being freed: redsem__wake_cancelled() then ends its
  * running BLPOP, and the role passes on. Returns REDSEM_OK (registered), 1 (cancel already
- * set: not registered, on_done not called), 2 (id's element came already: not registered,
- * on_done not called; the wait is over, signaled) or REDSEM_ENOMEM. Not for a cluster
- * client. since_ns, id: as redsem__blpop()'s. */
+ * set: not registered, on_done not called), 2 (elem came already: not registered, on_done
+ * not called; the wait is over, signaled) or REDSEM_ENOMEM. Not for a cluster client.
+ * since_ns, elem: as redsem__blpop()'s. */
 typedef void (*redsem__park_fn)(void *arg, int rc, bool signaled);
-int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const char *id,
+int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const char *elem,
                       int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns,
                       const atomic_bool *cancel,
                       char *errmsg, redsem__park_fn on_done, bool (*need_lead)(void *arg),
@@ -290,6 +298,7 @@ typedef struct redsem__acq_state {
     int mode, too_late;
     int64_t backoff_ms, guard_backoff_us;
     char keybuf[1024];
+    char elem[REDSEM_ID_LEN + 1 + 1024]; /* "<id> <q.wake_meta>" ("" if none) */
     size_t keylen;
     const char *wkey;
     /* the wait asked for: BLPOP on wkey for wait_ms, cut at cut_ns (our clock); then the

@@ -167,9 +167,9 @@ static const char *basic_wait_key(void *h, const char *id, size_t *len, char *bu
 static const char *fair_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)
 {
     redsem_sem *s = h;
-    if (wake_by_id(s)) {
-        *len = strlen(s->client->wake_ids);
-        return s->client->wake_ids;
+    if (wake_by_id(s)) { /* the id list's bell */
+        *len = strlen(s->client->wake_bell);
+        return s->client->wake_bell;
     }
     /* buf holds prefix (<= 256) + '{' + name (<= 512) + "}:signal:" + id (40): < 1024 */
     size_t pl = s->sigprefix_len;
@@ -322,7 +322,7 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, u
         .wait_key = is_basic(s) ? basic_wait_key : fair_wait_key,
         .wait_lease_ms = is_basic(s) ? 0 : s->wait_lease_ms,
         .weight = n,
-        .wake_by_id = wake_by_id(s),
+        .wake_meta = wake_by_id(s) ? s->k_meta : NULL,
     };
     return redsem__acquire_permit(&q, &sem_kind, id, timeout_ms, s->lease_ms,
                                   ret_permit);

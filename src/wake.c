@@ -17,13 +17,18 @@
  * the role to another waiter. The acquire loop's bounded, jittered fallback (acquire.c) is
  * unchanged: every waiter also wakes by its own deadline.
  *
- * A fair or locked waiter (since 0.4.3) waits on its client's list for its semaphore,
- * {name}:signal:c:<wake tag>, whose elements are the ids of the waiters granted
- * (prelude.lua's grant_heads): the BLPOP watches one key per semaphore, not one per waiter,
- * and a popped id goes to the waiter with that id. An id whose waiter is not registered
- * (between two attempts: its attempt may have begun before the grant) is kept for a while
- * (WAKE_PEND_MAX, WAKE_PEND_NS), and that waiter's next registration finds it and ends at
- * once: such a wake-up is not lost to the fallback either.
+ * A fair or locked waiter (since 0.4.3) is woken through its client's id list,
+ * PREFIXwake:<tag>:ids, whose elements say which waiters were granted ("<id> <meta key>",
+ * prelude.lua's grant_heads); a push that makes the list non-empty also rings its bell
+ * (the same name + ":bell"), and the waiters' key in the BLPOP is that bell: one key for
+ * every fair waiter of the client. A leader that pops the bell drains the list
+ * (wake_drain.lua, up to WAKE_DRAIN_MAX at a time, again while a drain comes back full) and
+ * hands each element to the waiter it names. The ids stay in the list until drained, so a
+ * bell lost with a dropped BLPOP (our own deadline cut it, or a fault) loses nothing: the
+ * next round, or the next leader, drains first (wake_drain_due). An element whose waiter is
+ * not registered (between two attempts: its attempt may have begun before the grant) is kept
+ * for a while (WAKE_PEND_MAX, WAKE_PEND_NS), and that waiter's next registration finds it
+ * and ends at once: such a wake-up is not lost to the fallback either.
  *
  * A Redis Cluster client keeps one wait connection per waiting thread (redsem__blpop_alone):
  * one BLPOP cannot watch lists in different slots. */
@@ -49,14 +54,18 @@
 #define WAKE_PEND_NS (10000 * REDSEM__NS_PER_MS)
 
 struct redsem__wake_pend {
-    char id[REDSEM_ID_BUFSIZE]; /* "" when free */
-    int64_t at_ns;
+    uint64_t h;    /* key_hash() of the element */
+    int64_t at_ns; /* 0: free */
 };
 
 /* registered waiters the array holds at first (it grows by doubling) */
 #define WAKE_WV_MIN 64
 /* ids one drain of the client's id list takes at most (wake_drain.lua) */
 #define WAKE_DRAIN_MAX 256
+/* the drained elements remembered, so that a bell that gives one of them again is ignored */
+#define WAKE_RECENT_MAX 256
+/* an element as long as grant_heads makes it: "<id> <meta key>" (the key < 1024 bytes) */
+#define WAKE_ELEM_MAX (REDSEM_ID_LEN + 1 + 1024)
 
 /* FNV-1a, 64 bits. Two keys with the same hash and length count as one list: for any two of
  * the at most WAKE_KEYS_MAX keys of a round a collision has a chance of about 2^-45, and it
@@ -76,7 +85,8 @@ typedef struct redsem__waiter {
     int64_t until_ns; /* its wait ends (BLPOP timeout) */
     int64_t since_ns; /* it began waiting (its acquire's start): the oldest on a list wins */
     int64_t hard_ns;  /* and at the latest (our clock) */
-    char id[REDSEM_ID_BUFSIZE]; /* "" or the fair waiter's id: its list's element */
+    const char *elem; /* NULL, or a fair waiter's element on the id list (wake_id) */
+    size_t elemlen;
     char *errmsg;     /* its thread's error text */
     pthread_cond_t cv;
     const atomic_bool *cancel; /* its operation's cancel flag (async.c), or NULL */
@@ -98,24 +108,18 @@ typedef struct redsem__wentry {
     uint64_t hash; /* key_hash(key) */
     size_t keylen; /* 0: no key (a parked waiters' leader) */
     int64_t until_ns, hard_ns, since_ns;
-    uint64_t idh; /* the first 8 bytes of w->id (0: none) */
+    uint64_t elemh; /* key_hash(w->elem), if w->elem */
     bool parked;  /* w->on_done != NULL */
     bool watched; /* its list is in the running BLPOP's keys */
     bool woken;   /* given an element this round */
 } redsem__wentry;
 
-static uint64_t id_head(const char *id)
-{
-    uint64_t h = 0;
-    if (id[0] != '\0')
-        memcpy(&h, id, sizeof h);
-    return h;
-}
 
-/* Under wake_mu: register w (room for one more is kept for lead_parked()'s own entry). */
+/* Under wake_mu: register w. A wait with a key leaves room for one more entry after its
+ * own, so that lead_parked()'s (no key) never needs memory. */
 static int add_waiter(redsem_client *c, redsem__waiter *w)
 {
-    if (c->wn + 2 > c->wcap) {
+    if (w->key != NULL && c->wn + 2 > c->wcap) {
         int cap = c->wcap * 2;
         redsem__wentry *v = redsem__realloc(c->wv, (size_t)cap * sizeof *v);
         if (v == NULL)
@@ -126,10 +130,11 @@ static int add_waiter(redsem_client *c, redsem__waiter *w)
     redsem__wentry *e = &c->wv[c->wn];
     *e = (redsem__wentry){.w = w, .keylen = w->key != NULL ? w->keylen : 0,
                           .until_ns = w->until_ns, .hard_ns = w->hard_ns,
-                          .since_ns = w->since_ns, .idh = id_head(w->id),
-                          .parked = w->on_done != NULL};
+                          .since_ns = w->since_ns, .parked = w->on_done != NULL};
     if (w->key != NULL)
         e->hash = key_hash(w->key, w->keylen);
+    if (w->elem != NULL)
+        e->elemh = key_hash(w->elem, w->elemlen);
     w->slot = c->wn++;
     c->wnparked += e->parked;
     return REDSEM_OK;
@@ -156,6 +161,7 @@ static void end_parked(redsem__waiter *x)
 {
     x->on_done(x->arg, x->rc, x->signaled);
     redsem__free((char *)x->key);
+    redsem__free((char *)x->elem);
     redsem__free(x);
 }
 
@@ -184,42 +190,53 @@ int redsem__wake_init(redsem_client *c)
     if (c->wake_ids == NULL)
         return REDSEM_ENOMEM;
     snprintf(c->wake_ids, len, "%swake:%s:ids", c->prefix, hex);
+    len += sizeof ":bell";
+    c->wake_bell = redsem__malloc(len);
+    if (c->wake_bell == NULL)
+        return REDSEM_ENOMEM;
+    snprintf(c->wake_bell, len, "%s:bell", c->wake_ids);
+    c->wake_drain_due = true;
     c->wake_keys = redsem__calloc(WAKE_KEYS_MAX, sizeof *c->wake_keys);
     c->wake_lens = redsem__calloc(WAKE_KEYS_MAX, sizeof *c->wake_lens);
     c->wake_pend = redsem__calloc(WAKE_PEND_MAX, sizeof *c->wake_pend);
     c->wv = redsem__calloc(WAKE_WV_MIN, sizeof *c->wv);
     c->wcap = WAKE_WV_MIN;
-    return c->wake_keys != NULL && c->wake_lens != NULL && c->wake_pend != NULL && c->wv != NULL
+    c->wake_recent = redsem__calloc(WAKE_RECENT_MAX, sizeof *c->wake_recent);
+    return c->wake_keys != NULL && c->wake_lens != NULL && c->wake_pend != NULL &&
+                   c->wv != NULL && c->wake_recent != NULL
                ? REDSEM_OK
                : REDSEM_ENOMEM;
 }
 
-/* Under wake_mu: keep an id popped for a waiter not registered now (in place of the oldest
- * kept, or of one too old). */
-static void pend_add(redsem_client *c, const char *id, int64_t now)
+/* Under wake_mu: keep an element (its hash h) drained for a waiter not registered now (in
+ * place of the oldest kept, or of one too old). A 64-bit hash: another waiter's element with
+ * the same one would only get a spurious wake-up (one more attempt). */
+static void pend_add(redsem_client *c, uint64_t h, int64_t now)
 {
     struct redsem__wake_pend *slot = &c->wake_pend[0];
     for (int i = 0; i < WAKE_PEND_MAX; i++) {
         struct redsem__wake_pend *p = &c->wake_pend[i];
-        if (p->id[0] == '\0' || now - p->at_ns > WAKE_PEND_NS) {
+        if (p->at_ns == 0 || now - p->at_ns > WAKE_PEND_NS) {
             slot = p;
             break;
         }
         if (p->at_ns < slot->at_ns)
             slot = p;
     }
-    memcpy(slot->id, id, REDSEM_ID_BUFSIZE);
-    slot->at_ns = now;
+    slot->h = h;
+    slot->at_ns = now > 0 ? now : 1;
 }
 
-/* Under wake_mu: whether an id popped for this waiter is kept (it is then taken). */
-static bool pend_take(redsem_client *c, const char *id, int64_t now)
+/* Under wake_mu: whether an element (hash h) drained for this waiter is kept (it is then
+ * taken). */
+static bool pend_take(redsem_client *c, uint64_t h, int64_t now)
 {
     for (int i = 0; i < WAKE_PEND_MAX; i++) {
         struct redsem__wake_pend *p = &c->wake_pend[i];
-        if (p->id[0] != '\0' && memcmp(p->id, id, REDSEM_ID_LEN) == 0) {
-            p->id[0] = '\0';
-            return now - p->at_ns <= WAKE_PEND_NS;
+        if (p->at_ns != 0 && p->h == h) {
+            bool fresh = now - p->at_ns <= WAKE_PEND_NS;
+            p->at_ns = 0;
+            return fresh;
         }
     }
     return false;
@@ -233,6 +250,7 @@ void redsem__wake_free(redsem_client *c)
             redsem__waiter *x = c->wv[i].w;
             if (c->wv[i].parked) { /* heap: a parked wait (a thread's is on its stack) */
                 redsem__free((char *)x->key);
+                redsem__free((char *)x->elem);
                 redsem__free(x);
             }
         }
@@ -244,10 +262,12 @@ void redsem__wake_free(redsem_client *c)
                 redsem__free((char *)c->wake_keys[i]);
     }
     redsem__free(c->wv);
+    redsem__free(c->wake_recent);
     redsem__free(c->wake_keys);
     redsem__free(c->wake_lens);
     redsem__free(c->wake_pend);
     redsem__free(c->wake_ids);
+    redsem__free(c->wake_bell);
     redsem__free(c->wake_ctl);
 }
 
@@ -282,23 +302,19 @@ static bool watched(const redsem_client *c, uint64_t h, size_t keylen)
     return false;
 }
 
-/* Under wake_mu: give the id popped from the client's id list (key hash h, length len) to
- * its waiter, or keep it for a while if it is not registered now. */
-static void wake_id(redsem_client *c, const char *id, uint64_t h, size_t len, int64_t now)
+/* Under wake_mu: give an element drained from the client's id list to the waiter it names,
+ * or keep it for a while if that waiter is not registered now. */
+static void wake_id(redsem_client *c, const char *elem, size_t len, uint64_t h, int64_t now)
 {
-    uint64_t idh = id_head(id);
     for (int i = 0; i < c->wn; i++) {
         redsem__wentry *e = &c->wv[i];
-        if (e->idh == idh && e->hash == h && e->keylen == len && !e->woken &&
-            memcmp(e->w->id, id, REDSEM_ID_LEN) == 0) {
+        if (e->elemh == h && !e->woken && e->w->elem != NULL && e->w->elemlen == len &&
+            memcmp(e->w->elem, elem, len) == 0) {
             e->woken = true;
             return;
         }
     }
-    char kept[REDSEM_ID_BUFSIZE];
-    memcpy(kept, id, REDSEM_ID_LEN);
-    kept[REDSEM_ID_LEN] = '\0';
-    pend_add(c, kept, now);
+    pend_add(c, h, now);
 }
 
 /* The leader's loop, with wake_mu held (released around each BLPOP), until its own wait is
@@ -312,10 +328,13 @@ static void lead(redsem_client *c, redsem__waiter *me)
     size_t *lens = c->wake_lens;
     redsem__lane *l = NULL;
     int last = REDSEM_OK;
-    size_t ids_len = strlen(c->wake_ids);
-    uint64_t ids_hash = key_hash(c->wake_ids, ids_len);
-    bool drain = false; /* this round drains the id list instead of a BLPOP */
+    size_t bell_len = strlen(c->wake_bell);
+    uint64_t bell_hash = key_hash(c->wake_bell, bell_len);
     while (!me->done) {
+        /* this round drains the id list instead of a BLPOP: after the bell, after a drain
+         * that came back full, after a BLPOP dropped with its connection (its bell may be
+         * lost); the client's flag, so that the next leader does it if this one stops */
+        bool drain = c->wake_drain_due;
         int rc = REDSEM_OK;
         int nkeys = 0;
         for (int i = 0; i < WAKE_SET_SIZE; i++)
@@ -364,7 +383,7 @@ static void lead(redsem_client *c, redsem__waiter *me)
             }
         }
         int which = -1;
-        char val[REDSEM_ID_BUFSIZE + 1];
+        char val[WAKE_ELEM_MAX + 1]; /* what the BLPOP popped */
         val[0] = '\0';
         redisReply *ids = NULL; /* a drain's */
         bool drained = false;
@@ -385,7 +404,9 @@ static void lead(redsem_client *c, redsem__waiter *me)
                                                     REDSEM__NS_PER_MS : 1;
                 redsem__node *n = redsem__topo_node(&l->topo, NULL, 0);
                 l->ctx.errmsg[0] = '\0';
-                l->ctx.deadline_cap_ns = hard; /* reconnects too end by the earliest cut */
+                /* reconnects too end by the earliest cut; a drain (which does not wait) has
+                 * its command timeout: cut, it would fail every wait and lose what it took */
+                l->ctx.deadline_cap_ns = drain ? INT64_MAX : hard;
                 if (drain) {
                     redsem__args ka;
                     redsem__args_init(&ka);
@@ -401,8 +422,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
                     }
                     drained = rc == REDSEM_OK;
                 } else {
-                    rc = redsem__node_blpop_many(n, keys, lens, nkeys + 1, wait_ms, hard, &which,
-                                                 val, sizeof val);
+                    rc = redsem__node_blpop_many(n, keys, lens, nkeys + 1, wait_ms, hard,
+                                                 &which, val, sizeof val);
                 }
             }
             pthread_mutex_lock(&c->wake_mu);
@@ -421,21 +442,45 @@ static void lead(redsem_client *c, redsem__waiter *me)
          * goes to the longest-waiting waiter on its list, by its acquire's start (a basic
          * waiter that woke by its deadline, or lost its permit to a barging acquire,
          * registers anew but keeps its age; on a tie the first found); the others on the
-         * same list (basic: one list per semaphore) wait for theirs. An id popped means more
-         * may be queued behind it (a busy server grants faster than one BLPOP each): the next
-         * round drains the list, and so on while a drain comes back full. */
-        bool more = false;
+         * same list (basic: one list per semaphore) wait for theirs. The bell means more may
+         * be queued behind its element (a busy server grants faster than one BLPOP each):
+         * the next round drains the list, and so on while a drain comes back full. */
         if (drained) {
-            for (size_t j = 0; j < ids->elements; j++)
-                if (ids->element[j]->type == REDIS_REPLY_STRING &&
-                    ids->element[j]->len == REDSEM_ID_LEN)
-                    wake_id(c, ids->element[j]->str, ids_hash, ids_len, now);
-            more = ids->elements >= WAKE_DRAIN_MAX;
+            for (size_t j = 0; j < ids->elements; j++) {
+                const redisReply *x = ids->element[j];
+                if (x->type != REDIS_REPLY_STRING)
+                    continue;
+                uint64_t h = key_hash(x->str, x->len);
+                /* the list's head may be what a bell gave already (given once, not twice) */
+                bool given = j == 0 && c->wake_skip != 0 && h == c->wake_skip;
+                c->wake_skip = 0;
+                if (given)
+                    continue;
+                c->wake_recent[c->wake_recent_next++ % WAKE_RECENT_MAX] = h;
+                wake_id(c, x->str, x->len, h, now);
+            }
+            c->wake_skip = 0;
+            c->wake_drain_due = ids->elements >= WAKE_DRAIN_MAX;
             freeReplyObject(ids);
-        } else if (popped && khash[which] == ids_hash && lens[which] == ids_len) {
-            if (redsem__valid_id(val))
-                wake_id(c, val, ids_hash, ids_len, now);
-            more = true;
+        } else if (rc != REDSEM_OK || which == -2) {
+            /* a connection dropped with the BLPOP: a bell it popped is lost, not the ids */
+            c->wake_drain_due = true;
+        } else if (popped && khash[which] == bell_hash && lens[which] == bell_len) {
+            /* the bell, with the element that rang it: given now (unless a drain gave it
+             * already: then it is forgotten), and the list drained next */
+            size_t vl = strlen(val);
+            uint64_t h = key_hash(val, vl);
+            bool given = false;
+            for (int k = 0; k < WAKE_RECENT_MAX && !given; k++)
+                if (c->wake_recent[k] == h) {
+                    c->wake_recent[k] = 0;
+                    given = true;
+                }
+            if (!given && vl > 0) {
+                wake_id(c, val, vl, h, now);
+                c->wake_skip = h;
+            }
+            c->wake_drain_due = true;
         } else if (popped) {
             int woken = -1;
             for (int i = 0; i < c->wn; i++) {
@@ -447,7 +492,6 @@ static void lead(redsem_client *c, redsem__waiter *me)
             if (woken >= 0)
                 c->wv[woken].woken = true;
         }
-        drain = more;
         for (int i = 0; i < c->wn;) {
             const redsem__wentry *e = &c->wv[i];
             redsem__waiter *x = e->w;
@@ -523,11 +567,11 @@ static void lead_parked(redsem_client *c, const atomic_bool *stop)
     redsem__waiter me = {.key = NULL, .errmsg = redsem__errbuf(c), .rc = REDSEM_OK,
                          .until_ns = INT64_MAX, .hard_ns = INT64_MAX, .lead = true,
                          .cancel = stop};
-    (void)add_waiter(c, &me); /* cannot fail: add_waiter() keeps room for it */
+    (void)add_waiter(c, &me); /* cannot fail: a wait with a key leaves room for it */
     lead(c, &me);
 }
 
-int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *id,
+int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *elem,
                   int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled)
 {
     *signaled = false;
@@ -537,8 +581,10 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *
     redsem__waiter w = {.key = key, .keylen = keylen, .errmsg = redsem__errbuf(c),
                         .cancel = redsem__cancel, .rc = REDSEM_OK, .since_ns = since_ns,
                         .slot = -1};
-    if (id != NULL)
-        memcpy(w.id, id, REDSEM_ID_BUFSIZE);
+    if (elem != NULL) {
+        w.elem = elem;
+        w.elemlen = strlen(elem);
+    }
     w.until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w.hard_ns = hard_deadline_ns;
     uint64_t h = key_hash(key, keylen);
@@ -550,7 +596,7 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *
         pthread_mutex_unlock(&c->wake_mu);
         return REDSEM_OK;
     }
-    if (id != NULL && pend_take(c, id, now)) {
+    if (elem != NULL && pend_take(c, key_hash(elem, w.elemlen), now)) {
         /* its wake-up came while it was between attempts */
         pthread_mutex_unlock(&c->wake_mu);
         *signaled = true;
@@ -609,16 +655,19 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *
     return w.rc;
 }
 
-int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const char *id,
+int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const char *elem,
                       int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns,
                       const atomic_bool *cancel, char *errmsg, redsem__park_fn on_done,
                       bool (*need_lead)(void *arg), void *arg, const atomic_bool *stop)
 {
     redsem__waiter *w = redsem__calloc(1, sizeof *w);
     char *k = redsem__memdup0(key, keylen);
-    if (w == NULL || k == NULL) {
+    size_t elemlen = elem != NULL ? strlen(elem) : 0;
+    char *el = elem != NULL ? redsem__memdup0(elem, elemlen) : NULL;
+    if (w == NULL || k == NULL || (elem != NULL && el == NULL)) {
         redsem__free(w);
         redsem__free(k);
+        redsem__free(el);
         return REDSEM_ENOMEM;
     }
     int64_t now = redsem__now_ns();
@@ -631,8 +680,8 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const ch
     w->until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w->hard_ns = hard_deadline_ns;
     w->since_ns = since_ns;
-    if (id != NULL)
-        memcpy(w->id, id, REDSEM_ID_BUFSIZE);
+    w->elem = el;
+    w->elemlen = elemlen;
     w->on_done = on_done;
     w->need_lead = need_lead;
     w->arg = arg;
@@ -642,11 +691,12 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const ch
     int rc = REDSEM_OK;
     if (cancel != NULL && atomic_load(cancel))
         rc = 1; /* checked under wake_mu, as redsem__blpop does */
-    else if (id != NULL && pend_take(c, id, now))
+    else if (el != NULL && pend_take(c, key_hash(el, elemlen), now))
         rc = 2; /* its wake-up came while it was between attempts */
     if (rc != REDSEM_OK) {
         pthread_mutex_unlock(&c->wake_mu);
         redsem__free(k);
+        redsem__free(el);
         redsem__free(w);
         return rc;
     }
@@ -661,6 +711,7 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const ch
     if (add_waiter(c, w) != REDSEM_OK) {
         pthread_mutex_unlock(&c->wake_mu);
         redsem__free(k);
+        redsem__free(el);
         redsem__free(w);
         return REDSEM_ENOMEM;
     }

@@ -10,8 +10,9 @@
 typedef struct blocked {
     redsem_client *c;
     const char *key;
-    const char *id;   /* NULL, or the id whose element alone wakes it (a fair waiter) */
+    const char *elem; /* NULL, or the element of the id list that alone wakes it (fair) */
     int64_t since_ns; /* the acquire's start it claims */
+    int64_t hard_ms;  /* its hard deadline, from now (0: 25 s) */
     bool signaled;
     int rc;
     atomic_int done;
@@ -20,8 +21,9 @@ typedef struct blocked {
 static void *blpop_thread(void *arg)
 {
     blocked *b = arg;
-    b->rc = redsem__blpop(b->c, b->key, strlen(b->key), b->id, 20000,
-                          redsem__now_ns() + 25000 * REDSEM__NS_PER_MS, b->since_ns,
+    int64_t hard_ms = b->hard_ms > 0 ? b->hard_ms : 25000;
+    b->rc = redsem__blpop(b->c, b->key, strlen(b->key), b->elem, 20000,
+                          redsem__now_ns() + hard_ms * REDSEM__NS_PER_MS, b->since_ns,
                           &b->signaled);
     atomic_store(&b->done, 1);
     return NULL;
@@ -54,6 +56,24 @@ static const char *id_of(char digit, char buf[REDSEM_ID_BUFSIZE])
     memset(buf, digit, REDSEM_ID_LEN);
     buf[REDSEM_ID_LEN] = '\0';
     return buf;
+}
+
+/* A fair waiter's element on its client's id list: "<id> <meta key>". */
+static const char *elem_of(char digit, const char *meta, char buf[128])
+{
+    char id[REDSEM_ID_BUFSIZE];
+    snprintf(buf, 128, "%s %s", id_of(digit, id), meta);
+    return buf;
+}
+
+/* What grant_heads does for a waiter of c: its element on c's id list, and on the list's bell
+ * (there only when the list was empty). */
+static void push_elem(redsem_client *c, const char *elem, bool bell)
+{
+    char out[64];
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "RPUSH", c->wake_ids, elem, NULL), 0);
+    if (bell)
+        push_value(c->wake_bell, elem);
 }
 
 /* Wait (at most 10 s) until key's list is empty (the shared BLPOP popped it). */
@@ -117,29 +137,30 @@ Test(wake, the_oldest_acquire_on_a_list_gets_its_wake_up, .timeout = 60)
     redsem_client_free(c);
 }
 
-/* Fair waiters of one client share its id list, and an element is the id of the waiter
- * granted: it wakes that waiter, even if another one on the list waits longer (0.4.2 woke
- * the oldest of a list). */
-Test(wake, an_id_wakes_the_waiter_with_that_id, .timeout = 60)
+/* Fair waiters of one client share its id list (their key is its bell), and an element names
+ * the waiter granted, by id and semaphore: it wakes that waiter, even if another one waits
+ * longer (0.4.2 woke the oldest of a list), and even if that other one has the same id on
+ * another semaphore (one id may wait on two semaphores: ids are unique per semaphore). */
+Test(wake, an_element_wakes_the_waiter_it_names, .timeout = 60)
 {
     redsem_client *c = tf_client();
-    char ida[REDSEM_ID_BUFSIZE], idb[REDSEM_ID_BUFSIZE];
-    const char *key = c->wake_ids; /* the client's id list */
-    blocked a = {.c = c, .key = key, .id = id_of('a', ida), .since_ns = 1000},
-            b = {.c = c, .key = key, .id = id_of('b', idb), .since_ns = 2000};
+    char ea[128], eb[128];
+    const char *key = c->wake_bell;
+    blocked a = {.c = c, .key = key, .elem = elem_of('a', "m:{one}:meta", ea), .since_ns = 1000},
+            b = {.c = c, .key = key, .elem = elem_of('a', "m:{two}:meta", eb), .since_ns = 2000};
     pthread_t ta, tb;
     cr_assert_eq(pthread_create(&ta, NULL, blpop_thread, &a), 0);
     await_registered(c, 1);
     cr_assert_eq(pthread_create(&tb, NULL, blpop_thread, &b), 0);
     await_registered(c, 2);
-    push_value(key, idb);
+    push_elem(c, eb, true);
     blocked *first = first_done(&a, &b);
     cr_assert_not_null(first, "no waiter woke within 10 s of the push");
-    cr_expect_eq(first, &b, "the oldest waiter woke, not the one whose id was pushed");
+    cr_expect_eq(first, &b, "another waiter woke, not the one the element names");
     cr_expect(first->signaled, "woken without the element");
     tf_sleep_ms(50);
-    cr_expect_eq(atomic_load(&a.done), 0, "one id woke both waiters");
-    push_value(key, ida);
+    cr_expect_eq(atomic_load(&a.done), 0, "one element woke both waiters");
+    push_elem(c, ea, true);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
     cr_expect(a.signaled, "its own id did not reach the other waiter");
@@ -147,21 +168,22 @@ Test(wake, an_id_wakes_the_waiter_with_that_id, .timeout = 60)
     redsem_client_free(c);
 }
 
-/* An id popped while its waiter is not registered (between two attempts: its attempt may have
- * begun before the grant) is kept: the waiter's next wait ends at once, signaled, instead of
- * sleeping until its fallback. Here the other waiter keeps the shared BLPOP running. */
-Test(wake, an_id_popped_between_attempts_is_kept, .timeout = 60)
+/* An element drained while its waiter is not registered (between two attempts: its attempt
+ * may have begun before the grant) is kept: the waiter's next wait ends at once, signaled,
+ * instead of sleeping until its fallback. Here the other waiter keeps the shared BLPOP
+ * running. */
+Test(wake, an_element_drained_between_attempts_is_kept, .timeout = 60)
 {
     redsem_client *c = tf_client();
-    char ida[REDSEM_ID_BUFSIZE], idb[REDSEM_ID_BUFSIZE];
-    const char *key = c->wake_ids;
-    blocked a = {.c = c, .key = key, .id = id_of('a', ida), .since_ns = 1000},
-            b = {.c = c, .key = key, .id = id_of('b', idb), .since_ns = 2000};
+    char ea[128], eb[128];
+    const char *key = c->wake_bell;
+    blocked a = {.c = c, .key = key, .elem = elem_of('a', "m:{x}:meta", ea), .since_ns = 1000},
+            b = {.c = c, .key = key, .elem = elem_of('b', "m:{x}:meta", eb), .since_ns = 2000};
     pthread_t ta, tb;
     cr_assert_eq(pthread_create(&ta, NULL, blpop_thread, &a), 0);
     await_registered(c, 1);
-    push_value(key, idb); /* b is not waiting now */
-    await_popped(key);
+    push_elem(c, eb, true); /* b is not waiting now */
+    await_popped(c->wake_ids);
     cr_assert_eq(pthread_create(&tb, NULL, blpop_thread, &b), 0);
     blocked *first = first_done(&a, &b);
     cr_assert_not_null(first, "b's wait did not end within 10 s: its popped id was lost");
@@ -169,18 +191,48 @@ Test(wake, an_id_popped_between_attempts_is_kept, .timeout = 60)
     cr_expect(b.signaled, "b's wait ended without its wake-up");
     cr_expect_eq(b.rc, REDSEM_OK);
     tf_sleep_ms(50);
-    cr_expect_eq(atomic_load(&a.done), 0, "b's id woke a too");
-    push_value(key, ida);
+    cr_expect_eq(atomic_load(&a.done), 0, "b's element woke a too");
+    push_elem(c, ea, true);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
     cr_expect(a.signaled);
     redsem_client_free(c);
 }
 
+/* A bell can be lost: popped by a BLPOP whose connection is then dropped (our own deadline
+ * cut it, or a fault). The elements stay in the id list, and the round after a dropped BLPOP
+ * drains it. Here an element is pushed without its bell, and another wait's deadline (0.3 s)
+ * cuts the BLPOP: the element's waiter wakes then, not at its own deadline (20 s). */
+Test(wake, a_lost_bell_loses_no_wake_up, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    char ea[128], ex[128];
+    blocked a = {.c = c, .key = c->wake_bell, .elem = elem_of('a', "m:{y}:meta", ea),
+                 .since_ns = 1000},
+            x = {.c = c, .key = c->wake_bell, .elem = elem_of('c', "m:{y}:meta", ex),
+                 .since_ns = 2000, .hard_ms = 300};
+    pthread_t ta, tx;
+    cr_assert_eq(pthread_create(&ta, NULL, blpop_thread, &a), 0);
+    await_registered(c, 1);
+    tf_sleep_ms(100); /* the first round's drain is over: the leader waits in its BLPOP */
+    push_elem(c, ea, false);
+    int64_t t0 = tf_now_ms();
+    cr_assert_eq(pthread_create(&tx, NULL, blpop_thread, &x), 0);
+    blocked *first = first_done(&a, &a);
+    cr_assert_not_null(first, "a did not wake within 10 s: the element without a bell was lost");
+    cr_expect(a.signaled, "a woke without its element");
+    cr_expect_lt(tf_now_ms() - t0, 5000, "a woke %lld ms after the push",
+                 (long long)(tf_now_ms() - t0));
+    pthread_join(ta, NULL);
+    pthread_join(tx, NULL);
+    redsem_client_free(c);
+}
+
 /* One fair acquire attempt (fair_acquire.lua) that queues id as a waiter: with the client's
  * id list, as redsem 0.4.3 on one server sends it, or without (list NULL: redsem <= 0.4.2,
  * or a cluster client). */
-static void queue_waiter(redsem_client *c, const redsem_sem *s, const char *id, const char *list)
+static void attempt_as(redsem_client *c, const redsem_sem *s, const char *id, const char *list,
+                       int mode)
 {
     redsem__args a;
     redsem__args_init(&a);
@@ -192,7 +244,7 @@ static void queue_waiter(redsem_client *c, const redsem_sem *s, const char *id, 
     redsem__args_str(&a, id);
     redsem__args_i64(&a, 1);     /* limit */
     redsem__args_i64(&a, 30000); /* lease */
-    redsem__args_i64(&a, 1);     /* mode: wait */
+    redsem__args_i64(&a, mode);  /* 1 wait, 2 again */
     redsem__args_i64(&a, 30000); /* wait lease */
     redsem__args_str(&a, "fair");
     redsem__args_str(&a, id);
@@ -205,6 +257,11 @@ static void queue_waiter(redsem_client *c, const redsem_sem *s, const char *id, 
                  "%s", redsem_client_errmsg(c));
     cr_assert(r->type == REDIS_REPLY_STRING && r->str[0] == '0', "%s was not queued", id);
     freeReplyObject(r);
+}
+
+static void queue_waiter(redsem_client *c, const redsem_sem *s, const char *id, const char *list)
+{
+    attempt_as(c, s, id, list, 1);
 }
 
 static void expect_reply(const char *want, const char *cmd, const char *k1, const char *k2)
@@ -233,10 +290,20 @@ Test(wake, a_grant_wakes_a_waiter_where_its_client_waits, .timeout = 60)
     expect_reply(c->wake_ids, "HGET", s->k_meta, field);
     snprintf(field, sizeof field, "c:%s", idb);
     expect_reply("0", "HEXISTS", s->k_meta, field);
+    /* a waiter taken over by another client (its next attempt carries that client's list)
+     * is woken there */
+    char idd[REDSEM_ID_BUFSIZE];
+    queue_waiter(c, s, id_of('d', idd), "redsem:wake:0000000000000000:ids");
+    attempt_as(c, s, idd, c->wake_ids, 2);
+    snprintf(field, sizeof field, "c:%s", idd);
+    expect_reply(c->wake_ids, "HGET", s->k_meta, field);
 
     cr_assert_eq(redsem_permit_release(p), REDSEM_OK); /* grants a, the head */
+    char elem[1200];
+    snprintf(elem, sizeof elem, "%s %s", ida, s->k_meta);
     expect_reply("1", "LLEN", c->wake_ids, NULL);
-    expect_reply(ida, "LINDEX", c->wake_ids, "0");
+    expect_reply(elem, "LINDEX", c->wake_ids, "0");
+    expect_reply("1", "LLEN", c->wake_bell, NULL);
     snprintf(own, sizeof own, "%s%s", s->k_sigprefix, ida);
     expect_reply("0", "EXISTS", own, NULL);
 
@@ -245,6 +312,7 @@ Test(wake, a_grant_wakes_a_waiter_where_its_client_waits, .timeout = 60)
     snprintf(field, sizeof field, "c:%s", ida);
     expect_reply("0", "HEXISTS", s->k_meta, field);
     expect_reply("1", "LLEN", c->wake_ids, NULL); /* nothing more for this client */
+    expect_reply("1", "LLEN", c->wake_bell, NULL);
     snprintf(own, sizeof own, "%s%s", s->k_sigprefix, idb);
     expect_reply("1", "LLEN", own, NULL);
     redsem_permit_free(p);

@@ -202,8 +202,9 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *         SET NX PX of the guard, before; fair_acquire.lua checks the guard and deletes it;
  *         a busy guard is retried after 100 us doubling to 5 ms, jittered); while
  *         waiting, BLPOP on the semaphore's wake-up list (basic), or (fair, locked) on the
- *         client's id list shared by all its waiters (since 0.4.3; drained with
- *         wake_drain.lua after a wake-up), or in a Redis Cluster on the waiter's own list.
+ *         bell of the client's id list shared by all its waiters (since 0.4.3; the list is
+ *         drained with wake_drain.lua after a wake-up), or in a Redis Cluster on the
+ *         waiter's own list.
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.1
  */

@@ -72,7 +72,11 @@ static void flush(fw_kind kind)
     cr_expect_eq(res.rel_lost + res.rel_err, 0);
     cr_expect_eq(res.violations, 0);
     cr_expect_gt(noscript, 0, "no NOSCRIPT reply: the flushes never hit a caller");
-    cr_expect_eq(loads, noscript, "%llu reloads for %llu NOSCRIPT replies", loads, noscript);
+    /* one body per NOSCRIPT; and each client may send wake_drain.lua's once more, on its
+     * first drain, which can come after the first section (the worker's stats base) */
+    cr_expect(loads >= noscript && loads <= noscript + (unsigned long long)reporting,
+              "%llu reloads for %llu NOSCRIPT replies (%d clients)", loads, noscript,
+              reporting);
     cr_expect_eq(retries, 0);
     cr_expect_eq(reporting, workers);
     fh_quiescence(&r);
