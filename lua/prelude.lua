@@ -4,8 +4,10 @@
 --     which replicate effects, not scripts);
 --   * every key is passed in KEYS; the only name formed here is a fair waiter's wake-up list,
 --     KEYS[4] .. id, where KEYS[4] (a declared key prefix) carries the semaphore's hash tag,
---     so the list is always in the semaphore's cluster slot; the one name taken from data
---     is the id list a fair waiter of a one-server client records (see grant_heads);
+--     so the list is always in the semaphore's cluster slot; the names taken from data are
+--     the id list a fair waiter of a one-server client records and that list's bell,
+--     list .. ':bell' (see grant_heads): those pushes are the one write that may fail after
+--     others (redis.pcall: see there);
 --   * numbers passed to redis.call are formatted by Redis with %.17g, exactly but slowly:
 --     on hot paths pass strings (string.format('%d', n) takes the integer path, or the
 --     digits of TIME itself);
@@ -129,7 +131,8 @@ end
 -- fence, now_us, now_us_str}, updated (now_us may be nil: the server's clock is then read
 -- here, only if a permit is granted). `self`, `selfw`: the caller's own id and weight (not
 -- woken; its token is returned). Cost per grant O(log N): ZRANGE of the head, HMGET of its
--- weight and wake-up list, ZREM, HSET, LPUSH.
+-- weight and wake-up list, ZREM, HSET, then LPUSH + PEXPIRE of its own list, or RPUSH to its
+-- client's id list (+ PEXPIRE, RPUSH and PEXPIRE of the bell when the list was empty).
 -- The wake-up: a waiter that recorded its client's id list (c:<id>, fair_acquire.lua's
 -- ARGV[10]; redsem >= 0.4.3 on one server, not a cluster) gets "<id> <meta key>" pushed
 -- there (RPUSH: oldest first; the meta key tells apart one id's waits on two semaphores):
@@ -166,11 +169,15 @@ local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
     if h == self then
       got = tok
     elseif list then
+      -- pcall: the list's name comes from data, so it cannot be checked before the first
+      -- write as KEYS are (a foreign key of another type there, or an ACL that does not
+      -- cover it). The grant stands either way; refused, the waiter finds it by its poll.
       local e = h .. ' ' .. meta
-      if redis.call('RPUSH', list, e) == 1 then
+      if redis.pcall('RPUSH', list, e) == 1 then
         redis.call('PEXPIRE', list, IDLE_STR)
-        redis.call('RPUSH', list .. ':bell', e)
-        redis.call('PEXPIRE', list .. ':bell', IDLE_STR)
+        if redis.pcall('RPUSH', list .. ':bell', e) == 1 then
+          redis.call('PEXPIRE', list .. ':bell', IDLE_STR)
+        end
       end
     else
       redis.call('LPUSH', sigp .. h, '1')

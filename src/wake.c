@@ -195,7 +195,6 @@ int redsem__wake_init(redsem_client *c)
     if (c->wake_bell == NULL)
         return REDSEM_ENOMEM;
     snprintf(c->wake_bell, len, "%s:bell", c->wake_ids);
-    c->wake_drain_due = true;
     c->wake_keys = redsem__calloc(WAKE_KEYS_MAX, sizeof *c->wake_keys);
     c->wake_lens = redsem__calloc(WAKE_KEYS_MAX, sizeof *c->wake_lens);
     c->wake_pend = redsem__calloc(WAKE_PEND_MAX, sizeof *c->wake_pend);
@@ -366,7 +365,9 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 }
                 slot = (slot + 1) & (WAKE_SET_SIZE - 1);
             }
-            if (!dup && nkeys < WAKE_KEYS_MAX - 1) {
+            /* the bell always has a place: it stands for every fair waiter of the client */
+            bool bell = e->hash == bell_hash && e->keylen == bell_len;
+            if (!dup && (nkeys < WAKE_KEYS_MAX - 2 || (bell && nkeys < WAKE_KEYS_MAX - 1))) {
                 /* a copy: a waiter that gives up (its safety net) takes its key with it */
                 char *k = redsem__memdup0(e->w->key, e->keylen);
                 if (k == NULL) {
@@ -382,6 +383,9 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 e->watched = true;
             }
         }
+        bool with_bell = false; /* this round's BLPOP watches the bell */
+        for (int k = 0; k < nkeys && !with_bell; k++)
+            with_bell = khash[k] == bell_hash && lens[k] == bell_len;
         int which = -1;
         char val[WAKE_ELEM_MAX + 1]; /* what the BLPOP popped */
         val[0] = '\0';
@@ -464,7 +468,8 @@ static void lead(redsem_client *c, redsem__waiter *me)
             freeReplyObject(ids);
         } else if (rc != REDSEM_OK || which == -2) {
             /* a connection dropped with the BLPOP: a bell it popped is lost, not the ids */
-            c->wake_drain_due = true;
+            if (with_bell || drain)
+                c->wake_drain_due = true;
         } else if (popped && khash[which] == bell_hash && lens[which] == bell_len) {
             /* the bell, with the element that rang it: given now (unless a drain gave it
              * already: then it is forgotten), and the list drained next */

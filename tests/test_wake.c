@@ -320,3 +320,33 @@ Test(wake, a_grant_wakes_a_waiter_where_its_client_waits, .timeout = 60)
     redsem_sem_free(s);
     redsem_client_free(c);
 }
+
+/* The id list's name comes from data (a waiter's c:<id>), so a script cannot check its type
+ * before its first write: a foreign key there (or an ACL that does not cover it) must not
+ * fail the release that grants, nor leave it half-applied. The grant stands (its waiter finds
+ * it by its poll) and the foreign key is untouched. */
+Test(wake, a_foreign_key_at_an_id_list_fails_no_release, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    cr_assert_eq(redsem_sem_open(c, tf_name("wake-foreign"), REDSEM_STRATEGY_FAIR, 1, 30000, &s),
+                 REDSEM_OK);
+    char list[128], ida[REDSEM_ID_BUFSIZE], field[64], out[64];
+    snprintf(list, sizeof list, "%s-not-a-list", tf_name("wake-foreign"));
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "SET", list, "mine", NULL), 0);
+    redsem_permit *p = NULL, *pa = NULL;
+    cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
+    queue_waiter(c, s, id_of('a', ida), list);
+    cr_expect_eq(redsem_permit_release(p), REDSEM_OK, "%s", redsem_client_errmsg(c));
+    snprintf(field, sizeof field, "t:%s", ida);
+    expect_reply("1", "HEXISTS", s->k_meta, field); /* granted */
+    expect_reply("mine", "GET", list, NULL);
+    cr_expect_eq(redsem_sem_adopt(s, ida, &pa), REDSEM_OK, "%s", redsem_client_errmsg(c));
+    redsem_permit_free(p);
+    if (pa != NULL) {
+        cr_expect_eq(redsem_permit_release(pa), REDSEM_OK);
+        redsem_permit_free(pa);
+    }
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}

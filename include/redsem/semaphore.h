@@ -173,7 +173,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *
  * Waiting does not poll: a release wakes one waiter through a Redis list it blocks on
  * (BLPOP), and a lease that expires wakes the waiters when it is due; a bounded, jittered
- * backoff (50 ms doubling to 1 s) covers lost wake-ups. Fair and locked waiters keep their
+ * backoff covers lost wake-ups (50 ms doubling to 1 s; since 0.4.3, 0.75-1 s for fair and
+ * locked waiters of a one-server client, whose wake-ups survive a lost BLPOP). Fair and locked waiters keep their
  * place in the queue (arrival order); basic waiters compete on every wake-up. The call
  * returns by its deadline plus a few ms (one reconnect and one round trip at most). A wait
  * cut short by a lost connection (REDSEM_ECONN) leaves the queue first, with one more
