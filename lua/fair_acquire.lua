@@ -44,7 +44,7 @@ local n = 1
 if ARGV[9] and ARGV[9] ~= '1' then n = tonumber(ARGV[9]) or 1 end
 local tkey = 't:' .. id
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'used', 'q',
-  'w:' .. id, 'c:' .. id)
+  'w:' .. id)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
 local limit_str = m[2] or ARGV[2]
 local limit = tonumber(limit_str)
@@ -210,8 +210,9 @@ if not queued then
   if n == 1 and m[8] then redis.call('HDEL', meta, 'w:' .. id) end
 else
   redis.call('ZADD', timeouts, string.format('%d', now + wait_lease), id)
-  -- a waiter taken over by another client (the same id: adopt, acquire_as) is woken there
-  if ARGV[10] and ARGV[10] ~= '' and m[9] ~= ARGV[10] then
+  -- a waiter taken over by another client (the same id: acquire_as) is woken there (read
+  -- here, on a queued waiter's renewal, not on every acquire)
+  if ARGV[10] and ARGV[10] ~= '' and redis.call('HGET', meta, 'c:' .. id) ~= ARGV[10] then
     save_meta({'c:' .. id, ARGV[10]})
   else
     save_meta({})

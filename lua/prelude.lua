@@ -131,8 +131,9 @@ end
 -- fence, now_us, now_us_str}, updated (now_us may be nil: the server's clock is then read
 -- here, only if a permit is granted). `self`, `selfw`: the caller's own id and weight (not
 -- woken; its token is returned). Cost per grant O(log N): ZRANGE of the head, HMGET of its
--- weight and wake-up list, ZREM, HSET, then LPUSH + PEXPIRE of its own list, or RPUSH to its
--- client's id list (+ PEXPIRE, RPUSH and PEXPIRE of the bell when the list was empty).
+-- weight and wake-up list, ZREM, HSET, then LPUSH + PEXPIRE of its own list, or HDEL of its
+-- c: field and RPUSH to its client's id list (+ PEXPIRE, RPUSH and PEXPIRE of the bell when
+-- the list was empty).
 -- The wake-up: a waiter that recorded its client's id list (c:<id>, fair_acquire.lua's
 -- ARGV[10]; redsem >= 0.4.3 on one server, not a cluster) gets "<id> <meta key>" pushed
 -- there (RPUSH: oldest first; the meta key tells apart one id's waits on two semaphores):
@@ -166,6 +167,9 @@ local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
     redis.call('ZREM', owners, h)
     redis.call('HSET', meta, 't:' .. h, tok_str, 'fence', tok_str, 'used',
       string.format('%d', st.used))
+    -- a waiter's id list is forgotten when it is granted (so that a release, every pair's
+    -- cost, need not); the caller's own: it may have one
+    if list or h == self then redis.call('HDEL', meta, 'c:' .. h) end
     if h == self then
       got = tok
     elseif list then
