@@ -137,6 +137,21 @@ Test(wake, the_oldest_acquire_on_a_list_gets_its_wake_up, .timeout = 60)
     redsem_client_free(c);
 }
 
+/* After b's wake-up: a still waits (one element, one wake-up), and its own element then ends
+ * its wait. Frees c. */
+static void then_the_other(redsem_client *c, blocked *a, const char *ea, pthread_t ta,
+                           pthread_t tb)
+{
+    tf_sleep_ms(50);
+    cr_expect_eq(atomic_load(&a->done), 0, "one element woke both waiters");
+    push_elem(c, ea, true);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_expect(a->signaled, "its own element did not reach the other waiter");
+    cr_expect_eq(a->rc, REDSEM_OK);
+    redsem_client_free(c);
+}
+
 /* Fair waiters of one client share its id list (their key is its bell), and an element names
  * the waiter granted, by id and semaphore: it wakes that waiter, even if another one waits
  * longer (0.4.2 woke the oldest of a list), and even if that other one has the same id on
@@ -158,14 +173,7 @@ Test(wake, an_element_wakes_the_waiter_it_names, .timeout = 60)
     cr_assert_not_null(first, "no waiter woke within 10 s of the push");
     cr_expect_eq(first, &b, "another waiter woke, not the one the element names");
     cr_expect(first->signaled, "woken without the element");
-    tf_sleep_ms(50);
-    cr_expect_eq(atomic_load(&a.done), 0, "one element woke both waiters");
-    push_elem(c, ea, true);
-    pthread_join(ta, NULL);
-    pthread_join(tb, NULL);
-    cr_expect(a.signaled, "its own id did not reach the other waiter");
-    cr_expect_eq(a.rc, REDSEM_OK);
-    redsem_client_free(c);
+    then_the_other(c, &a, ea, ta, tb);
 }
 
 /* An element drained while its waiter is not registered (between two attempts: its attempt
@@ -190,13 +198,7 @@ Test(wake, an_element_drained_between_attempts_is_kept, .timeout = 60)
     cr_expect_eq(first, &b, "the id woke another waiter");
     cr_expect(b.signaled, "b's wait ended without its wake-up");
     cr_expect_eq(b.rc, REDSEM_OK);
-    tf_sleep_ms(50);
-    cr_expect_eq(atomic_load(&a.done), 0, "b's element woke a too");
-    push_elem(c, ea, true);
-    pthread_join(ta, NULL);
-    pthread_join(tb, NULL);
-    cr_expect(a.signaled);
-    redsem_client_free(c);
+    then_the_other(c, &a, ea, ta, tb);
 }
 
 /* A bell can be lost: popped by a BLPOP whose connection is then dropped (our own deadline
@@ -214,7 +216,7 @@ Test(wake, a_lost_bell_loses_no_wake_up, .timeout = 60)
     pthread_t ta, tx;
     cr_assert_eq(pthread_create(&ta, NULL, blpop_thread, &a), 0);
     await_registered(c, 1);
-    tf_sleep_ms(100); /* the first round's drain is over: the leader waits in its BLPOP */
+    tf_sleep_ms(100); /* the leader waits in its BLPOP */
     push_elem(c, ea, false);
     int64_t t0 = tf_now_ms();
     cr_assert_eq(pthread_create(&tx, NULL, blpop_thread, &x), 0);
