@@ -1,5 +1,6 @@
 -- wake_drain: take the fair wake-ups queued on a client's id list (wake.c's leader, after
--- popping the list's bell, after a BLPOP whose connection was dropped, and when it starts).
+-- popping the list's bell, after a drain that came back full, and after a BLPOP on the bell
+-- whose connection was dropped).
 -- KEYS: 1 the client's id list ({prefix}wake:<tag>:ids; grant_heads RPUSHes "<id> <meta>"
 -- to it, and the same to its bell when it was empty).
 -- ARGV: 1 at most this many.

@@ -168,8 +168,6 @@ static void state_init(redsem__acq_state *s, const redsem__acquirer *q, const ch
     s->since_ns = redsem__now_ns();
     s->mode = s->blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
     s->backoff_ms = q->wake_meta != NULL ? BACKOFF_BY_ID_MS : BACKOFF_MIN_MS;
-    if (q->wake_meta != NULL)
-        snprintf(s->elem, sizeof s->elem, "%.*s %s", REDSEM_ID_LEN, id, q->wake_meta);
 }
 
 /* The loop's body: attempts until the acquire is decided (returns its status, *att filled on
@@ -291,8 +289,11 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
             if (expiry < cut)
                 cut = expiry;
         }
-        if (s->wkey == NULL)
+        if (s->wkey == NULL) { /* the first wait: made once, not on every acquire */
             s->wkey = q->wait_key(q->handle, id, &s->keylen, s->keybuf, sizeof s->keybuf);
+            if (q->wake_meta != NULL)
+                snprintf(s->elem, sizeof s->elem, "%.*s %s", REDSEM_ID_LEN, id, q->wake_meta);
+        }
         s->wait_ms = wait;
         s->cut_ns = cut;
         s->waited = true;

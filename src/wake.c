@@ -87,6 +87,7 @@ typedef struct redsem__waiter {
     int64_t hard_ns;  /* and at the latest (our clock) */
     const char *elem; /* NULL, or a fair waiter's element on the id list (wake_id) */
     size_t elemlen;
+    uint64_t hash, elemh; /* key_hash() of key and elem (0 without), made once (enlist) */
     char *errmsg;     /* its thread's error text */
     pthread_cond_t cv;
     const atomic_bool *cancel; /* its operation's cancel flag (async.c), or NULL */
@@ -128,13 +129,10 @@ static int add_waiter(redsem_client *c, redsem__waiter *w)
         c->wcap = cap;
     }
     redsem__wentry *e = &c->wv[c->wn];
-    *e = (redsem__wentry){.w = w, .keylen = w->key != NULL ? w->keylen : 0,
+    *e = (redsem__wentry){.w = w, .hash = w->hash, .keylen = w->key != NULL ? w->keylen : 0,
                           .until_ns = w->until_ns, .hard_ns = w->hard_ns,
-                          .since_ns = w->since_ns, .parked = w->on_done != NULL};
-    if (w->key != NULL)
-        e->hash = key_hash(w->key, w->keylen);
-    if (w->elem != NULL)
-        e->elemh = key_hash(w->elem, w->elemlen);
+                          .since_ns = w->since_ns, .elemh = w->elemh,
+                          .parked = w->on_done != NULL};
     w->slot = c->wn++;
     c->wnparked += e->parked;
     return REDSEM_OK;
@@ -576,6 +574,42 @@ static void lead_parked(redsem_client *c, const atomic_bool *stop)
     lead(c, &me);
 }
 
+/* Under wake_mu: register w, unless its cancel flag is set (1: checked under wake_mu, so
+ * that redsem__wake_cancelled() either sees w or ran before it and set the flag first) or
+ * an element drained for it is kept (2: its wake-up came while it was between attempts; the
+ * wait is over, signaled); or REDSEM_ENOMEM. Registered: *lead says it takes the lead (none
+ * exists), *poke that the running BLPOP must be ended for it (poke_leader(), without
+ * wake_mu): a list that BLPOP does not watch, or a wait that ends before it does. */
+static int enlist(redsem_client *c, redsem__waiter *w, int64_t now, bool *lead, bool *poke)
+{
+    if (w->cancel != NULL && atomic_load(w->cancel))
+        return 1;
+    w->hash = key_hash(w->key, w->keylen);
+    w->elemh = w->elem != NULL ? key_hash(w->elem, w->elemlen) : 0;
+    if (w->elem != NULL && pend_take(c, w->elemh, now))
+        return 2;
+    *lead = !c->wake_leading;
+    *poke = !*lead && c->wake_blocked && !c->wake_poked &&
+            (!watched(c, w->hash, w->keylen) || w->until_ns < c->wake_until ||
+             w->hard_ns < c->wake_hard);
+    if (add_waiter(c, w) != REDSEM_OK)
+        return REDSEM_ENOMEM;
+    c->wake_leading = true;
+    c->wake_poked = c->wake_poked || *poke;
+    return REDSEM_OK;
+}
+
+/* End the running BLPOP by a push to the control list, so that the next one watches a new
+ * wait; a failed push leaves errmsg as it was (the wait times out instead). */
+static void poke_leader(redsem_client *c, char *errmsg)
+{
+    char saved[REDSEM__ERRMSG_LEN];
+    redsem__text_copy(saved, errmsg);
+    if (redsem__routed(c, false, c->wake_ctl, strlen(c->wake_ctl), REDSEM__REQ_RETRY, NULL,
+                       call_poke, c->wake_ctl) != REDSEM_OK)
+        redsem__text_copy(errmsg, saved);
+}
+
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *elem,
                   int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled)
 {
@@ -586,59 +620,29 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *
     redsem__waiter w = {.key = key, .keylen = keylen, .errmsg = redsem__errbuf(c),
                         .cancel = redsem__cancel, .rc = REDSEM_OK, .since_ns = since_ns,
                         .slot = -1};
-    if (elem != NULL) {
-        w.elem = elem;
-        w.elemlen = strlen(elem);
-    }
+    w.elem = elem;
+    w.elemlen = elem != NULL ? strlen(elem) : 0;
     w.until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w.hard_ns = hard_deadline_ns;
-    uint64_t h = key_hash(key, keylen);
 
+    bool poke = false;
     pthread_mutex_lock(&c->wake_mu);
-    if (redsem__cancelled()) {
-        /* checked under wake_mu: redsem__wake_cancelled() either sees this waiter or ran
-         * before it and set the flag first */
+    int rc = enlist(c, &w, now, &w.lead, &poke);
+    if (rc != REDSEM_OK) {
         pthread_mutex_unlock(&c->wake_mu);
-        return REDSEM_OK;
+        *signaled = rc == 2; /* 1, cancelled: its loop sees the flag */
+        return rc == REDSEM_ENOMEM
+                   ? redsem__set_err(c, REDSEM_ENOMEM, "out of memory (registering a wait)")
+                   : REDSEM_OK;
     }
-    if (elem != NULL && pend_take(c, key_hash(elem, w.elemlen), now)) {
-        /* its wake-up came while it was between attempts */
-        pthread_mutex_unlock(&c->wake_mu);
-        *signaled = true;
-        return REDSEM_OK;
-    }
-    bool poke = false, lead_now = false;
-    if (!c->wake_leading) {
-        lead_now = true;
-    } else if (c->wake_blocked && !c->wake_poked &&
-               (!watched(c, h, keylen) || w.until_ns < c->wake_until ||
-                w.hard_ns < c->wake_hard)) {
-        /* a list the running BLPOP does not watch, or a wait that ends before it does */
-        poke = true;
-    }
-    if (add_waiter(c, &w) != REDSEM_OK) {
-        pthread_mutex_unlock(&c->wake_mu);
-        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (registering a wait)");
-    }
-    if (lead_now) {
-        c->wake_leading = true;
-        w.lead = true;
-    }
-    if (poke)
-        c->wake_poked = true;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&w.cv, &ca);
     pthread_condattr_destroy(&ca);
     if (poke) {
-        /* end the running BLPOP, so that the next one watches this list too */
         pthread_mutex_unlock(&c->wake_mu);
-        char saved[REDSEM__ERRMSG_LEN];
-        redsem__text_copy(saved, w.errmsg);
-        if (redsem__routed(c, false, c->wake_ctl, strlen(c->wake_ctl), REDSEM__REQ_RETRY, NULL,
-                           call_poke, c->wake_ctl) != REDSEM_OK)
-            redsem__text_copy(w.errmsg, saved); /* the wait times out instead */
+        poke_leader(c, w.errmsg);
         pthread_mutex_lock(&c->wake_mu);
     }
     /* a waiter's safety net, should the leader be late: its own deadline + the command
@@ -690,14 +694,10 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const ch
     w->on_done = on_done;
     w->need_lead = need_lead;
     w->arg = arg;
-    uint64_t h = key_hash(k, keylen);
 
+    bool lead_now = false, poke = false;
     pthread_mutex_lock(&c->wake_mu);
-    int rc = REDSEM_OK;
-    if (cancel != NULL && atomic_load(cancel))
-        rc = 1; /* checked under wake_mu, as redsem__blpop does */
-    else if (el != NULL && pend_take(c, key_hash(el, elemlen), now))
-        rc = 2; /* its wake-up came while it was between attempts */
+    int rc = enlist(c, w, now, &lead_now, &poke);
     if (rc != REDSEM_OK) {
         pthread_mutex_unlock(&c->wake_mu);
         redsem__free(k);
@@ -705,33 +705,10 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const ch
         redsem__free(w);
         return rc;
     }
-    bool lead_now = false, poke = false;
-    if (!c->wake_leading) {
-        lead_now = true;
-    } else if (c->wake_blocked && !c->wake_poked &&
-               (!watched(c, h, keylen) || w->until_ns < c->wake_until ||
-                w->hard_ns < c->wake_hard)) {
-        poke = true;
-    }
-    if (add_waiter(c, w) != REDSEM_OK) {
-        pthread_mutex_unlock(&c->wake_mu);
-        redsem__free(k);
-        redsem__free(el);
-        redsem__free(w);
-        return REDSEM_ENOMEM;
-    }
-    if (lead_now)
-        c->wake_leading = true;
-    if (poke)
-        c->wake_poked = true;
     /* from here w belongs to the wait: it may end (and be freed) whenever wake_mu is free */
     if (poke) {
         pthread_mutex_unlock(&c->wake_mu);
-        char saved[REDSEM__ERRMSG_LEN];
-        redsem__text_copy(saved, redsem__errbuf(c));
-        if (redsem__routed(c, false, c->wake_ctl, strlen(c->wake_ctl), REDSEM__REQ_RETRY, NULL,
-                           call_poke, c->wake_ctl) != REDSEM_OK)
-            redsem__text_copy(redsem__errbuf(c), saved); /* the wait times out instead */
+        poke_leader(c, redsem__errbuf(c));
         return REDSEM_OK;
     }
     if (lead_now)
@@ -788,6 +765,5 @@ void redsem__wake_cancelled(redsem_client *c)
     }
     pthread_mutex_unlock(&c->wake_mu);
     if (poke)
-        (void)redsem__routed(c, false, c->wake_ctl, strlen(c->wake_ctl), REDSEM__REQ_RETRY, NULL,
-                             call_poke, c->wake_ctl);
+        poke_leader(c, redsem__errbuf(c));
 }
