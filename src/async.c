@@ -37,7 +37,10 @@
 #include "internal.h"
 
 #define WORKER_IDLE_MS 2000
-/* idle workers kept (each ends after WORKER_IDLE_MS without work) */
+/* an idle worker also ends after WORKER_LINGER_MS when WORKERS_IDLE_KEEP others are idle:
+ * a burst of wake-ups (many parked acquires' backoffs ending in one round of the shared
+ * wait) takes as many workers, and the pool shrinks back soon after */
+#define WORKER_LINGER_MS 50
 #define WORKERS_IDLE_KEEP 2
 /* waiting acquires with a wake-up list of their own (fair and locked semaphores on a
  * cluster client, whose waits have a wait connection and a worker each) started at once
@@ -103,6 +106,10 @@ typedef struct op_list {
 typedef struct worker_slot {
     pthread_t t;
     bool used, exited;
+    /* idle: on the idle stack (next_idle below it), asleep on cv until popped (woken) */
+    pthread_cond_t cv;
+    bool woken;
+    struct worker_slot *next_idle;
 } worker_slot;
 
 struct redsem_async {
@@ -114,7 +121,15 @@ struct redsem_async {
     op_list parked; /* acquires whose wait is registered in the shared wait */
     op_list resume; /* parked acquires whose wait ended: they go on before new ones */
     worker_slot slots[REDSEM_ASYNC_WORKERS_MAX];
-    int nworkers, nidle, nwaiting_running, nparked;
+    int nworkers, nwaiting_running, nparked;
+    /* idle workers: asleep or woken and not yet at work (maybe_spawn counts them) */
+    int nidle;
+    /* the idle ones still asleep, the last to go idle on top: work wakes the top one, so
+     * that only as many workers as the work needs keep busy and the rest end after
+     * WORKER_IDLE_MS (with one shared condition variable a wake-up reached any of them and
+     * kept every one alive, so the pool was trimmed by ending workers at once, and under
+     * load threads were started and ended thousands of times a second) */
+    worker_slot *idle_top;
     int nstarted; /* waiting acquires started and not finished (parked ones included) */
     int nstarted_own; /* those of them with a list of their own */
     int lead_requests; /* need_lead() calls not yet taken by a worker */
@@ -333,6 +348,26 @@ static op *take(redsem_async *a)
 
 static void *worker_main(void *arg);
 
+/* Under mu: wake the worker that went idle last, if one sleeps (work was queued). */
+static void wake_worker(redsem_async *a)
+{
+    worker_slot *s = a->idle_top;
+    if (s == NULL)
+        return;
+    a->idle_top = s->next_idle;
+    s->next_idle = NULL;
+    s->woken = true;
+    pthread_cond_signal(&s->cv);
+}
+
+/* Under mu: wake every sleeping worker, and redsem_async_free() waiting on work_cv. */
+static void wake_all(redsem_async *a)
+{
+    while (a->idle_top != NULL)
+        wake_worker(a);
+    pthread_cond_broadcast(&a->work_cv);
+}
+
 /* Under mu: start a worker if work may be left without one. */
 static void maybe_spawn(redsem_async *a)
 {
@@ -379,9 +414,9 @@ static void on_woken(void *arg, int rc, bool signaled)
     o->state = ST_QUEUED;
     list_push(&a->resume, o);
     if (a->closing)
-        pthread_cond_broadcast(&a->work_cv); /* redsem_async_free() waits for nparked 0 */
+        wake_all(a); /* redsem_async_free() waits for nparked 0 */
     else
-        pthread_cond_signal(&a->work_cv);
+        wake_worker(a);
     maybe_spawn(a);
     pthread_mutex_unlock(&a->mu);
 }
@@ -396,7 +431,7 @@ static bool need_lead(void *arg)
         return false;
     pthread_mutex_lock(&a->mu);
     a->lead_requests++;
-    pthread_cond_signal(&a->work_cv);
+    wake_worker(a);
     maybe_spawn(a);
     pthread_mutex_unlock(&a->mu);
     return true;
@@ -446,6 +481,8 @@ static void *worker_main(void *arg)
     redsem_async *a = arg;
     int64_t idle_until = 0; /* idle since then + WORKER_IDLE_MS: end (0: not idle) */
     pthread_mutex_lock(&a->mu);
+    /* maybe_spawn() held mu around pthread_create: the slot records this thread now */
+    worker_slot *me = my_slot(a);
     for (;;) {
         op *o = take(a);
         if (o == &a->lead_op) {
@@ -462,25 +499,43 @@ static void *worker_main(void *arg)
         if (o == NULL) {
             if (a->closing && a->nparked == 0)
                 break;
-            /* Enough idle workers already: end now. Parked acquires come back often (their
-             * backoff), and a wake-up reaches any idle worker, so a pool larger than the work
-             * would otherwise never shrink (one burst of submissions starts many). */
-            if (a->nidle >= WORKERS_IDLE_KEEP)
-                break;
+            int64_t now = redsem__now_ns();
             if (idle_until == 0)
-                idle_until = redsem__now_ns() + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
-            a->nidle++;
-            /* also up at the first deadline of an acquire that cannot start yet */
+                idle_until = now + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
+            bool queued = a->quick.head != NULL || a->waiting.head != NULL ||
+                          a->resume.head != NULL || a->lead_requests > 0;
+            /* idle for WORKER_LINGER_MS with WORKERS_IDLE_KEEP others idle, or for
+             * WORKER_IDLE_MS: end, unless work it may not take yet is queued (then idle
+             * anew, not in a spin: a queued acquire's deadline needs a worker then) */
+            int64_t linger_end =
+                idle_until - (WORKER_IDLE_MS - WORKER_LINGER_MS) * REDSEM__NS_PER_MS;
+            if (now >= idle_until || (now >= linger_end && a->nidle >= WORKERS_IDLE_KEEP)) {
+                if (!queued)
+                    break;
+                if (now >= idle_until)
+                    idle_until = now + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
+            }
+            /* asleep on the idle stack until work wakes it (the last to go idle first), or
+             * the first deadline of an acquire that cannot start yet, or its idle end */
             int64_t wake = a->waiting.head != NULL && a->expiry_ns < idle_until ? a->expiry_ns
                                                                                  : idle_until;
+            if (now < linger_end && linger_end < wake)
+                wake = linger_end;
             struct timespec ts = {(time_t)(wake / 1000000000), (long)(wake % 1000000000)};
-            pthread_cond_timedwait(&a->work_cv, &a->mu, &ts);
+            me->woken = false;
+            me->next_idle = a->idle_top;
+            a->idle_top = me;
+            a->nidle++;
+            while (!me->woken && redsem__now_ns() < wake)
+                pthread_cond_timedwait(&me->cv, &a->mu, &ts);
             a->nidle--;
-            if (redsem__now_ns() >= idle_until) {
-                if (a->quick.head == NULL && a->waiting.head == NULL &&
-                    a->resume.head == NULL && a->lead_requests == 0)
-                    break;
-                idle_until = 0; /* work it may not take yet: idle anew, not in a spin */
+            if (!me->woken) { /* not popped: take itself off the stack */
+                worker_slot **p = &a->idle_top;
+                while (*p != NULL && *p != me)
+                    p = &(*p)->next_idle;
+                if (*p == me)
+                    *p = me->next_idle;
+                me->next_idle = NULL;
             }
             continue;
         }
@@ -520,9 +575,7 @@ static void *worker_main(void *arg)
         finish(a, o);
     }
     a->nworkers--;
-    worker_slot *s = my_slot(a);
-    if (s != NULL)
-        s->exited = true;
+    me->exited = true;
     pthread_cond_broadcast(&a->work_cv); /* redsem_async_free() waits for nworkers 0 */
     pthread_mutex_unlock(&a->mu);
     return NULL;
@@ -551,6 +604,8 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&a->work_cv, &ca);
+    for (int i = 0; i < REDSEM_ASYNC_WORKERS_MAX; i++)
+        pthread_cond_init(&a->slots[i].cv, &ca);
     pthread_condattr_destroy(&ca);
     a->next_id = 1;
     a->expiry_ns = INT64_MAX;
@@ -652,7 +707,7 @@ static void queue_wake_cancelled(redsem_async *a)
     w->state = ST_QUEUED;
     atomic_init(&w->cancel, false);
     list_push(&a->quick, w);
-    pthread_cond_signal(&a->work_cv);
+    wake_worker(a);
     maybe_spawn(a);
 }
 
@@ -750,7 +805,7 @@ void redsem_async_free(redsem_async *async)
         if (o->waits)
             atomic_store(&o->cancel, true);
     atomic_store(&a->stopping, true);
-    pthread_cond_broadcast(&a->work_cv);
+    wake_all(a);
     maybe_spawn(a);
     pthread_mutex_unlock(&a->mu);
     redsem__wake_cancelled(a->c); /* also ends a lead of ours, if one runs */
@@ -774,6 +829,8 @@ void redsem_async_free(redsem_async *async)
     close(a->pipefd[0]);
     close(a->pipefd[1]);
     pthread_cond_destroy(&a->work_cv);
+    for (int i = 0; i < REDSEM_ASYNC_WORKERS_MAX; i++)
+        pthread_cond_destroy(&a->slots[i].cv);
     pthread_mutex_destroy(&a->mu);
     redsem__free(a);
 }
@@ -822,7 +879,7 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
     }
     atomic_fetch_add(&a->pending, 1);
     list_push(o->waits ? &a->waiting : &a->quick, o);
-    pthread_cond_signal(&a->work_cv);
+    wake_worker(a);
     maybe_spawn(a);
     if (a->nworkers == 0) {
         /* no worker could be started, and none runs to take it: refuse it rather than
