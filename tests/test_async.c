@@ -847,6 +847,7 @@ Test(async, waiting_acquires_hold_no_thread_fair, .timeout = 120)
 #include <errno.h>
 /* pthread_create, made to fail on demand (interposed for this test binary) */
 static atomic_int tf_threads_left = -1; /* < 0: no limit */
+static atomic_int tf_threads_started;    /* threads started by this process, all of them */
 int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
     static int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
@@ -860,7 +861,10 @@ int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *)
         return EAGAIN;
     if (left > 0)
         atomic_fetch_sub(&tf_threads_left, 1);
-    return real(t, attr, fn, arg);
+    int rc = real(t, attr, fn, arg);
+    if (rc == 0)
+        atomic_fetch_add(&tf_threads_started, 1);
+    return rc;
 }
 
 /* No thread can be started: the operation is refused, or its callback runs (never: neither) */
@@ -1118,4 +1122,97 @@ Test(async, a_queued_deadline_is_kept_when_every_worker_waits, .timeout = 120)
     env_down(&e);
     ts_cluster_stop(&cl);
 }
+/* Steady work keeps its workers: 200 loops acquire and release (each the next from the
+ * callback of the last) on 20 basic semaphores of limit 4 for 2 s. A worker that finds no
+ * work sleeps on the idle stack, and work wakes the one that went idle last (0.4.4): the
+ * pool stays about as large as the work needs. 0.4.1-0.4.3 woke any idle worker, ended one at
+ * once whenever two others were idle, and so started thousands of threads a second under
+ * such load (bench -w loops: 5,600/s); now a few dozen in all. */
+typedef struct steady {
+    env *e;
+    redsem_sem **sems;
+    int64_t end_ms;
+    int active, grants, bad;
+} steady;
+
+typedef struct steady_loop {
+    steady *st;
+    int sem;
+    redsem_permit *p;
+} steady_loop;
+
+static void steady_next(steady_loop *l);
+
+static void steady_released(redsem_async *a, const redsem_result *r, void *user)
+{
+    (void)a;
+    steady_loop *l = user;
+    if (r->rc != REDSEM_OK)
+        l->st->bad++;
+    redsem_permit_free(l->p);
+    l->p = NULL;
+    steady_next(l);
+}
+
+static void steady_granted(redsem_async *a, const redsem_result *r, void *user)
+{
+    steady_loop *l = user;
+    if (r->rc != REDSEM_OK) {
+        l->st->bad++;
+        steady_next(l);
+        return;
+    }
+    l->st->grants++;
+    l->p = r->permit;
+    if (redsem_permit_release_async(a, l->p, steady_released, l, NULL) != REDSEM_OK) {
+        l->st->bad++;
+        redsem_permit_free(l->p);
+        l->p = NULL;
+        l->st->active--;
+    }
+}
+
+static void steady_next(steady_loop *l)
+{
+    steady *st = l->st;
+    if (tf_now_ms() >= st->end_ms ||
+        redsem_sem_acquire_async(st->e->a, st->sems[l->sem], 1, 10000, steady_granted, l,
+                                 NULL) != REDSEM_OK)
+        st->active--;
+}
+
+Test(async, steady_work_keeps_its_workers, .timeout = 120)
+{
+    env e;
+    env_up(&e);
+    enum { NSEMS = 20, NLOOPS = 200, RUN_MS = 2000 };
+    redsem_sem *sems[NSEMS];
+    for (int i = 0; i < NSEMS; i++) {
+        char base[32];
+        snprintf(base, sizeof base, "async-steady-%d", i);
+        OK(e.c, redsem_sem_open(e.c, tf_name(base), REDSEM_STRATEGY_BASIC, 4, 10000, &sems[i]));
+    }
+    steady st = {.e = &e, .sems = sems, .end_ms = tf_now_ms() + RUN_MS, .active = NLOOPS};
+    static steady_loop loops[NLOOPS];
+    int before = atomic_load(&tf_threads_started);
+    for (int i = 0; i < NLOOPS; i++) {
+        loops[i] = (steady_loop){&st, i % NSEMS, NULL};
+        steady_next(&loops[i]);
+    }
+    int64_t until = tf_now_ms() + RUN_MS + 30000;
+    while (st.active > 0 && tf_now_ms() < until)
+        loop_once(&e.loop);
+    int started = atomic_load(&tf_threads_started) - before;
+    cr_expect_eq(st.active, 0, "%d loops still running", st.active);
+    cr_expect_eq(st.bad, 0);
+    cr_expect_gt(st.grants, NLOOPS, "%d grants", st.grants);
+    /* at most REDSEM_ASYNC_WORKERS_MAX at once; a pool that shrinks and grows again while
+     * the work goes on may start some more, not thousands */
+    cr_expect_leq(started, 2 * REDSEM_ASYNC_WORKERS_MAX,
+                  "%d threads started for %d grants in %d ms", started, st.grants, RUN_MS);
+    for (int i = 0; i < NSEMS; i++)
+        redsem_sem_free(sems[i]);
+    env_down(&e);
+}
+
 #endif
