@@ -2,7 +2,8 @@
  *
  * An operation is its blocking twin run on a worker thread: the same call path, scripts and
  * guarantees (sync and async share one path). Workers are started on demand, up to
- * REDSEM_ASYNC_WORKERS_MAX, and end after WORKER_IDLE_MS without work. Two queues: the
+ * REDSEM_ASYNC_WORKERS_MAX; idle ones sleep on a stack, work wakes the last to go idle, and
+ * one ends after WORKER_IDLE_MS without work (or sooner: see worker_main). Two queues: the
  * operations that wait (blocking acquires) and the quick ones (the rest); a worker takes a
  * quick one first, and at most REDSEM_ASYNC_WORKERS_MAX - 1 workers run waiting ones, so a
  * release always finds a worker. A finished operation goes on the done list and writes one
@@ -37,9 +38,9 @@
 #include "internal.h"
 
 #define WORKER_IDLE_MS 2000
-/* an idle worker also ends after WORKER_LINGER_MS when WORKERS_IDLE_KEEP others are idle:
- * a burst of wake-ups (many parked acquires' backoffs ending in one round of the shared
- * wait) takes as many workers, and the pool shrinks back soon after */
+/* an idle worker also ends after WORKER_LINGER_MS if WORKERS_IDLE_KEEP others are idle then
+ * (checked once, at that time): a burst of wake-ups (many parked acquires' backoffs ending in
+ * one round of the shared wait) takes as many workers, and the pool shrinks back after it */
 #define WORKER_LINGER_MS 50
 #define WORKERS_IDLE_KEEP 2
 /* waiting acquires with a wake-up list of their own (fair and locked semaphores on a
@@ -130,6 +131,7 @@ struct redsem_async {
      * kept every one alive, so the pool was trimmed by ending workers at once, and under
      * load threads were started and ended thousands of times a second) */
     worker_slot *idle_top;
+    bool expiry_moved;    /* expiry_ns came earlier since a worker last went to sleep */
     int nstarted; /* waiting acquires started and not finished (parked ones included) */
     int nstarted_own; /* those of them with a list of their own */
     int lead_requests; /* need_lead() calls not yet taken by a worker */
@@ -488,6 +490,11 @@ static void *worker_main(void *arg)
         if (o == &a->lead_op) {
             /* leading may last: it counts as a waiting operation, so that one worker stays
              * for the quick ones, and queued work may need another worker */
+            idle_until = 0;
+            if (a->expiry_moved) {
+                a->expiry_moved = false;
+                wake_worker(a);
+            }
             a->nwaiting_running++;
             maybe_spawn(a);
             pthread_mutex_unlock(&a->mu);
@@ -502,19 +509,24 @@ static void *worker_main(void *arg)
             int64_t now = redsem__now_ns();
             if (idle_until == 0)
                 idle_until = now + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
-            bool queued = a->quick.head != NULL || a->waiting.head != NULL ||
-                          a->resume.head != NULL || a->lead_requests > 0;
-            /* idle for WORKER_LINGER_MS with WORKERS_IDLE_KEEP others idle, or for
-             * WORKER_IDLE_MS: end, unless work it may not take yet is queued (then idle
-             * anew, not in a spin: a queued acquire's deadline needs a worker then) */
             int64_t linger_end =
                 idle_until - (WORKER_IDLE_MS - WORKER_LINGER_MS) * REDSEM__NS_PER_MS;
-            if (now >= idle_until || (now >= linger_end && a->nidle >= WORKERS_IDLE_KEEP)) {
-                if (!queued)
-                    break;
-                if (now >= idle_until)
-                    idle_until = now + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
-            }
+            /* others idle now: they take what comes, a queued acquire's deadline included */
+            bool others = a->nidle >= WORKERS_IDLE_KEEP;
+            bool queued = a->quick.head != NULL || a->waiting.head != NULL ||
+                          a->resume.head != NULL || a->lead_requests > 0;
+            /* End: idle for WORKER_LINGER_MS with others idle, or for WORKER_IDLE_MS unless
+             * work it may not take yet is queued and no others are idle (then it idles anew,
+             * not in a spin: a queued acquire's deadline needs a worker then). Rounds of
+             * parked acquires' wake-ups (their backoffs ending together) each take as many
+             * workers as the round has wake-ups, which end 50 ms later: with 1,000 parked
+             * acquires about 370 started a second (0.4.3: 410). Keeping them longer would
+             * keep a pool as large as the largest round of the last while acquires wait
+             * (async/waiting_acquires_hold_no_thread_* allows 4 threads more for 40). */
+            if ((now >= linger_end && others) || (now >= idle_until && (!queued || others)))
+                break;
+            if (now >= idle_until)
+                idle_until = now + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
             /* asleep on the idle stack until work wakes it (the last to go idle first), or
              * the first deadline of an acquire that cannot start yet, or its idle end */
             int64_t wake = a->waiting.head != NULL && a->expiry_ns < idle_until ? a->expiry_ns
@@ -522,6 +534,7 @@ static void *worker_main(void *arg)
             if (now < linger_end && linger_end < wake)
                 wake = linger_end;
             struct timespec ts = {(time_t)(wake / 1000000000), (long)(wake % 1000000000)};
+            a->expiry_moved = false; /* this sleep counts with it */
             me->woken = false;
             me->next_idle = a->idle_top;
             a->idle_top = me;
@@ -540,6 +553,12 @@ static void *worker_main(void *arg)
             continue;
         }
         idle_until = 0;
+        if (a->expiry_moved) {
+            /* a deadline came before the ones the sleeping workers wait for: one of them
+             * wakes to see it, since this one is busy now */
+            a->expiry_moved = false;
+            wake_worker(a);
+        }
         o->state = ST_RUNNING;
         list_push(&a->running, o);
         maybe_spawn(a); /* more queued work, no idle worker: grow */
@@ -874,8 +893,10 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
     o->id = a->next_id++;
     if (o->waits && o->timeout_ms > 0) {
         o->deadline_ns = redsem__now_ns() + o->timeout_ms * REDSEM__NS_PER_MS;
-        if (o->deadline_ns < a->expiry_ns)
+        if (o->deadline_ns < a->expiry_ns) {
             a->expiry_ns = o->deadline_ns;
+            a->expiry_moved = true;
+        }
     }
     atomic_fetch_add(&a->pending, 1);
     list_push(o->waits ? &a->waiting : &a->quick, o);

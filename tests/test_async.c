@@ -1185,7 +1185,9 @@ Test(async, steady_work_keeps_its_workers, .timeout = 120)
 {
     env e;
     env_up(&e);
-    enum { NSEMS = 20, NLOOPS = 200, RUN_MS = 2000 };
+    enum { NSEMS = 20, NLOOPS = 200 };
+    /* under valgrind the first round alone may take 2 s */
+    const int RUN_MS = under_valgrind() ? 8000 : 2000;
     redsem_sem *sems[NSEMS];
     for (int i = 0; i < NSEMS; i++) {
         char base[32];
@@ -1206,9 +1208,9 @@ Test(async, steady_work_keeps_its_workers, .timeout = 120)
     cr_expect_eq(st.active, 0, "%d loops still running", st.active);
     cr_expect_eq(st.bad, 0);
     cr_expect_gt(st.grants, NLOOPS, "%d grants", st.grants);
-    /* at most REDSEM_ASYNC_WORKERS_MAX at once; a pool that shrinks and grows again while
-     * the work goes on may start some more, not thousands */
-    cr_expect_leq(started, 2 * REDSEM_ASYNC_WORKERS_MAX,
+    /* at most REDSEM_ASYNC_WORKERS_MAX at once (64 started, in every run seen); a pool that
+     * shrinks and grows again while the work goes on may start some more, not hundreds */
+    cr_expect_leq(started, REDSEM_ASYNC_WORKERS_MAX + REDSEM_ASYNC_WORKERS_MAX / 2,
                   "%d threads started for %d grants in %d ms", started, st.grants, RUN_MS);
     for (int i = 0; i < NSEMS; i++)
         redsem_sem_free(sems[i]);

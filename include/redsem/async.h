@@ -33,7 +33,7 @@ extern "C" {
  * for. Workers are started on demand, at most REDSEM_ASYNC_WORKERS_MAX at once; one of them
  * is always left for the operations that do not wait (try-acquire, refresh, release, status),
  * so a release is never stuck behind acquires waiting for the permit it frees. A worker idle
- * for 2 s ends, or for 50 ms while two others are idle too. Since 0.4.1 a waiting acquire holds no thread while it waits: between two
+ * for 2 s ends (or for 50 ms, if two others are idle then). Since 0.4.1 a waiting acquire holds no thread while it waits: between two
  * attempts it is parked in the client's shared wait (one BLPOP on all the waits' lists), and
  * the next attempt runs on whichever worker is free when its wake-up or its backoff comes; one
  * worker leads that shared wait while parked acquires exist. At most 1,024 waiting acquires
