@@ -38,9 +38,10 @@
 #include "internal.h"
 
 #define WORKER_IDLE_MS 2000
-/* an idle worker also ends after WORKER_LINGER_MS if WORKERS_IDLE_KEEP others are idle then
- * (checked once, at that time): a burst of wake-ups (many parked acquires' backoffs ending in
- * one round of the shared wait) takes as many workers, and the pool shrinks back after it */
+/* an idle worker also ends when it wakes WORKER_LINGER_MS or more after going idle (then, or
+ * later for work another took, or a deadline) and WORKERS_IDLE_KEEP others are idle: a
+ * burst of wake-ups (many parked acquires' backoffs ending in one round of the shared wait)
+ * takes as many workers, and the pool shrinks back after it */
 #define WORKER_LINGER_MS 50
 #define WORKERS_IDLE_KEEP 2
 /* waiting acquires with a wake-up list of their own (fair and locked semaphores on a
@@ -370,6 +371,27 @@ static void wake_all(redsem_async *a)
     pthread_cond_broadcast(&a->work_cv);
 }
 
+/* Under mu: whether an acquire waits in the queue with a deadline a worker must take it at
+ * (take_expired). */
+static bool deadline_queued(const redsem_async *a)
+{
+    return a->waiting.head != NULL && a->expiry_ns != INT64_MAX;
+}
+
+/* Under mu, from a worker that stops sleeping for good or for a while (it ends, or takes
+ * work): if it watched a queued deadline (it slept until it), or the sleeping workers may
+ * not know the earliest one (expiry_moved), wake another to watch it. The sleeping workers'
+ * wake-up times were set when each went to sleep: without this, a deadline queued after
+ * they did could be seen by none of them until their idle end, up to 2 s late. */
+static void pass_watch(redsem_async *a, bool *watching)
+{
+    bool need = (*watching || a->expiry_moved) && deadline_queued(a);
+    *watching = false;
+    a->expiry_moved = false;
+    if (need)
+        wake_worker(a);
+}
+
 /* Under mu: start a worker if work may be left without one. */
 static void maybe_spawn(redsem_async *a)
 {
@@ -482,6 +504,7 @@ static void *worker_main(void *arg)
 {
     redsem_async *a = arg;
     int64_t idle_until = 0; /* idle since then + WORKER_IDLE_MS: end (0: not idle) */
+    bool watching = false;  /* its last sleep was until a queued acquire's deadline */
     pthread_mutex_lock(&a->mu);
     /* maybe_spawn() held mu around pthread_create: the slot records this thread now */
     worker_slot *me = my_slot(a);
@@ -491,10 +514,7 @@ static void *worker_main(void *arg)
             /* leading may last: it counts as a waiting operation, so that one worker stays
              * for the quick ones, and queued work may need another worker */
             idle_until = 0;
-            if (a->expiry_moved) {
-                a->expiry_moved = false;
-                wake_worker(a);
-            }
+            pass_watch(a, &watching);
             a->nwaiting_running++;
             maybe_spawn(a);
             pthread_mutex_unlock(&a->mu);
@@ -511,7 +531,8 @@ static void *worker_main(void *arg)
                 idle_until = now + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
             int64_t linger_end =
                 idle_until - (WORKER_IDLE_MS - WORKER_LINGER_MS) * REDSEM__NS_PER_MS;
-            /* others idle now: they take what comes, a queued acquire's deadline included */
+            /* others idle now: they take what comes (a queued acquire's deadline too: an
+             * ending worker wakes one of them to watch it, pass_watch) */
             bool others = a->nidle >= WORKERS_IDLE_KEEP;
             bool queued = a->quick.head != NULL || a->waiting.head != NULL ||
                           a->resume.head != NULL || a->lead_requests > 0;
@@ -523,8 +544,10 @@ static void *worker_main(void *arg)
              * acquires about 370 started a second (0.4.3: 410). Keeping them longer would
              * keep a pool as large as the largest round of the last while acquires wait
              * (async/waiting_acquires_hold_no_thread_* allows 4 threads more for 40). */
-            if ((now >= linger_end && others) || (now >= idle_until && (!queued || others)))
+            if ((now >= linger_end && others) || (now >= idle_until && (!queued || others))) {
+                pass_watch(a, &watching);
                 break;
+            }
             if (now >= idle_until)
                 idle_until = now + WORKER_IDLE_MS * REDSEM__NS_PER_MS;
             /* asleep on the idle stack until work wakes it (the last to go idle first), or
@@ -534,7 +557,11 @@ static void *worker_main(void *arg)
             if (now < linger_end && linger_end < wake)
                 wake = linger_end;
             struct timespec ts = {(time_t)(wake / 1000000000), (long)(wake % 1000000000)};
-            a->expiry_moved = false; /* this sleep counts with it */
+            /* it wakes by the earliest queued deadline (or earlier, to look again): it
+             * watches it, and passes that on if it ends or takes work first */
+            watching = deadline_queued(a);
+            if (watching)
+                a->expiry_moved = false;
             me->woken = false;
             me->next_idle = a->idle_top;
             a->idle_top = me;
@@ -553,12 +580,7 @@ static void *worker_main(void *arg)
             continue;
         }
         idle_until = 0;
-        if (a->expiry_moved) {
-            /* a deadline came before the ones the sleeping workers wait for: one of them
-             * wakes to see it, since this one is busy now */
-            a->expiry_moved = false;
-            wake_worker(a);
-        }
+        pass_watch(a, &watching);
         o->state = ST_RUNNING;
         list_push(&a->running, o);
         maybe_spawn(a); /* more queued work, no idle worker: grow */
