@@ -133,6 +133,7 @@ struct redsem_async {
      * load threads were started and ended thousands of times a second) */
     worker_slot *idle_top;
     bool expiry_moved;    /* expiry_ns came earlier since a worker last went to sleep */
+    int nwatching;        /* sleeping workers that went to sleep with a deadline queued */
     int nstarted; /* waiting acquires started and not finished (parked ones included) */
     int nstarted_own; /* those of them with a list of their own */
     int lead_requests; /* need_lead() calls not yet taken by a worker */
@@ -385,7 +386,9 @@ static bool deadline_queued(const redsem_async *a)
  * they did could be seen by none of them until their idle end, up to 2 s late. */
 static void pass_watch(redsem_async *a, bool *watching)
 {
-    bool need = (*watching || a->expiry_moved) && deadline_queued(a);
+    /* another sleeper that watches it (it went to sleep after the deadline was queued,
+     * and none came earlier since) is enough */
+    bool need = ((*watching && a->nwatching == 0) || a->expiry_moved) && deadline_queued(a);
     *watching = false;
     a->expiry_moved = false;
     if (need)
@@ -560,8 +563,10 @@ static void *worker_main(void *arg)
             /* it wakes by the earliest queued deadline (or earlier, to look again): it
              * watches it, and passes that on if it ends or takes work first */
             watching = deadline_queued(a);
-            if (watching)
+            if (watching) {
                 a->expiry_moved = false;
+                a->nwatching++;
+            }
             me->woken = false;
             me->next_idle = a->idle_top;
             a->idle_top = me;
@@ -569,6 +574,8 @@ static void *worker_main(void *arg)
             while (!me->woken && redsem__now_ns() < wake)
                 pthread_cond_timedwait(&me->cv, &a->mu, &ts);
             a->nidle--;
+            if (watching)
+                a->nwatching--; /* awake: no longer a sleeper that watches */
             if (!me->woken) { /* not popped: take itself off the stack */
                 worker_slot **p = &a->idle_top;
                 while (*p != NULL && *p != me)
