@@ -513,11 +513,13 @@ static void *worker_main(void *arg)
     worker_slot *me = my_slot(a);
     for (;;) {
         op *o = take(a);
+        if (o != NULL) { /* at work: no longer idle, nor watching a deadline */
+            idle_until = 0;
+            pass_watch(a, &watching);
+        }
         if (o == &a->lead_op) {
             /* leading may last: it counts as a waiting operation, so that one worker stays
              * for the quick ones, and queued work may need another worker */
-            idle_until = 0;
-            pass_watch(a, &watching);
             a->nwaiting_running++;
             maybe_spawn(a);
             pthread_mutex_unlock(&a->mu);
@@ -540,8 +542,8 @@ static void *worker_main(void *arg)
             bool queued = a->quick.head != NULL || a->waiting.head != NULL ||
                           a->resume.head != NULL || a->lead_requests > 0;
             /* End: idle for WORKER_LINGER_MS with others idle, or for WORKER_IDLE_MS unless
-             * work it may not take yet is queued and no others are idle (then it idles anew,
-             * not in a spin: a queued acquire's deadline needs a worker then). Rounds of
+             * work it may not take yet is queued and fewer others are idle (then it idles
+             * anew, not in a spin: a queued acquire's deadline needs a worker then). Rounds of
              * parked acquires' wake-ups (their backoffs ending together) each take as many
              * workers as the round has wake-ups, which end 50 ms later: with 1,000 parked
              * acquires about 370 started a second (0.4.3: 410). Keeping them longer would
@@ -586,8 +588,6 @@ static void *worker_main(void *arg)
             }
             continue;
         }
-        idle_until = 0;
-        pass_watch(a, &watching);
         o->state = ST_RUNNING;
         list_push(&a->running, o);
         maybe_spawn(a); /* more queued work, no idle worker: grow */
