@@ -23,7 +23,9 @@
  *               timers') while loops still start (until --duration): how long the loop went
  *               without running anything;
  *   threads     the client's stats cannot say how many worker threads redsem_async runs;
- *               connects and pool waits are redsem_client_get_stats(), cumulative.
+ *               connects and pool waits are redsem_client_get_stats(), cumulative;
+ *   direct      the share of grants that a wake-up carried (fair and locked direct grants,
+ *               redsem_client_stats.direct_grants), taken with no attempt after it.
  * Without libuv at build time the workload says so and measures nothing. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,22 +267,26 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     bench_pct ho = bench_percentiles(r.handoff.v, r.handoff.n);
     bench_pct aq = bench_percentiles(r.acq.v, r.acq.n);
     double gps = secs > 0 ? r.grants / secs : 0;
-    printf("  %-8s %9.0f %7ld %5d%s %7zu %9.3f %9.3f %9.2f %9.2f %8.1f %9llu %10llu\n",
+    uint64_t direct = st.direct_grants - st0.direct_grants;
+    printf("  %-8s %9.0f %7ld %5d%s %7zu %9.3f %9.3f %9.2f %9.2f %8.1f %9llu %10llu %7.1f\n",
            bench_kind_name(kind), gps, r.errors, max_held,
            r.violations ? " SAFETY VIOLATION" : "", ho.n, ho.p50 / 1e3, ho.p99 / 1e3, aq.p50 / 1e3,
            aq.p99 / 1e3, (double)r.max_gap_ns / 1e6,
            (unsigned long long)(st.connects - st0.connects),
-           (unsigned long long)(st.pool_waits - st0.pool_waits));
+           (unsigned long long)(st.pool_waits - st0.pool_waits),
+           r.grants > 0 ? 100.0 * (double)direct / (double)r.grants : 0.0);
     if (r.violations)
         ctx->exit_code = 2;
     json_t *row = json_pack(
-        "{s:s, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:i, s:I, s:o, s:o, s:f, s:I, s:I}", "strategy",
+        "{s:s, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:i, s:I, s:o, s:o, s:f, s:I, s:I, s:I}",
+        "strategy",
         bench_kind_name(kind), "loops", nloops, "semaphores", nsems, "limit", (int)o->limit,
         "secs", secs, "grants_per_s", gps, "grants", (json_int_t)r.grants, "errors",
         (json_int_t)r.errors, "max_held", max_held, "violations", (json_int_t)r.violations,
         "handoff", bench_pct_json(&ho), "acquire", bench_pct_json(&aq), "max_gap_ms",
         (double)r.max_gap_ns / 1e6, "connects", (json_int_t)(st.connects - st0.connects),
-        "pool_waits", (json_int_t)(st.pool_waits - st0.pool_waits));
+        "pool_waits", (json_int_t)(st.pool_waits - st0.pool_waits), "direct_grants",
+        (json_int_t)direct);
     samples_free(&r.handoff);
     samples_free(&r.acq);
     free(r.loops);
@@ -304,10 +310,10 @@ void bench_run_loops(bench_ctx *ctx)
            "semaphores of limit %u (hold %g-%g ms), one client, %.1f s per strategy\n",
            o->loops, o->loop_sems, o->limit, o->loop_hold_min_ms, o->loop_hold_max_ms,
            o->duration);
-    printf("  %-8s %9s %7s %5s %7s %9s %9s %9s %9s %8s %9s %10s\n", "strategy", "grants/s",
+    printf("  %-8s %9s %7s %5s %7s %9s %9s %9s %9s %8s %9s %10s %7s\n", "strategy", "grants/s",
            "errors", "held", "hand n", "hand p50", "p99 ms", "acq p50", "p99 ms", "gap ms",
-           "connects", "pool waits");
-    bench_rule(112);
+           "connects", "pool waits", "direct");
+    bench_rule(120);
     json_t *rows = json_array();
     static const int kinds[] = {BENCH_BASIC, BENCH_FAIR, BENCH_LOCKED};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
@@ -316,7 +322,8 @@ void bench_run_loops(bench_ctx *ctx)
     printf("  (held: the most permits of one semaphore held at once, counted from the grant "
            "callback until the release is requested; hand: grants to acquires that began "
            "when no permit was free, from the release that freed theirs; gap: the longest "
-           "time between two callbacks on the loop)\n");
+           "time between two callbacks on the loop; direct: %% of grants a wake-up carried, "
+           "with no attempt after it)\n");
     json_object_set_new(ctx->json, "loops", rows);
 #endif
 }

@@ -10,7 +10,11 @@
 --       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked),
 --       8 not after (server us; 0: none), 9 weight n (permits wanted, >= 1; absent: 1),
 --       10 the client's id list (absent or '': none): a waiter records it as c:<id>, and is
---       then woken by "<id> <KEYS[1]>" pushed there (grant_heads), not on KEYS[4] .. id
+--       then woken by "<id> <KEYS[1]>" pushed there (grant_heads), not on KEYS[4] .. id,
+--       11 '1': with ARGV[10], the waiter also records its lease (ARGV[3]) as L:<id>, and
+--       grant_heads gives it the permit with that lease (a direct grant: the element is then
+--       "<id> <KEYS[1]> <token> <server us>"); absent: it does not (a client that waits for
+--       replicas after each grant)
 -- meta 'used' is the weight held. A new request is granted iff nobody is queued and
 -- used + n <= limit; otherwise it queues at the tail (mode 1) with the next arrival number
 -- (meta 'q'). Queued waiters are granted only at the head of the queue, by grant_heads():
@@ -20,7 +24,10 @@
 -- takes it with the lease of its own handle. Every step is O(log N) per grant.
 -- Expired requests are removed by deadline (at most 256 per call) on the paths that wait.
 -- Returns '1 token limit now-us' granted; '0 ms-until-the-earliest-deadline (-1 none) limit
--- now-us' not granted (one string: cheaper for Redis than a table, see basic_acquire.lua); {-2} the locked strategy's guard is not held by the caller;
+-- now-us fence' not granted (one string: cheaper for Redis than a table, see
+-- basic_acquire.lua; fence: the last token drawn, '0' none: a direct grant to this waiter
+-- later has a greater token, which tells it from an element of an earlier wait);
+-- {-2} the locked strategy's guard is not held by the caller;
 -- {-3, now us} the request came after its not-after time; {-4, weight, now us} the id holds
 -- or waits for another weight; {-5, limit, now us} n exceeds the limit (a queued waiter
 -- then leaves the queue). -3, -4 and -5 write nothing else.
@@ -43,6 +50,8 @@ local lease, wait_lease = ARGV[3] + 0, ARGV[5] + 0
 local n = 1
 if ARGV[9] and ARGV[9] ~= '1' then n = tonumber(ARGV[9]) or 1 end
 local tkey = 't:' .. id
+local list = ARGV[10] ~= '' and ARGV[10] or nil -- the client's id list (nil: none)
+local direct = list ~= nil and ARGV[11] == '1'
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'used', 'q',
   'w:' .. id)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
@@ -82,11 +91,22 @@ local function save_meta(fields)
   if exp then expire_at(all, exp) end
 end
 
+-- grant_heads(), then the keys' expiry as it left it: a direct grant may have moved it
+-- (st.exp), past what this request would set (exp) or not
+local function grant(self_id, selfw)
+  local got = grant_heads(meta, owners, timeouts, sigp, limit, st, self_id, selfw)
+  if st.exp then
+    m[4] = st.exp
+    if exp and exp <= st.exp then exp = nil end
+  end
+  return got
+end
+
 -- Leave the queue; if this waiter was its head, the next ones may fit now.
 local function leave()
   local head = redis.call('ZRANGE', owners, '0', '0')[1]
   forget(meta, {owners, timeouts}, {id})
-  if head == id then grant_heads(meta, owners, sigp, limit, st, nil, 1) end
+  if head == id then grant(nil, 1) end
 end
 
 if n > limit then
@@ -110,7 +130,7 @@ if m[5] then
   st.used = math.max(0, st.used - held)
   forget(meta, {timeouts}, {id})
   redis.call('HSET', meta, 'used', string.format('%d', st.used))
-  grant_heads(meta, owners, sigp, limit, st, nil, 1)
+  grant(nil, 1)
 end
 
 -- Remove expired requests: holders give their weight back, waiters leave the queue; then
@@ -130,7 +150,7 @@ local function cleanup()
   if st.used < 0 then st.used = 0 end
   forget(meta, {owners, timeouts}, gone)
   redis.call('HSET', meta, 'used', string.format('%d', st.used))
-  return grant_heads(meta, owners, sigp, limit, st, id, n)
+  return grant(id, n)
 end
 
 local function granted(tok, tok_str)
@@ -188,10 +208,13 @@ end
 local first = redis.call('ZRANGE', timeouts, '0', '0', 'WITHSCORES')
 local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
-if mode == '0' then return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str end
+local function busy()
+  return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str .. ' ' .. (st.fence or '0')
+end
+if mode == '0' then return busy() end
 if mode == '3' then
   if queued then leave() end
-  return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str
+  return busy()
 end
 -- Queue (or stay queued) under the wait lease; a new waiter takes the next arrival number.
 if not queued then
@@ -205,17 +228,30 @@ if not queued then
   end
   local f = {'q', q}
   if n > 1 then table.insert(f, 'w:' .. id); table.insert(f, n) end
-  if ARGV[10] and ARGV[10] ~= '' then table.insert(f, 'c:' .. id); table.insert(f, ARGV[10]) end
+  if list then
+    table.insert(f, 'c:' .. id); table.insert(f, list)
+    if direct then table.insert(f, 'L:' .. id); table.insert(f, ARGV[3]) end
+  end
   save_meta(f)
   if n == 1 and m[8] then redis.call('HDEL', meta, 'w:' .. id) end
 else
   redis.call('ZADD', timeouts, string.format('%d', now + wait_lease), id)
-  -- a waiter taken over by another client (the same id: acquire_as) is woken there (read
-  -- here, on a queued waiter's renewal, not on every acquire)
-  if ARGV[10] and ARGV[10] ~= '' and redis.call('HGET', meta, 'c:' .. id) ~= ARGV[10] then
-    save_meta({'c:' .. id, ARGV[10]})
+  -- a waiter taken over by another client (the same id: acquire_as) is woken there, with
+  -- that client's lease or none (read here, on a queued waiter's renewal, not on every
+  -- acquire)
+  if list then
+    local w = redis.call('HMGET', meta, 'c:' .. id, 'L:' .. id)
+    local want = direct and ARGV[3] or nil
+    if w[1] ~= list or w[2] ~= want then
+      if not want and w[2] then redis.call('HDEL', meta, 'L:' .. id) end
+      local f = {'c:' .. id, list}
+      if want then table.insert(f, 'L:' .. id); table.insert(f, want) end
+      save_meta(f)
+    else
+      save_meta({})
+    end
   else
     save_meta({})
   end
 end
-return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str
+return busy()

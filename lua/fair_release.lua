@@ -25,6 +25,6 @@ if used < 0 then
 end
 if redis.call('ZCARD', owners) > 0 then
   -- the server's clock is read only if a waiter is granted (grant_heads)
-  grant_heads(meta, owners, KEYS[4], tonumber(m[3]) or 0, {used = used, fence = m[4]}, nil, 1)
+  grant_heads(meta, owners, timeouts, KEYS[4], tonumber(m[3]) or 0, {used = used, fence = m[4]}, nil, 1)
 end
 return 1

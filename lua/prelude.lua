@@ -100,12 +100,13 @@ end
 
 -- @fn forget
 -- Remove ids from sorted sets and their tokens (t:), weights (w:) and fair waiters' wake
--- id lists (c:, see grant_heads) from the meta hash.
+-- id lists and leases (c:, L:, see grant_heads) from the meta hash.
 local function forget(meta, zsets, ids)
   for _, z in ipairs(zsets) do redis.call('ZREM', z, unpack(ids)) end
   local f = {}
   for _, g in ipairs(ids) do
     table.insert(f, 't:' .. g); table.insert(f, 'w:' .. g); table.insert(f, 'c:' .. g)
+    table.insert(f, 'L:' .. g)
   end
   redis.call('HDEL', meta, unpack(f))
 end
@@ -125,36 +126,45 @@ end
 -- Fair and locked: hand permits to the head of the queue (owners: waiter id -> arrival
 -- number) while its weight fits: used + its weight <= limit. Strict FIFO with weights: only
 -- the head is ever considered, so a large request at the head is never overtaken, and a
--- permit is granted (its token drawn) the moment it becomes free, in queue order. A waiter
--- granted here finds its token when it wakes (its next acquire attempt returns it: the
--- same path as an idempotent retry), with the deadline its wait lease gave it. st: {used,
+-- permit is granted (its token drawn) the moment it becomes free, in queue order. st: {used,
 -- fence, now_us, now_us_str}, updated (now_us may be nil: the server's clock is then read
 -- here, only if a permit is granted). `self`, `selfw`: the caller's own id and weight (not
--- woken; its token is returned). Cost per grant O(log N): ZRANGE of the head, HMGET of its
--- weight and wake-up list, ZREM, HSET, then LPUSH + PEXPIRE of its own list, or HDEL of its
--- c: field and RPUSH to its client's id list (+ PEXPIRE, RPUSH and PEXPIRE of the bell when
--- the list was empty).
+-- woken; its token is returned). `timeouts`: the deadline zset. Cost per grant O(log N):
+-- ZRANGE of the head, HMGET of its weight, wake-up list, lease and the keys' expiry, ZREM,
+-- HSET, then LPUSH + PEXPIRE of its own list, or ZSCORE, ZADD (+ HSET and 3 PEXPIREAT when
+-- the expiry moves), HDEL of its c: and L: fields and RPUSH to its client's id list
+-- (+ PEXPIRE, RPUSH and PEXPIRE of the bell when the list was empty).
 -- The wake-up: a waiter that recorded its client's id list (c:<id>, fair_acquire.lua's
--- ARGV[10]; redsem >= 0.4.3 on one server, not a cluster) gets "<id> <meta key>" pushed
--- there (RPUSH: oldest first; the meta key tells apart one id's waits on two semaphores):
--- one list per client for all its fair waiters, which the client drains (wake.c,
--- wake_drain.lua). When the push makes the list non-empty it also pushes the element to the
--- list's bell, list .. ':bell', which the client's one BLPOP watches (so that the first
--- wake-up needs no drain): a bell popped and lost (a connection dropped) loses no wake-up,
--- since the elements stay in the list until drained. Those
--- two are the names a script takes from data, not KEYS: they are only recorded by a client
--- of one server (whose shared BLPOP watches keys of many semaphores at once anyway), never by
--- a cluster client. Any other waiter (a cluster client's, or redsem <= 0.4.2's) is woken on
--- its own list, sigp .. id, which carries the semaphore's hash tag.
-local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
+-- ARGV[10]; redsem >= 0.4.3 on one server, not a cluster) gets an element pushed there
+-- (RPUSH: oldest first): one list per client for all its fair waiters, which the client
+-- drains (wake.c, wake_drain.lua). When the push makes the list non-empty it also pushes the
+-- element to the list's bell, list .. ':bell', which the client's one BLPOP watches (so that
+-- the first wake-up needs no drain): a bell popped and lost (a connection dropped) loses no
+-- wake-up, since the elements stay in the list until drained. Those two are the names a
+-- script takes from data, not KEYS: they are only recorded by a client of one server (whose
+-- shared BLPOP watches keys of many semaphores at once anyway), never by a cluster client.
+-- Any other waiter (a cluster client's, or redsem <= 0.4.2's) is woken on its own list,
+-- sigp .. id, which carries the semaphore's hash tag.
+-- The element, and the lease (a direct grant, since 0.4.5): a waiter that also recorded its
+-- lease (L:<id>, fair_acquire.lua's ARGV[11]: a client that waits for no replicas) is given
+-- the permit with that lease here, its deadline in timeouts set to now + lease, and its
+-- element is "<id> <meta key> <token> <server us now>": the client takes the permit from it
+-- without another attempt (wake.c, acquire.c); the keys' expiry is moved if it does not
+-- cover the new deadline by IDLE/2 (st.exp: the expiry set here). Only while the waiter's
+-- wait lease still runs (a waiter whose entry expired, not yet cleaned up, gets no fresh
+-- lease); otherwise, and for a waiter without L:, the
+-- permit keeps the deadline the wait lease gave it, the element is "<id> <meta key>" (the
+-- meta key tells apart one id's waits on two semaphores), and the waiter's next attempt
+-- takes it with its lease: the same path as an idempotent retry.
+local function grant_heads(meta, owners, timeouts, sigp, limit, st, self, selfw)
   local got = nil
   while st.used < limit do
     local h = redis.call('ZRANGE', owners, '0', '0')[1]
     if not h then break end
-    local hw, list = selfw, nil
+    local hw, list, lease, exp = selfw, nil, nil, nil
     if h ~= self then
-      local f = redis.call('HMGET', meta, 'w:' .. h, 'c:' .. h)
-      hw, list = tonumber(f[1]) or 1, f[2]
+      local f = redis.call('HMGET', meta, 'w:' .. h, 'c:' .. h, 'L:' .. h, 'exp')
+      hw, list, lease, exp = tonumber(f[1]) or 1, f[2], f[3], f[4]
     end
     if st.used + hw > limit then break end
     if not st.now_us then
@@ -167,9 +177,30 @@ local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
     redis.call('ZREM', owners, h)
     redis.call('HSET', meta, 't:' .. h, tok_str, 'fence', tok_str, 'used',
       string.format('%d', st.used))
+    local direct = false
+    if list and lease then
+      local now_ms = (st.now_us - st.now_us % 1000) / 1000
+      local until_ms = now_ms + (tonumber(lease) or 0)
+      local d = tonumber(redis.call('ZSCORE', timeouts, h))
+      if d and d > now_ms and until_ms > now_ms then
+        redis.call('ZADD', timeouts, string.format('%d', until_ms), h)
+        direct = true
+        -- the keys' expiry covers every deadline by IDLE/2 (their types were read above)
+        local e = new_exp(st.exp or exp, until_ms)
+        if e then
+          st.exp = e
+          redis.call('HSET', meta, 'exp', string.format('%d', e))
+          expire_at({meta, owners, timeouts}, e)
+        end
+      end
+    end
     -- a waiter's id list is forgotten when it is granted (so that a release, every pair's
     -- cost, need not); the caller's own: it may have one
-    if list or h == self then redis.call('HDEL', meta, 'c:' .. h) end
+    if lease or h == self then
+      redis.call('HDEL', meta, 'c:' .. h, 'L:' .. h)
+    elseif list then
+      redis.call('HDEL', meta, 'c:' .. h)
+    end
     if h == self then
       got = tok
     elseif list then
@@ -177,6 +208,7 @@ local function grant_heads(meta, owners, sigp, limit, st, self, selfw)
       -- write as KEYS are (a foreign key of another type there, or an ACL that does not
       -- cover it). The grant stands either way; refused, the waiter finds it by its poll.
       local e = h .. ' ' .. meta
+      if direct then e = e .. ' ' .. tok_str .. ' ' .. st.now_us_str end
       if redis.pcall('RPUSH', list, e) == 1 then
         redis.call('PEXPIRE', list, IDLE_STR)
         if redis.pcall('RPUSH', list .. ':bell', e) == 1 then

@@ -23,7 +23,7 @@ if limit > old then
   else
     local st = {used = tonumber(m[4]) or 0, fence = m[5], now_us = now_us,
       now_us_str = now_us_str}
-    grant_heads(meta, KEYS[2], KEYS[4], limit, st, nil, 1)
+    grant_heads(meta, KEYS[2], KEYS[3], KEYS[4], limit, st, nil, 1)
   end
 end
 return {old}

@@ -17,10 +17,12 @@ const char *const redsem__mode_names[4] = {"try", "wait", "again", "last"};
 
 /* The values of an acquire script's reply, in either of its two shapes: an array of integers
  * {status, a, b, now us}, or the same integers in one bulk string separated by single spaces
- * ("1 1700000000123456 4 1700000000123456"). The scripts return the string on their hot
- * paths: Redis 7.0 converts a Lua table to a reply at several times the cost of a string
- * (docs/design.md, "What a script costs"). Returns how many values were read (1..4), or 0. */
-static size_t attempt_values(const redisReply *r, long long v[4])
+ * ("1 1700000000123456 4 1700000000123456"; a fair "not granted" adds a fifth, the fence).
+ * The scripts return the string on their hot paths: Redis 7.0 converts a Lua table to a
+ * reply at several times the cost of a string (docs/design.md, "What a script costs").
+ * Returns how many values were read (1..5), or 0. */
+#define ATTEMPT_VALUES_MAX 5
+static size_t attempt_values(const redisReply *r, long long v[ATTEMPT_VALUES_MAX])
 {
     size_t n = 0;
     if (r->type == REDIS_REPLY_ARRAY) {
@@ -29,10 +31,10 @@ static size_t attempt_values(const redisReply *r, long long v[4])
                 return n == 0 ? 0 : n;
         return n;
     }
-    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 96)
+    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 128)
         return 0;
     const char *p = r->str, *end = r->str + r->len;
-    while (n < 4) {
+    while (n < ATTEMPT_VALUES_MAX) {
         bool neg = p < end && *p == '-';
         const char *d = p + neg;
         unsigned long long x = 0;
@@ -47,14 +49,14 @@ static size_t attempt_values(const redisReply *r, long long v[4])
         if (p == end)
             return 0; /* a trailing space */
     }
-    return 0; /* more than four values */
+    return 0; /* more than five values */
 }
 
 /* Parse the reply of an acquire script: {status, a, b, now us} (see attempt_values). */
 int redsem__parse_attempt(redsem_client *c, const redisReply *r, redsem__attempt *att,
                          const char *what)
 {
-    long long v[4] = {0, 0, 0, 0};
+    long long v[ATTEMPT_VALUES_MAX] = {0, 0, 0, 0, 0};
     memset(att, 0, sizeof *att);
     att->next_ms = -1;
     size_t n = attempt_values(r, v);
@@ -80,7 +82,7 @@ int redsem__parse_attempt(redsem_client *c, const redisReply *r, redsem__attempt
         att->server_us = a;
         return REDSEM_OK;
     }
-    if (n < 3 || (st != 0 && st != 1) || b < 0 || b > UINT32_MAX)
+    if (n < 3 || (st != 0 && st != 1) || b < 0 || b > UINT32_MAX || (n > 4 && st != 0))
         return redsem__set_err(c, REDSEM_EPROTO, "%s: unexpected reply values", what);
     if (n >= 4 && v[3] > 0)
         att->server_us = v[3];
@@ -93,6 +95,10 @@ int redsem__parse_attempt(redsem_client *c, const redisReply *r, redsem__attempt
         att->outcome = REDSEM__ATT_BUSY;
         att->next_ms = a;
         att->limit = (uint32_t)b;
+        if (n >= 5 && v[4] >= 0) {
+            att->fence = (uint64_t)v[4];
+            att->fence_known = true;
+        }
     }
     return REDSEM_OK;
 }
@@ -153,6 +159,45 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
     return rc;
 }
 
+/* A fair or locked waiter woken with a direct grant (prelude.lua's grant_heads handed it the
+ * permit with its lease, and said so in the wake-up's element): the acquire is decided
+ * without another attempt, saving the woken waiter a round trip and a script. Taken only if
+ * the grant is of this wait: its token is greater than the fence the waiter's last queued
+ * attempt saw (tokens of one semaphore only grow, whatever the clock does, so an element of
+ * an earlier wait of the same id, kept or delayed, has a smaller one), and its server time is
+ * not before that attempt's. The permit's deadline on the server is the grant's time (whole
+ * ms) + the lease; our validity counts from that attempt's send time plus the server time
+ * between that attempt and the grant (less 1 % for drift), so it ends no later than the
+ * server's deadline (the attempt ran after it was sent; the server's clock measures that
+ * interval as it measures the lease: a step of its clock shortens this permit as it shortens
+ * any lease, docs/guarantees.md). Not for a client that waits for replicas after each grant (its waiters record
+ * no lease, and an attempt then waits for them). Otherwise the wake-up is a plain one, and
+ * the next attempt finds the permit (the idempotent retry path). */
+static bool direct_grant(const redsem__acq_state *s, redsem__attempt *att)
+{
+    const redsem__wake_grant *g = &s->grant;
+    if (!s->signaled || g->token == 0 || !s->queued_known || g->token <= s->queued_fence ||
+        g->server_us < s->queued_server_us || s->q.wake_meta == NULL ||
+        s->q.client->sync_replicas > 0)
+        return false;
+    memset(att, 0, sizeof *att);
+    att->outcome = REDSEM__ATT_GRANTED;
+    att->token = g->token;
+    att->limit = s->queued_limit;
+    att->holds = s->queued_limit;
+    att->server_us = g->server_us;
+    att->replicas_acked = -1;
+    /* the deadline is the grant's time in whole ms + the lease; the interval from that
+     * attempt to it is counted as the server measured it, less the same 1 % drift margin
+     * as the lease (redsem__validity_deadline) */
+    int64_t since_us = g->server_us - g->server_us % 1000 - s->queued_server_us;
+    if (since_us > 0)
+        since_us -= since_us / 100;
+    att->sent_ns = s->queued_sent_ns + since_us * 1000;
+    (void)__atomic_fetch_add(&s->q.client->direct_grants, 1, __ATOMIC_RELAXED);
+    return true;
+}
+
 _Thread_local const atomic_bool *redsem__cancel;
 _Thread_local redsem__acq_state **redsem__park_slot;
 
@@ -182,6 +227,8 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
         s->waited = false;
         if (s->wait_rc != REDSEM_OK)
             return leave_after_fault(q, id, att, s->wait_rc);
+        if (direct_grant(s, att))
+            return REDSEM_OK;
         if (q->wake_meta != NULL)
             s->backoff_ms = BACKOFF_BY_ID_MS;
         else
@@ -228,6 +275,12 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
         if (att->outcome == REDSEM__ATT_BUSY) {
             s->registered = true;
             s->mode = REDSEM__MODE_AGAIN;
+            /* queued (a blocking fair or locked attempt): what a direct grant is checked by */
+            s->queued_known = att->fence_known && att->server_us > 0;
+            s->queued_fence = att->fence;
+            s->queued_sent_ns = info.sent_ns;
+            s->queued_server_us = att->server_us;
+            s->queued_limit = att->limit;
         }
 
         int64_t now = redsem__now_ns();
@@ -299,6 +352,7 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
         s->waited = true;
         s->wait_rc = REDSEM_OK;
         s->signaled = false;
+        s->grant = (redsem__wake_grant){0, 0};
         return REDSEM__WAIT;
     }
 }
@@ -313,7 +367,7 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
         if (rc != REDSEM__WAIT)
             return rc;
         s.wait_rc = redsem__blpop(q->client, s.wkey, s.keylen, q->wake_meta ? s.elem : NULL,
-                                  s.wait_ms, s.cut_ns, s.since_ns, &s.signaled);
+                                  s.wait_ms, s.cut_ns, s.since_ns, &s.signaled, &s.grant);
     }
 }
 

@@ -479,11 +479,12 @@ static void park(redsem_async *a, op *o)
     size_t keylen = s->keylen;
     const char *elem = s->q.wake_meta != NULL ? s->elem : NULL;
     int64_t wait_ms = s->wait_ms, cut_ns = s->cut_ns, since_ns = s->since_ns;
+    redsem__wake_grant *grant = &o->park->grant; /* written by the wait, read on resuming */
     pthread_mutex_unlock(&a->mu);
     /* from the registration on, o may be woken and go on on another worker: not touched here
      * after this call (wake.c copies the key before registering) */
     int rc = redsem__wake_park(a->c, key, keylen, elem, wait_ms, cut_ns, since_ns, &o->cancel,
-                               o->wait_err, on_woken, need_lead, o, &a->stopping);
+                               o->wait_err, grant, on_woken, need_lead, o, &a->stopping);
     if (rc != REDSEM_OK) {
         /* not registered: cancelled already (1: its loop sees the flag), its wake-up came
          * already (2), or out of memory */

@@ -874,6 +874,7 @@ int redsem_client_get_stats(const redsem_client *c, redsem_client_stats *ret_sta
 #undef SUM
     }
     ret_stats->pool_waits = c->pool_waits;
+    ret_stats->direct_grants = __atomic_load_n(&c->direct_grants, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&m->pool_mu);
     return REDSEM_OK;
 }

@@ -26,6 +26,7 @@ int redsem__eval_status(redsem_client *c, int script, int nkeys,
  * round trip when the client has one server (not a cluster), else one after another. Each
  * item's errmsg must be a buffer of its own (REDSEM__ERRMSG_LEN bytes), its text given. */
 void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k);
+struct redsem__wake_grant; /* below, with the acquire loop's state */
 /* Wait up to wait_ms (our clock: never past hard_deadline_ns) for an element on the list key,
  * popping it: REDSEM_OK with *signaled, or a fault. One server: through the client's shared
  * wait (wake.c), one BLPOP for every thread waiting; a cluster: alone, on a wait lane.
@@ -33,9 +34,11 @@ void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k);
  * one list, the one waiting longest gets its element. elem: NULL, or (a fair waiter of a
  * one-server client, whose key is then the client's bell, c->wake_bell) the element of its
  * client's id list that alone wakes it, "<id> <meta key>"; one drained for it since its
- * last wait, while it was not registered, ends this one at once (signaled). */
+ * last wait, while it was not registered, ends this one at once (signaled). grant: NULL, or
+ * where the direct grant that element carried goes (token 0 if none; see acquire.c). */
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *elem,
-                  int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled);
+                  int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled,
+                  struct redsem__wake_grant *grant);
 /* The same on a wait lane of its own, routed to the node serving key (client.c). */
 int redsem__blpop_alone(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                         int64_t hard_deadline_ns, bool *signaled);
@@ -123,6 +126,7 @@ struct redsem_client {
     struct pool_waiter *queue_head, *queue_tail; /* threads waiting for a request lane */
     uint64_t fault_epoch; /* bumped by a call that lost its connection */
     uint64_t pool_waits;
+    uint64_t direct_grants; /* atomic adds (acquire.c), atomic loads */
     /* Set only on a client one thread uses (the renewer's): no request of it outlives this. */
     int64_t deadline_cap_ns;
     pthread_mutex_t renew_mu; /* serialises starting the renewer */
@@ -222,6 +226,8 @@ typedef struct redsem__attempt {
     int replicas_acked; /* granted with sync_replicas: replicas that acknowledged; else -1 */
     int64_t server_us; /* the server's clock when it ran the script (0 if not reported) */
     uint32_t weight;   /* granted: permits taken (0 = 1); REDSEM__ATT_WEIGHT: held */
+    uint64_t fence;    /* busy (fair, locked): the last token drawn on the semaphore */
+    bool fence_known;  /* the reply said it (fair_acquire.lua since 0.4.5) */
 } redsem__attempt;
 
 /* What the generic waiting loop needs from a semaphore strategy or the lock. */
@@ -275,9 +281,9 @@ void redsem__wake_cancelled(redsem_client *c);
 typedef void (*redsem__park_fn)(void *arg, int rc, bool signaled);
 int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const char *elem,
                       int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns,
-                      const atomic_bool *cancel,
-                      char *errmsg, redsem__park_fn on_done, bool (*need_lead)(void *arg),
-                      void *arg, const atomic_bool *stop);
+                      const atomic_bool *cancel, char *errmsg,
+                      struct redsem__wake_grant *grant, redsem__park_fn on_done,
+                      bool (*need_lead)(void *arg), void *arg, const atomic_bool *stop);
 /* Lead the shared wait on this thread while parked waits are left, nobody else leads and
  * *stop (may be NULL) is not set. */
 void redsem__wake_lead(redsem_client *c, const atomic_bool *stop);
@@ -287,6 +293,13 @@ int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t ti
 
 /* A blocking acquire between two of its attempts (acquire.c): the loop's state, and the wait
  * it asks for. The event-loop API keeps one per parked acquire. */
+/* A direct grant given with a fair waiter's wake-up (prelude.lua's grant_heads: the element
+ * "<id> <meta> <token> <server us>"): token 0 if the wake-up carried none. */
+typedef struct redsem__wake_grant {
+    uint64_t token;
+    int64_t server_us;
+} redsem__wake_grant;
+
 typedef struct redsem__acq_state {
     redsem__acquirer q;
     const redsem__kind *kind;
@@ -306,6 +319,14 @@ typedef struct redsem__acq_state {
     int64_t wait_ms, cut_ns;
     bool waited, signaled;
     int wait_rc;
+    /* the wake-up's direct grant, if any (set by the wait, under its lock) */
+    redsem__wake_grant grant;
+    /* the last attempt that found this waiter queued (fair, locked): a direct grant after it
+     * has a greater token than its fence, and its lease runs from a server time after it */
+    bool queued_known;
+    uint64_t queued_fence;
+    int64_t queued_sent_ns, queued_server_us;
+    uint32_t queued_limit;
 } redsem__acq_state;
 /* acquire_step()'s "wait, then call again", and redsem__acquire_resume()'s "parked". Internal
  * codes: never returned by a public function except to the event-loop API's workers. */

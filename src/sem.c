@@ -145,8 +145,14 @@ static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, reds
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
     redsem__args_i64(&a, redsem__not_after_us(s->client, s->k_meta));
     redsem__args_i64(&a, weight);
-    if (wake_by_id(s))
+    if (wake_by_id(s)) {
         redsem__args_str(&a, s->client->wake_ids);
+        /* a direct grant (the permit handed over with this lease, no attempt after the
+         * wake-up): not when each grant must reach replicas (the waiter's attempt waits for
+         * them) */
+        if (s->client->sync_replicas == 0)
+            redsem__args_str(&a, "1");
+    }
     /* locked: fair_acquire.lua deletes the guard as soon as it has checked it. If the script
      * did not run (a timeout, a lost connection, a refusal), the guard expires after
      * guard_lease_ms: one more request to a server that did not answer would double this

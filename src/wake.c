@@ -54,8 +54,10 @@
 #define WAKE_PEND_NS (10000 * REDSEM__NS_PER_MS)
 
 struct redsem__wake_pend {
-    uint64_t h;    /* key_hash() of the element */
+    uint64_t h;    /* key_hash() of the element ("<id> <meta key>", a direct grant's numbers
+                      taken off) */
     int64_t at_ns; /* 0: free */
+    redsem__wake_grant grant; /* the direct grant it carried (token 0: none) */
 };
 
 /* registered waiters the array holds at first (it grows by doubling) */
@@ -64,8 +66,9 @@ struct redsem__wake_pend {
 #define WAKE_DRAIN_MAX 256
 /* the drained elements remembered, so that a bell that gives one of them again is ignored */
 #define WAKE_RECENT_MAX 256
-/* an element as long as grant_heads makes it: "<id> <meta key>" (the key < 1024 bytes) */
-#define WAKE_ELEM_MAX (REDSEM_ID_LEN + 1 + 1024)
+/* an element as long as grant_heads makes it: "<id> <meta key>" (the key < 1024 bytes), and
+ * a direct grant's " <token> <server us>" */
+#define WAKE_ELEM_MAX (REDSEM_ID_LEN + 1 + 1024 + 2 * 21)
 
 /* FNV-1a, 64 bits. Two keys with the same hash and length count as one list: for any two of
  * the at most WAKE_KEYS_MAX keys of a round a collision has a chance of about 2^-45, and it
@@ -87,6 +90,7 @@ typedef struct redsem__waiter {
     int64_t hard_ns;  /* and at the latest (our clock) */
     const char *elem; /* NULL, or a fair waiter's element on the id list (wake_id) */
     size_t elemlen;
+    redsem__wake_grant *grant; /* NULL, or where a direct grant its element carries goes */
     uint64_t hash, elemh; /* key_hash() of key and elem (0 without), made once (enlist) */
     char *errmsg;     /* its thread's error text */
     pthread_cond_t cv;
@@ -207,8 +211,9 @@ int redsem__wake_init(redsem_client *c)
 
 /* Under wake_mu: keep an element (its hash h) drained for a waiter not registered now (in
  * place of the oldest kept, or of one too old). A 64-bit hash: another waiter's element with
- * the same one would only get a spurious wake-up (one more attempt). */
-static void pend_add(redsem_client *c, uint64_t h, int64_t now)
+ * the same one would only get a spurious wake-up (one more attempt; a direct grant it
+ * carries is checked against that waiter's own fence, acquire.c). */
+static void pend_add(redsem_client *c, uint64_t h, const redsem__wake_grant *g, int64_t now)
 {
     struct redsem__wake_pend *slot = &c->wake_pend[0];
     for (int i = 0; i < WAKE_PEND_MAX; i++) {
@@ -222,21 +227,58 @@ static void pend_add(redsem_client *c, uint64_t h, int64_t now)
     }
     slot->h = h;
     slot->at_ns = now > 0 ? now : 1;
+    slot->grant = *g;
 }
 
 /* Under wake_mu: whether an element (hash h) drained for this waiter is kept (it is then
- * taken). */
-static bool pend_take(redsem_client *c, uint64_t h, int64_t now)
+ * taken, its direct grant, if any, copied to *grant when grant is not NULL). */
+static bool pend_take(redsem_client *c, uint64_t h, int64_t now, redsem__wake_grant *grant)
 {
     for (int i = 0; i < WAKE_PEND_MAX; i++) {
         struct redsem__wake_pend *p = &c->wake_pend[i];
         if (p->at_ns != 0 && p->h == h) {
             bool fresh = now - p->at_ns <= WAKE_PEND_NS;
             p->at_ns = 0;
+            if (fresh && grant != NULL)
+                *grant = p->grant;
             return fresh;
         }
     }
     return false;
+}
+
+/* The digits of a decimal field that ends at end (exclusive) and starts after a space, at
+ * most 19 (a uint64 token or a server time in us): its start, or NULL. */
+static const char *num_field(const char *start, const char *end, uint64_t *v)
+{
+    const char *p = end;
+    while (p > start && p[-1] >= '0' && p[-1] <= '9')
+        p--;
+    if (p == end || end - p > 19 || p == start || p[-1] != ' ')
+        return NULL;
+    uint64_t x = 0;
+    for (const char *d = p; d < end; d++)
+        x = x * 10 + (uint64_t)(*d - '0');
+    *v = x;
+    return p - 1; /* the space before it */
+}
+
+/* An element of the client's id list: "<id> <meta key>", or a direct grant's "<id> <meta key>
+ * <token> <server us>" (prelude.lua's grant_heads). A meta key ends in "}:meta", never in a
+ * digit, so the two shapes cannot be mistaken for each other. *len becomes the length of
+ * "<id> <meta key>", *g the grant (token 0: none). */
+static void split_elem(const char *elem, size_t *len, redsem__wake_grant *g)
+{
+    *g = (redsem__wake_grant){0, 0};
+    const char *end = elem + *len;
+    uint64_t us = 0, tok = 0;
+    const char *sp1 = num_field(elem, end, &us);
+    const char *sp2 = sp1 != NULL ? num_field(elem, sp1, &tok) : NULL;
+    if (sp2 == NULL || tok == 0 || us == 0 || us > INT64_MAX)
+        return;
+    *len = (size_t)(sp2 - elem);
+    g->token = tok;
+    g->server_us = (int64_t)us;
 }
 
 void redsem__wake_free(redsem_client *c)
@@ -299,19 +341,25 @@ static bool watched(const redsem_client *c, uint64_t h, size_t keylen)
     return false;
 }
 
-/* Under wake_mu: give an element drained from the client's id list to the waiter it names,
- * or keep it for a while if that waiter is not registered now. */
-static void wake_id(redsem_client *c, const char *elem, size_t len, uint64_t h, int64_t now)
+/* Under wake_mu: give an element drained from the client's id list to the waiter it names
+ * (with the direct grant it carries, if any), or keep it for a while if that waiter is not
+ * registered now. */
+static void wake_id(redsem_client *c, const char *elem, size_t len, int64_t now)
 {
+    redsem__wake_grant g;
+    split_elem(elem, &len, &g);
+    uint64_t h = key_hash(elem, len);
     for (int i = 0; i < c->wn; i++) {
         redsem__wentry *e = &c->wv[i];
         if (e->elemh == h && !e->woken && e->w->elem != NULL && e->w->elemlen == len &&
             memcmp(e->w->elem, elem, len) == 0) {
             e->woken = true;
+            if (e->w->grant != NULL)
+                *e->w->grant = g;
             return;
         }
     }
-    pend_add(c, h, now);
+    pend_add(c, h, &g, now);
 }
 
 /* The leader's loop, with wake_mu held (released around each BLPOP), until its own wait is
@@ -459,7 +507,7 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 if (given)
                     continue;
                 c->wake_recent[c->wake_recent_next++ % WAKE_RECENT_MAX] = h;
-                wake_id(c, x->str, x->len, h, now);
+                wake_id(c, x->str, x->len, now);
             }
             c->wake_skip = 0;
             c->wake_drain_due = ids->elements >= WAKE_DRAIN_MAX;
@@ -480,7 +528,7 @@ static void lead(redsem_client *c, redsem__waiter *me)
                     given = true;
                 }
             if (!given && vl > 0) {
-                wake_id(c, val, vl, h, now);
+                wake_id(c, val, vl, now);
                 c->wake_skip = h;
             }
             c->wake_drain_due = true;
@@ -586,7 +634,7 @@ static int enlist(redsem_client *c, redsem__waiter *w, int64_t now, bool *lead, 
         return 1;
     w->hash = key_hash(w->key, w->keylen);
     w->elemh = w->elem != NULL ? key_hash(w->elem, w->elemlen) : 0;
-    if (w->elem != NULL && pend_take(c, w->elemh, now))
+    if (w->elem != NULL && pend_take(c, w->elemh, now, w->grant))
         return 2;
     *lead = !c->wake_leading;
     *poke = !*lead && c->wake_blocked && !c->wake_poked &&
@@ -611,7 +659,8 @@ static void poke_leader(redsem_client *c, char *errmsg)
 }
 
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *elem,
-                  int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled)
+                  int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled,
+                  redsem__wake_grant *grant)
 {
     *signaled = false;
     if (c->ep.kind == REDSEM__EP_CLUSTER)
@@ -622,6 +671,7 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *
                         .slot = -1};
     w.elem = elem;
     w.elemlen = elem != NULL ? strlen(elem) : 0;
+    w.grant = grant;
     w.until_ns = now + (wait_ms < 1 ? 1 : wait_ms) * REDSEM__NS_PER_MS;
     w.hard_ns = hard_deadline_ns;
 
@@ -666,8 +716,9 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *
 
 int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const char *elem,
                       int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns,
-                      const atomic_bool *cancel, char *errmsg, redsem__park_fn on_done,
-                      bool (*need_lead)(void *arg), void *arg, const atomic_bool *stop)
+                      const atomic_bool *cancel, char *errmsg, redsem__wake_grant *grant,
+                      redsem__park_fn on_done, bool (*need_lead)(void *arg), void *arg,
+                      const atomic_bool *stop)
 {
     redsem__waiter *w = redsem__calloc(1, sizeof *w);
     char *k = redsem__memdup0(key, keylen);
@@ -691,6 +742,7 @@ int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const ch
     w->since_ns = since_ns;
     w->elem = el;
     w->elemlen = elemlen;
+    w->grant = grant;
     w->on_done = on_done;
     w->need_lead = need_lead;
     w->arg = arg;

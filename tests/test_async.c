@@ -295,10 +295,14 @@ Test(async, try_status_refresh_release)
     env_down(&e);
 }
 
-/* A release from the loop (at tick 20) hands the permit to the waiting acquire: the loop ran
- * while it waited, and the acquire completed after the release. */
+/* A release from the loop (at tick 20, and for fair and locked once the acquire is queued)
+ * hands the permit to the waiting acquire: the loop ran while it waited, and the acquire
+ * completed after the release; fair and locked: with the permit its wake-up carried (a
+ * direct grant, no attempt after it), valid for the lease. */
 typedef struct hand {
     env *e;
+    redsem_sem *s;
+    bool queue, released;
     redsem_permit *held;
     got rel;
     int release_at;
@@ -307,9 +311,18 @@ typedef struct hand {
 static void release_on_tick(tloop *l)
 {
     hand *h = l->data;
-    if (l->ticks == h->release_at)
+    if (!h->released && l->ticks >= h->release_at && (!h->queue || tf_waiters(h->s) > 0)) {
+        h->released = true;
         cr_assert_eq(redsem_permit_release_async(h->e->a, h->held, on_done, &h->rel, NULL),
                      REDSEM_OK);
+    }
+}
+
+static uint64_t direct_grants(redsem_client *c)
+{
+    redsem_client_stats st;
+    cr_assert_eq(redsem_client_get_stats(c, &st), REDSEM_OK);
+    return st.direct_grants;
 }
 
 static void waits_body(redsem_strategy strategy)
@@ -318,8 +331,9 @@ static void waits_body(redsem_strategy strategy)
     env_up(&e);
     redsem_sem *s = NULL;
     OK(e.c, redsem_sem_open(e.c, tf_name("async-wait"), strategy, 1, 10000, &s));
-    hand h = {.e = &e, .release_at = 20};
+    hand h = {.e = &e, .s = s, .queue = strategy != REDSEM_STRATEGY_BASIC, .release_at = 20};
     h.rel.loop = &e.loop;
+    uint64_t direct0 = direct_grants(e.c);
     OK(e.c, redsem_sem_try_acquire(s, &h.held));
     got g = {.loop = &e.loop};
     OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 20000, on_done, &g, NULL));
@@ -332,6 +346,14 @@ static void waits_body(redsem_strategy strategy)
     cr_assert(run_until(&e.loop, &h.rel.done, 10000));
     cr_expect_eq(h.rel.rc, REDSEM_OK);
     cr_expect_eq(g.calls, 1);
+    if (h.queue) {
+        cr_expect_eq(direct_grants(e.c), direct0 + 1, "not granted by its wake-up");
+        cr_expect_gt(redsem_permit_token(g.permit), redsem_permit_token(h.held));
+        cr_expect_gt(redsem_permit_validity_ms(g.permit), 9000, "validity %lld ms, lease 10 s",
+                     (long long)redsem_permit_validity_ms(g.permit));
+    } else {
+        cr_expect_eq(direct_grants(e.c), direct0);
+    }
     OK(e.c, redsem_permit_release(g.permit));
     redsem_permit_free(g.permit);
     redsem_permit_free(h.held);

@@ -156,15 +156,6 @@ static void *ordered_waiter(void *arg)
     return NULL;
 }
 
-static size_t queued(redsem_sem *s)
-{
-    redsem_status *st = NULL;
-    cr_assert_eq(redsem_sem_status(s, 0, &st), REDSEM_OK);
-    size_t n = redsem_status_waiter_count(st);
-    redsem_status_free(st);
-    return n;
-}
-
 static void arrival_order(redsem_strategy strategy)
 {
     enum { N = 6 };
@@ -182,9 +173,9 @@ static void arrival_order(redsem_strategy strategy)
         o[i] = (struct ordered){name, strategy, i, &next, order, 0};
         cr_assert_eq(pthread_create(&t[i], NULL, ordered_waiter, &o[i]), 0);
         /* start the next waiter only once this one is queued: arrival order is known */
-        for (int k = 0; k < 500 && queued(s) < (size_t)i + 1; k++)
+        for (int k = 0; k < 500 && tf_waiters(s) < (size_t)i + 1; k++)
             tf_sleep_ms(5);
-        cr_assert_eq(queued(s), (size_t)i + 1);
+        cr_assert_eq(tf_waiters(s), (size_t)i + 1);
     }
     /* while waiters are queued, a newcomer's try never barges ahead of them */
     redsem_permit *q = NULL;

@@ -1,7 +1,8 @@
 /* White-box tests of the interpreters of script replies (src/acquire.c, src/proto/resp.c):
  * both shapes of an acquire reply, the array {status, a, b, now us} and the compact string
- * "status a b now" the scripts return on their hot paths, give the same attempt; anything
- * else is REDSEM_EPROTO. Replies are made by hiredis' own reader from RESP bytes. */
+ * "status a b now" (a fair "not granted": "0 a b now fence") the scripts return on their hot
+ * paths, give the same attempt; anything else is REDSEM_EPROTO. Replies are made by
+ * hiredis' own reader from RESP bytes. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +64,18 @@ Test(reply, busy_too_late_and_guard_busy_in_the_compact_shape)
     cr_assert_eq(a.outcome, REDSEM__ATT_BUSY);
     cr_assert_eq(a.next_ms, 250);
     cr_assert_eq(a.limit, 3);
+    cr_assert_not(a.fence_known);
     cr_assert_eq(parse(bulk("0 -1 3 1700000000000001"), &a), REDSEM_OK);
     cr_assert_eq(a.next_ms, -1);
+    /* a fair waiter's: the fence after the server's time (0: no token drawn yet) */
+    cr_assert_eq(parse(bulk("0 -1 3 1700000000000001 1700000000000000"), &a), REDSEM_OK);
+    cr_assert_eq(a.outcome, REDSEM__ATT_BUSY);
+    cr_assert(a.fence_known);
+    cr_assert_eq(a.fence, 1700000000000000ULL);
+    cr_assert_eq(a.server_us, 1700000000000001LL);
+    cr_assert_eq(parse(bulk("0 -1 3 1700000000000001 0"), &a), REDSEM_OK);
+    cr_assert(a.fence_known);
+    cr_assert_eq(a.fence, 0);
     cr_assert_eq(parse(bulk("-3 1700000000000001"), &a), REDSEM_OK);
     cr_assert_eq(a.outcome, REDSEM__ATT_TOO_LATE);
     cr_assert_eq(a.server_us, 1700000000000001LL);
@@ -77,6 +88,8 @@ Test(reply, busy_too_late_and_guard_busy_in_the_compact_shape)
     cr_assert_eq(a.outcome, REDSEM__ATT_TOO_MANY);
     cr_assert_eq(a.limit, 4);
     cr_assert_eq(parse(bulk("-4 0"), &a), REDSEM_EPROTO);
+    /* five values only in a "not granted" */
+    cr_assert_eq(parse(bulk("1 1700000000123456 4 1700000000123999 5"), &a), REDSEM_EPROTO);
     cr_assert_eq(parse(bulk("-5"), &a), REDSEM_EPROTO);
 }
 
@@ -86,7 +99,7 @@ Test(reply, a_malformed_compact_reply_is_a_protocol_error)
                          "1  2 3",    "1 2 3 ",    " 1 2 3",      "1 2 3 4 5",
                          "1 2x 3",    "1 - 3",     "2 1 1",       "1 1 -1",
                          "1 1 4294967296", "1 1234567890123456789 3", "-3", "-3 0",
-                         "1\t2 3"};
+                         "1\t2 3",  "0 2 3 4 5 6"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         redsem__attempt a;
         const char *resp = strlen(bad[i]) ? bulk(bad[i]) : "$0\r\n\r\n";

@@ -27,15 +27,6 @@ static size_t holders_now(redsem_sem *sem)
     return n;
 }
 
-static size_t waiters_now(redsem_sem *sem)
-{
-    redsem_status *st = NULL;
-    cr_assert_eq(redsem_sem_status(sem, 0, &st), REDSEM_OK);
-    size_t n = redsem_status_waiter_count(st);
-    redsem_status_free(st);
-    return n;
-}
-
 STRATEGY_TEST(sem, grants_exactly_limit, TO)
 {
     redsem_client *c = tf_client();
@@ -332,7 +323,7 @@ STRATEGY_TEST(sem, timed_acquire_returns_by_its_deadline, TO)
                      (long long)timeout);
     }
     /* the waiter left the queue */
-    cr_assert_eq(waiters_now(sa), 0);
+    cr_assert_eq(tf_waiters(sa), 0);
     OK(a, redsem_permit_release(pa));
     redsem_permit_free(pa);
     redsem_sem_free(sa);
@@ -396,7 +387,7 @@ static void wake_round(redsem_strategy strategy, struct wake_round *out)
     /* The waiter must be queued before the release, however slowly its thread starts. */
     int64_t queued_at = 0;
     for (int i = 0; i < 500 && queued_at == 0; i++) {
-        if (waiters_now(sa) > 0)
+        if (tf_waiters(sa) > 0)
             queued_at = tf_now_ms();
         else
             tf_sleep_ms(2);
@@ -515,7 +506,7 @@ STRATEGY_TEST(sem, status_lists_holders_and_waiters, TO)
     struct waiter_arg w = {.name = name, .strategy = strategy, .limit = 2, .timeout = 10000};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, waiter, &w), 0);
-    for (int i = 0; i < 200 && waiters_now(sa) == 0; i++)
+    for (int i = 0; i < 200 && tf_waiters(sa) == 0; i++)
         tf_sleep_ms(10);
     OK(a, redsem_sem_status(sa, 10, &st));
     cr_assert_eq(redsem_status_holder_count(st), 2);
@@ -655,9 +646,9 @@ static void dead_entitled_waiter(redsem_strategy strategy)
         _exit(redsem_sem_acquire(ss, 20000, &q) == REDSEM_OK ? 0 : 1); /* queues, then waits */
     }
     int64_t until = tf_now_ms() + 5000;
-    while (waiters_now(s) == 0 && tf_now_ms() < until)
+    while (tf_waiters(s) == 0 && tf_now_ms() < until)
         tf_sleep_ms(2);
-    cr_assert_eq(waiters_now(s), 1, "the child never queued");
+    cr_assert_eq(tf_waiters(s), 1, "the child never queued");
     kill(pid, SIGSTOP); /* it is now entitled by the release below, but never claims */
     OK(c, redsem_permit_release(p));
     redsem_permit_free(p);
@@ -712,9 +703,9 @@ static void expired_waiter_requeues(redsem_strategy strategy)
         _exit(-rc); /* 0 OK, 1 EBUSY, 14 ESERVER ... */
     }
     int64_t until = tf_now_ms() + 5000;
-    while (waiters_now(s) == 0 && tf_now_ms() < until)
+    while (tf_waiters(s) == 0 && tf_now_ms() < until)
         tf_sleep_ms(1);
-    cr_assert_eq(waiters_now(s), 1, "the child never queued");
+    cr_assert_eq(tf_waiters(s), 1, "the child never queued");
     kill(pid, SIGSTOP);
     tf_sleep_ms(100); /* its 30 ms wait lease runs out */
     EXPECT(c, REDSEM_EBUSY, redsem_sem_try_acquire(s, &q)); /* cleans the expired entry up */

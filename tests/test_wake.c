@@ -14,6 +14,7 @@ typedef struct blocked {
     int64_t since_ns; /* the acquire's start it claims */
     int64_t hard_ms;  /* its hard deadline, from now (0: 25 s) */
     bool signaled;
+    redsem__wake_grant grant; /* a direct grant the element carried */
     int rc;
     atomic_int done;
 } blocked;
@@ -24,7 +25,7 @@ static void *blpop_thread(void *arg)
     int64_t hard_ms = b->hard_ms > 0 ? b->hard_ms : 25000;
     b->rc = redsem__blpop(b->c, b->key, strlen(b->key), b->elem, 20000,
                           redsem__now_ns() + hard_ms * REDSEM__NS_PER_MS, b->since_ns,
-                          &b->signaled);
+                          &b->signaled, &b->grant);
     atomic_store(&b->done, 1);
     return NULL;
 }
@@ -230,11 +231,22 @@ Test(wake, a_lost_bell_loses_no_wake_up, .timeout = 60)
     redsem_client_free(c);
 }
 
+/* A fair semaphore of limit 1 (lease 30 s) named after base, its one permit held: *p. */
+static redsem_sem *full_fair(redsem_client *c, const char *base, redsem_permit **p)
+{
+    redsem_sem *s = NULL;
+    cr_assert_eq(redsem_sem_open(c, tf_name(base), REDSEM_STRATEGY_FAIR, 1, 30000, &s),
+                 REDSEM_OK);
+    cr_assert_eq(redsem_sem_try_acquire(s, p), REDSEM_OK);
+    return s;
+}
+
 /* One fair acquire attempt (fair_acquire.lua) that queues id as a waiter: with the client's
  * id list, as redsem 0.4.3 on one server sends it, or without (list NULL: redsem <= 0.4.2,
- * or a cluster client). */
-static void attempt_as(redsem_client *c, const redsem_sem *s, const char *id, const char *list,
-                       int mode)
+ * or a cluster client); with direct, also asking for a direct grant (0.4.5) under a wait
+ * lease of wait_lease ms (else 30 s). */
+static void attempt_dl(redsem_client *c, const redsem_sem *s, const char *id, const char *list,
+                       int mode, bool direct, int64_t wait_lease)
 {
     redsem__args a;
     redsem__args_init(&a);
@@ -247,18 +259,26 @@ static void attempt_as(redsem_client *c, const redsem_sem *s, const char *id, co
     redsem__args_i64(&a, 1);     /* limit */
     redsem__args_i64(&a, 30000); /* lease */
     redsem__args_i64(&a, mode);  /* 1 wait, 2 again */
-    redsem__args_i64(&a, 30000); /* wait lease */
+    redsem__args_i64(&a, wait_lease > 0 ? wait_lease : 30000); /* wait lease */
     redsem__args_str(&a, "fair");
     redsem__args_str(&a, id);
     redsem__args_i64(&a, 0); /* not after: none */
     redsem__args_i64(&a, 1); /* weight */
     if (list != NULL)
         redsem__args_str(&a, list);
+    if (list != NULL && direct)
+        redsem__args_str(&a, "1");
     redisReply *r = NULL;
     cr_assert_eq(redsem__eval(c, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, 0, NULL, &r), REDSEM_OK,
                  "%s", redsem_client_errmsg(c));
     cr_assert(r->type == REDIS_REPLY_STRING && r->str[0] == '0', "%s was not queued", id);
     freeReplyObject(r);
+}
+
+static void attempt_as(redsem_client *c, const redsem_sem *s, const char *id, const char *list,
+                       int mode)
+{
+    attempt_dl(c, s, id, list, mode, false, 0);
 }
 
 static void queue_waiter(redsem_client *c, const redsem_sem *s, const char *id, const char *list)
@@ -280,11 +300,8 @@ static void expect_reply(const char *want, const char *cmd, const char *k1, cons
 Test(wake, a_grant_wakes_a_waiter_where_its_client_waits, .timeout = 60)
 {
     redsem_client *c = tf_client();
-    redsem_sem *s = NULL;
-    cr_assert_eq(redsem_sem_open(c, tf_name("wake-where"), REDSEM_STRATEGY_FAIR, 1, 30000, &s),
-                 REDSEM_OK);
     redsem_permit *p = NULL, *pa = NULL;
-    cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
+    redsem_sem *s = full_fair(c, "wake-where", &p);
     char ida[REDSEM_ID_BUFSIZE], idb[REDSEM_ID_BUFSIZE], field[64], own[1100];
     queue_waiter(c, s, id_of('a', ida), c->wake_ids);
     queue_waiter(c, s, id_of('b', idb), NULL);
@@ -349,6 +366,167 @@ Test(wake, a_foreign_key_at_an_id_list_fails_no_release, .timeout = 60)
         cr_expect_eq(redsem_permit_release(pa), REDSEM_OK);
         redsem_permit_free(pa);
     }
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* The server's clock, ms (TIME). */
+static int64_t server_ms(void)
+{
+    char out[64];
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "EVAL",
+                            "local t = redis.call('TIME') return t[1] * 1000 + "
+                            "math.floor(t[2] / 1000)", "0", NULL),
+                 0);
+    return strtoll(out, NULL, 10);
+}
+
+static int64_t score_of(const char *zset, const char *member)
+{
+    char out[64];
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "ZSCORE", zset, member, NULL), 0);
+    return strtoll(out, NULL, 10);
+}
+
+/* A direct grant (0.4.5), on the server: a waiter queued with its client's id list and "1"
+ * (ARGV[11]) records its lease (L:<id>); the release that grants it sets its deadline to the
+ * grant + that lease (not the wait lease's) and pushes "<id> <meta> <token> <server us>",
+ * the token the one recorded. A waiter whose wait entry has expired (it died; not cleaned up
+ * yet) gets no fresh lease: its permit keeps that expired deadline, and its element has no
+ * token. */
+Test(wake, a_direct_grant_carries_the_waiters_lease, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_permit *p = NULL, *pa = NULL;
+    redsem_sem *s = full_fair(c, "wake-direct", &p);
+    char ida[REDSEM_ID_BUFSIZE], ide[REDSEM_ID_BUFSIZE], field[64], out[1200];
+    attempt_dl(c, s, id_of('a', ida), c->wake_ids, 1, true, 2000);
+    attempt_dl(c, s, id_of('e', ide), c->wake_ids, 1, true, 2000);
+    snprintf(field, sizeof field, "L:%s", ida);
+    expect_reply("30000", "HGET", s->k_meta, field);
+
+    /* the keys' expiry 40 s from now: it does not cover a new 30 s deadline by IDLE/2
+     * (30 s), so the grant moves it */
+    char exp[32];
+    snprintf(exp, sizeof exp, "%lld", (long long)server_ms() + 40000);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "HSET", s->k_meta, "exp", exp, NULL),
+                 0);
+    const char *keys[] = {s->k_meta, s->k_owners, s->k_timeouts};
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(ts_command(tf_server(), out, sizeof out, "PEXPIREAT", keys[i], exp, NULL), 0);
+    int64_t before = server_ms();
+    cr_assert_eq(redsem_permit_release(p), REDSEM_OK); /* grants a, the head */
+    int64_t after = server_ms();
+    int64_t d = score_of(s->k_timeouts, ida);
+    cr_expect(d >= before + 30000 && d <= after + 30000,
+              "a's deadline is %lld ms after the grant, not its lease (30000)",
+              (long long)(d - before));
+    expect_reply("0", "HEXISTS", s->k_meta, field);
+    snprintf(field, sizeof field, "c:%s", ida);
+    expect_reply("0", "HEXISTS", s->k_meta, field);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "HGET", s->k_meta, "exp", NULL), 0);
+    cr_expect_geq(strtoll(out, NULL, 10), d + 30000, "the keys' expiry %s does not cover the "
+                  "deadline %lld by IDLE/2", out, (long long)d);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(ts_command(tf_server(), out, sizeof out, "PEXPIRETIME", keys[i], NULL), 0);
+        cr_expect_geq(strtoll(out, NULL, 10), d + 30000, "%s expires at %s", keys[i], out);
+    }
+    char tok[64];
+    snprintf(field, sizeof field, "t:%s", ida);
+    cr_assert_eq(ts_command(tf_server(), tok, sizeof tok, "HGET", s->k_meta, field, NULL), 0);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "LINDEX", c->wake_ids, "0", NULL), 0);
+    char head[1100];
+    snprintf(head, sizeof head, "%s %s %s ", ida, s->k_meta, tok);
+    cr_expect(strncmp(out, head, strlen(head)) == 0, "element \"%s\", want \"%s<us>\"", out,
+              head);
+    long long us = strtoll(out + strlen(head), NULL, 10);
+    cr_expect(us / 1000 >= before && us / 1000 <= after, "the element's time %lld is not the "
+              "grant's", us);
+
+    /* e dies: its wait entry expires before the release that would grant it */
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "ZADD", s->k_timeouts, "XX", "1", ide,
+                            NULL),
+                 0);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "DEL", c->wake_ids, NULL), 0);
+    cr_assert_eq(redsem_sem_adopt(s, ida, &pa), REDSEM_OK, "%s", redsem_client_errmsg(c));
+    cr_assert_eq(redsem_permit_release(pa), REDSEM_OK); /* grants e */
+    snprintf(field, sizeof field, "t:%s", ide);
+    expect_reply("1", "HEXISTS", s->k_meta, field);
+    cr_expect_eq(score_of(s->k_timeouts, ide), 1, "a dead waiter was given a fresh lease");
+    char elem[1200];
+    snprintf(elem, sizeof elem, "%s %s", ide, s->k_meta);
+    expect_reply(elem, "LINDEX", c->wake_ids, "0");
+    redsem_permit_free(p);
+    redsem_permit_free(pa);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+typedef struct {
+    redsem_sem *s;
+    const char *id;
+    int rc;
+    redsem_permit *p;
+    atomic_int done;
+} acquirer;
+
+static void *acquire_thread(void *arg)
+{
+    acquirer *q = arg;
+    q->rc = redsem_sem_acquire_as(q->s, q->id, 10000, &q->p);
+    atomic_store(&q->done, 1);
+    return NULL;
+}
+
+static uint64_t direct_grants(redsem_client *c)
+{
+    redsem_client_stats st;
+    cr_assert_eq(redsem_client_get_stats(c, &st), REDSEM_OK);
+    return st.direct_grants;
+}
+
+/* The client side: a blocked fair acquire woken by its direct grant takes the permit from the
+ * wake-up, with no attempt after it (the counter), and believes it valid no longer than the
+ * server keeps it. Before that, a wake-up whose token is not newer than what the waiter's
+ * last attempt saw (an element of an earlier wait of the same id, delayed or kept) is taken
+ * for a plain wake-up: the waiter tries, finds no permit, and waits on. */
+Test(wake, a_woken_waiter_takes_its_direct_grant_and_no_stale_one, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_permit *p = NULL;
+    redsem_sem *s = full_fair(c, "wake-take", &p);
+    char ida[REDSEM_ID_BUFSIZE], elem[1200];
+    acquirer q = {.s = s, .id = id_of('a', ida)};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, acquire_thread, &q), 0);
+    await_registered(c, 1);
+    uint64_t before = direct_grants(c);
+
+    /* stale: a token older than the holder's (what the waiter's attempt saw as the fence) */
+    snprintf(elem, sizeof elem, "%s %s 1 %lld", ida, s->k_meta, (long long)server_ms() * 1000);
+    push_elem(c, elem, true);
+    tf_sleep_ms(300);
+    cr_expect_eq(atomic_load(&q.done), 0, "a stale direct grant was taken (rc %s)",
+                 redsem_err_name(q.rc));
+    cr_expect_eq(direct_grants(c), before);
+
+    cr_assert_eq(redsem_permit_release(p), REDSEM_OK); /* grants a */
+    pthread_join(t, NULL);
+    cr_assert_eq(q.rc, REDSEM_OK, "%s", redsem_client_errmsg(c));
+    cr_expect_eq(direct_grants(c), before + 1, "the wake-up's grant was not taken directly");
+    char field[64], tok[64];
+    snprintf(field, sizeof field, "t:%s", ida);
+    cr_assert_eq(ts_command(tf_server(), tok, sizeof tok, "HGET", s->k_meta, field, NULL), 0);
+    cr_expect_eq(redsem_permit_token(q.p), strtoull(tok, NULL, 10));
+    cr_expect_gt(redsem_permit_token(q.p), redsem_permit_token(p));
+    int64_t valid = redsem_permit_validity_ms(q.p);
+    int64_t left = score_of(s->k_timeouts, ida) - server_ms();
+    cr_expect(valid > 25000, "validity %lld ms: not the lease", (long long)valid);
+    cr_expect(valid <= left, "the client believes its permit valid %lld ms, the server keeps it "
+              "%lld ms", (long long)valid, (long long)left);
+    cr_expect_eq(redsem_permit_release(q.p), REDSEM_OK);
+    redsem_permit_free(q.p);
+    redsem_permit_free(p);
     redsem_sem_free(s);
     redsem_client_free(c);
 }

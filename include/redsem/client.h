@@ -409,7 +409,10 @@ typedef struct redsem_client_stats {
                               them busy with other threads' requests (Since: 0.4) */
     uint64_t pipelined;    /* script calls written in one write with other threads' calls
                               (a batch of 2 counts 2) (Since: 0.4) */
-    uint64_t reserved[5];  /* zero; room for later counters without an ABI break */
+    uint64_t direct_grants; /* fair and locked acquires decided by a wake-up that carried the
+                               permit, with no attempt after it (one server, no
+                               sync_replicas) (Since: 0.4.5) */
+    uint64_t reserved[4];  /* zero; room for later counters without an ABI break */
 } redsem_client_stats;
 
 /**

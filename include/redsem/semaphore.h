@@ -118,9 +118,12 @@ REDSEM_API void redsem_sem_free(redsem_sem *sem);
  * A waiter blocked in redsem_sem_acquire() keeps its place under this lease and renews it
  * every third of it; if the waiter dies, its place is dropped after at most this long. A
  * waiter that dies just as a permit is handed to it (it was at the head of the queue)
- * withholds that permit until then, so a wait lease longer than the lease makes a crashed
- * waiter cost more than a crashed holder. No effect for the basic strategy (its waiters hold
- * no place).
+ * withholds that permit: on a client of one server without sync replicas (since 0.4.5) for
+ * the lease, as a holder that dies just after its grant (the permit is handed over with the
+ * waiter's lease, which saves the woken waiter a round trip: docs/design.md section 5,
+ * "Direct grants"); otherwise (a Redis Cluster, redsem_options_set_sync_replicas()) until
+ * its wait lease ends, so a wait lease longer than the lease makes a crashed waiter cost more
+ * than a crashed holder. No effect for the basic strategy (its waiters hold no place).
  *
  * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default the shorter of
  *      REDSEM_DEFAULT_WAIT_LEASE_MS and the semaphore's lease.

@@ -132,3 +132,12 @@ void tf_expect(redsem_client *c, int got, int want, const char *expr, const char
     cr_assert_eq(got, want, "%s:%d: %s returned %s, expected %s (%s)", file, line, expr,
                  redsem_err_name(got), redsem_err_name(want), c ? redsem_client_errmsg(c) : "");
 }
+
+size_t tf_waiters(redsem_sem *sem)
+{
+    redsem_status *st = NULL;
+    cr_assert_eq(redsem_sem_status(sem, 0, &st), REDSEM_OK);
+    size_t n = redsem_status_waiter_count(st);
+    redsem_status_free(st);
+    return n;
+}

@@ -30,6 +30,8 @@ redsem_client *tf_client(void);
 /* The suite's server as a ts_server (for ts_command). */
 const ts_server *tf_server(void);
 int64_t tf_now_ms(void);
+/* Waiters of sem on the server now (redsem_sem_status()). */
+size_t tf_waiters(redsem_sem *sem);
 void tf_sleep_ms(int64_t ms);
 
 /* Assert that expr returned want; on failure print the name and the client's message. */
