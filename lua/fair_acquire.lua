@@ -52,8 +52,11 @@ if ARGV[9] and ARGV[9] ~= '1' then n = tonumber(ARGV[9]) or 1 end
 local tkey = 't:' .. id
 local list = ARGV[10] ~= '' and ARGV[10] or nil -- the client's id list (nil: none)
 local direct = list ~= nil and ARGV[11] == '1'
+-- m[9]: this id's L: field (a direct grant's lease), which is only ever left behind by a
+-- redsem <= 0.4.4 script (whose grants and cleanups do not know it): removed below where
+-- this id is granted, or queued without a direct grant
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'used', 'q',
-  'w:' .. id)
+  'w:' .. id, 'L:' .. id)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
 local limit_str = m[2] or ARGV[2]
 local limit = tonumber(limit_str)
@@ -124,6 +127,7 @@ if m[5] then
   if d and tonumber(d) > now then
     if held ~= n then return {-4, held, now_us} end
     redis.call('ZADD', timeouts, deadline_str, id)
+    if m[9] then redis.call('HDEL', meta, 'L:' .. id) end
     save_meta({})
     return '1 ' .. m[5] .. ' ' .. limit_str .. ' ' .. now_us_str
   end
@@ -169,6 +173,8 @@ local function granted(tok, tok_str)
     save_meta(f)
   end
   if n == 1 and m[8] and not queued then redis.call('HDEL', meta, 'w:' .. id) end
+  -- (a grant by grant_heads, tok_str nil, removed it already)
+  if m[9] and tok_str then redis.call('HDEL', meta, 'L:' .. id) end
   return '1 ' .. (tok_str or string.format('%d', tok)) .. ' ' .. limit_str .. ' ' .. now_us_str
 end
 
@@ -234,6 +240,7 @@ if not queued then
   end
   save_meta(f)
   if n == 1 and m[8] then redis.call('HDEL', meta, 'w:' .. id) end
+  if m[9] and not direct then redis.call('HDEL', meta, 'L:' .. id) end
 else
   redis.call('ZADD', timeouts, string.format('%d', now + wait_lease), id)
   -- a waiter taken over by another client (the same id: acquire_as) is woken there, with
@@ -241,7 +248,7 @@ else
   -- acquire)
   if list then
     local w = redis.call('HMGET', meta, 'c:' .. id, 'L:' .. id)
-    local want = direct and ARGV[3] or nil
+    local want = direct and ARGV[3] or false -- as HMGET gives a missing field
     if w[1] ~= list or w[2] ~= want then
       if not want and w[2] then redis.call('HDEL', meta, 'L:' .. id) end
       local f = {'c:' .. id, list}

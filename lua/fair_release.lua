@@ -15,7 +15,7 @@ local tkey, wkey = 't:' .. id, 'w:' .. id
 local m = redis.call('HMGET', meta, tkey, wkey, 'limit', 'fence')
 if not m[1] then return -1 end
 redis.call('ZREM', timeouts, id)
-redis.call('HDEL', meta, tkey, wkey)
+redis.call('HDEL', meta, tkey, wkey, 'L:' .. id) -- L:, left by a redsem <= 0.4.4 grant
 local dec = '-1'
 if m[2] then dec = string.format('%d', -(tonumber(m[2]) or 1)) end
 local used = redis.call('HINCRBY', meta, 'used', dec)

@@ -530,3 +530,71 @@ Test(wake, a_woken_waiter_takes_its_direct_grant_and_no_stale_one, .timeout = 60
     redsem_sem_free(s);
     redsem_client_free(c);
 }
+
+/* An L: field left behind (a redsem <= 0.4.4 script granted or cleaned up a 0.4.5 waiter:
+ * it does not know the field) must not give a later wait of that id a stale lease: the
+ * release of the id's permit removes it, and so does a wait of the id queued without a
+ * direct grant (a client with sync replicas, or one that takes the id over). */
+Test(wake, a_stale_lease_field_is_removed, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_permit *p = NULL, *px = NULL;
+    redsem_sem *s = full_fair(c, "wake-stale-l", &p);
+    char idx[REDSEM_ID_BUFSIZE], field[64], out[64];
+    id_of('b', idx);
+    snprintf(field, sizeof field, "L:%s", idx);
+    /* as an old release's grant leaves it: x holds, L:x stays */
+    attempt_dl(c, s, idx, c->wake_ids, 1, true, 2000);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "HSET", s->k_meta, field, "600000",
+                            NULL),
+                 0);
+    cr_assert_eq(redsem_permit_release(p), REDSEM_OK); /* grants x (directly: L: is there) */
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "HSET", s->k_meta, field, "600000",
+                            NULL),
+                 0);
+    cr_assert_eq(redsem_sem_adopt(s, idx, &px), REDSEM_OK, "%s", redsem_client_errmsg(c));
+    cr_assert_eq(redsem_permit_release(px), REDSEM_OK);
+    expect_reply("0", "HEXISTS", s->k_meta, field);
+    redsem_permit_free(px);
+    redsem_permit_free(p);
+
+    /* a wait of x queued without a direct grant, an old L:x in place */
+    cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "HSET", s->k_meta, field, "600000",
+                            NULL),
+                 0);
+    attempt_dl(c, s, idx, c->wake_ids, 1, false, 2000);
+    expect_reply("0", "HEXISTS", s->k_meta, field);
+    cr_assert_eq(redsem_permit_release(p), REDSEM_OK); /* grants x, the old way */
+    char elem[1200];
+    snprintf(elem, sizeof elem, "%s %s", idx, s->k_meta);
+    expect_reply(elem, "LINDEX", c->wake_ids, "-1");
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* set_limit hands the new permits to the head of the queue (grant_heads), which since 0.4.5
+ * also reads and writes timeouts (a direct grant's deadline): a foreign key there fails the
+ * call before its first write (found by review: the limit was raised and the head granted,
+ * then the script failed half-way). */
+Test(wake, set_limit_checks_the_timeouts_type_first, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_permit *p = NULL;
+    redsem_sem *s = full_fair(c, "wake-limit-type", &p);
+    char idx[REDSEM_ID_BUFSIZE], out[64];
+    attempt_dl(c, s, id_of('c', idx), c->wake_ids, 1, true, 2000);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "DEL", s->k_timeouts, NULL), 0);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "SET", s->k_timeouts, "foreign", NULL),
+                 0);
+    int rc = redsem_sem_set_limit(s, 2);
+    cr_expect(rc == REDSEM_ESERVER && strstr(redsem_client_errmsg(c), "WRONGTYPE") != NULL,
+              "%s (%s)", redsem_err_name(rc), redsem_client_errmsg(c));
+    expect_reply("1", "HGET", s->k_meta, "limit");
+    expect_reply("1", "ZCARD", s->k_owners, NULL);
+    expect_reply("foreign", "GET", s->k_timeouts, NULL);
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
