@@ -13,7 +13,7 @@
 --       then woken by "<id> <KEYS[1]>" pushed there (grant_heads), not on KEYS[4] .. id,
 --       11 '1': with ARGV[10], the waiter also records its lease (ARGV[3]) as L:<id>, and
 --       grant_heads gives it the permit with that lease (a direct grant: the element is then
---       "<id> <KEYS[1]> <token> <server us>"); absent: it does not (a client that waits for
+--       "<id> <KEYS[1]> <token> <server us> <lease>"); absent: it does not (a client that waits for
 --       replicas after each grant)
 -- meta 'used' is the weight held. A new request is granted iff nobody is queued and
 -- used + n <= limit; otherwise it queues at the tail (mode 1) with the next arrival number

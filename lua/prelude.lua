@@ -148,14 +148,14 @@ end
 -- The element, and the lease (a direct grant, since 0.4.5): a waiter that also recorded its
 -- lease (L:<id>, fair_acquire.lua's ARGV[11]: a client that waits for no replicas) is given
 -- the permit with that lease here, its deadline in timeouts set to now + lease, and its
--- element is "<id> <meta key> <token> <server us now>": the client takes the permit from it
--- without another attempt (wake.c, acquire.c); the keys' expiry is moved if it does not
--- cover the new deadline by IDLE/2 (st.exp: the expiry set here). Only while the waiter's
--- wait lease still runs (a waiter whose entry expired, not yet cleaned up, gets no fresh
--- lease); otherwise, and for a waiter without L:, the
--- permit keeps the deadline the wait lease gave it, the element is "<id> <meta key>" (the
--- meta key tells apart one id's waits on two semaphores), and the waiter's next attempt
--- takes it with its lease: the same path as an idempotent retry.
+-- element is "<id> <meta key> <token> <server us now> <lease>": the client takes the permit
+-- from it without another attempt (wake.c, acquire.c); the keys' expiry is moved if it
+-- does not cover the new deadline by IDLE/2 (st.exp: the expiry set here). Only while the
+-- waiter's wait lease still runs (a waiter whose entry expired, not yet cleaned up, gets no
+-- fresh lease); otherwise, and for a waiter without L:, the permit keeps the deadline the
+-- wait lease gave it, the element is "<id> <meta key>" (the meta key tells apart one id's
+-- waits on two semaphores), and the waiter's next attempt takes it with its lease: the same
+-- path as an idempotent retry.
 local function grant_heads(meta, owners, timeouts, sigp, limit, st, self, selfw)
   local got = nil
   while st.used < limit do
@@ -208,7 +208,7 @@ local function grant_heads(meta, owners, timeouts, sigp, limit, st, self, selfw)
       -- write as KEYS are (a foreign key of another type there, or an ACL that does not
       -- cover it). The grant stands either way; refused, the waiter finds it by its poll.
       local e = h .. ' ' .. meta
-      if direct then e = e .. ' ' .. tok_str .. ' ' .. st.now_us_str end
+      if direct then e = e .. ' ' .. tok_str .. ' ' .. st.now_us_str .. ' ' .. lease end
       if redis.pcall('RPUSH', list, e) == 1 then
         redis.call('PEXPIRE', list, IDLE_STR)
         if redis.pcall('RPUSH', list .. ':bell', e) == 1 then

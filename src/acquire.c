@@ -165,7 +165,8 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
  * the grant is of this wait: its token is greater than the fence the waiter's last queued
  * attempt saw (tokens of one semaphore only grow, whatever the clock does, so an element of
  * an earlier wait of the same id, kept or delayed, has a smaller one), and its server time is
- * not before that attempt's. The permit's deadline on the server is the grant's time (whole
+ * not before that attempt's, and its lease is this acquire's (L:<id> is the lease of the last
+ * attempt of the id: another handle's, if one id waits through two at once). The permit's deadline on the server is the grant's time (whole
  * ms) + the lease; our validity counts from that attempt's send time plus the server time
  * between that attempt and the grant (less 1 % for drift), so it ends no later than the
  * server's deadline (the attempt ran after it was sent; the server's clock measures that
@@ -176,8 +177,10 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
 static bool direct_grant(const redsem__acq_state *s, redsem__attempt *att)
 {
     const redsem__wake_grant *g = &s->grant;
+    /* a token is drawn as max(fence + 1, the server's clock): never below the grant's time */
     if (!s->signaled || g->token == 0 || !s->queued_known || g->token <= s->queued_fence ||
-        g->server_us < s->queued_server_us || s->q.wake_meta == NULL ||
+        g->server_us < s->queued_server_us || g->token < (uint64_t)g->server_us ||
+        g->lease_ms != s->q.lease_ms || s->q.wake_meta == NULL ||
         s->q.client->sync_replicas > 0)
         return false;
     memset(att, 0, sizeof *att);
@@ -194,6 +197,11 @@ static bool direct_grant(const redsem__acq_state *s, redsem__attempt *att)
     if (since_us > 0)
         since_us -= since_us / 100;
     att->sent_ns = s->queued_sent_ns + since_us * 1000;
+    /* never later than now: whatever an element says (its list can be written by any user
+     * with access to the prefix's keys), validity does not exceed the lease from now */
+    int64_t now = redsem__now_ns();
+    if (att->sent_ns > now)
+        att->sent_ns = now;
     (void)__atomic_fetch_add(&s->q.client->direct_grants, 1, __ATOMIC_RELAXED);
     return true;
 }
@@ -225,6 +233,12 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
     const char *id = s->id;
     if (s->waited) {
         s->waited = false;
+        if (s->wait_rc != REDSEM_OK && s->wait_rc != REDSEM_ECONN && s->registered &&
+            q->wake_meta != NULL && redsem_is_fault(s->wait_rc))
+            /* a queued fair or locked waiter whose wait failed, not by a lost connection
+             * (a stalled server: no attempt to leave within the call's time): the server
+             * may grant it, with its lease (a direct grant), before its wait lease ends */
+            return unknown(c, id, s->wait_rc);
         if (s->wait_rc != REDSEM_OK)
             return leave_after_fault(q, id, att, s->wait_rc);
         if (direct_grant(s, att))
@@ -352,7 +366,7 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
         s->waited = true;
         s->wait_rc = REDSEM_OK;
         s->signaled = false;
-        s->grant = (redsem__wake_grant){0, 0};
+        s->grant = (redsem__wake_grant){0, 0, 0};
         return REDSEM__WAIT;
     }
 }

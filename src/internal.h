@@ -240,6 +240,7 @@ typedef struct redsem__acquirer {
     /* Key to BLPOP on while waiting (may depend on id). */
     const char *(*wait_key)(void *handle, const char *id, size_t *len, char *buf, size_t buflen);
     int64_t wait_lease_ms; /* > 0: renew registration at least every third of it */
+    int64_t lease_ms;      /* the lease its attempts ask for (a direct grant must carry it) */
     /* NULL, or (a fair waiter of a one-server client) the semaphore's meta key: the waiter
      * is woken by "<id> <wake_meta>" on its client's id list (wake.c) */
     const char *wake_meta;
@@ -294,10 +295,11 @@ int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t ti
 /* A blocking acquire between two of its attempts (acquire.c): the loop's state, and the wait
  * it asks for. The event-loop API keeps one per parked acquire. */
 /* A direct grant given with a fair waiter's wake-up (prelude.lua's grant_heads: the element
- * "<id> <meta> <token> <server us>"): token 0 if the wake-up carried none. */
+ * "<id> <meta> <token> <server us> <lease ms>"): token 0 if the wake-up carried none. */
 typedef struct redsem__wake_grant {
     uint64_t token;
     int64_t server_us;
+    int64_t lease_ms; /* the lease the server gave it */
 } redsem__wake_grant;
 
 typedef struct redsem__acq_state {

@@ -327,6 +327,7 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, u
         .attempt = is_basic(s) ? basic_attempt : fair_attempt,
         .wait_key = is_basic(s) ? basic_wait_key : fair_wait_key,
         .wait_lease_ms = is_basic(s) ? 0 : s->wait_lease_ms,
+        .lease_ms = s->lease_ms,
         .weight = n,
         .wake_meta = wake_by_id(s) ? s->k_meta : NULL,
     };

@@ -58,6 +58,9 @@ struct redsem__wake_pend {
                       taken off) */
     int64_t at_ns; /* 0: free */
     redsem__wake_grant grant; /* the direct grant it carried (token 0: none) */
+    char *elem;    /* its bytes (heap; NULL: none, its grant then dropped), compared before a
+                      waiter takes it: the hash alone could give one waiter another's grant */
+    size_t len;
 };
 
 /* registered waiters the array holds at first (it grows by doubling) */
@@ -67,8 +70,8 @@ struct redsem__wake_pend {
 /* the drained elements remembered, so that a bell that gives one of them again is ignored */
 #define WAKE_RECENT_MAX 256
 /* an element as long as grant_heads makes it: "<id> <meta key>" (the key < 1024 bytes), and
- * a direct grant's " <token> <server us>" */
-#define WAKE_ELEM_MAX (REDSEM_ID_LEN + 1 + 1024 + 2 * 21)
+ * a direct grant's " <token> <server us> <lease ms>" */
+#define WAKE_ELEM_MAX (REDSEM_ID_LEN + 1 + 1024 + 3 * 21)
 
 /* FNV-1a, 64 bits. Two keys with the same hash and length count as one list: for any two of
  * the at most WAKE_KEYS_MAX keys of a round a collision has a chance of about 2^-45, and it
@@ -209,11 +212,14 @@ int redsem__wake_init(redsem_client *c)
                : REDSEM_ENOMEM;
 }
 
-/* Under wake_mu: keep an element (its hash h) drained for a waiter not registered now (in
- * place of the oldest kept, or of one too old). A 64-bit hash: another waiter's element with
- * the same one would only get a spurious wake-up (one more attempt; a direct grant it
- * carries is checked against that waiter's own fence, acquire.c). */
-static void pend_add(redsem_client *c, uint64_t h, const redsem__wake_grant *g, int64_t now)
+/* Under wake_mu: keep an element ("<id> <meta key>", len bytes, its hash h; g: the direct
+ * grant it carried) drained for a waiter not registered now (in place of the oldest kept, or
+ * of one too old). Its bytes are kept too: only the waiter it names may take it (ids chosen
+ * by callers can be made to collide in a 64-bit FNV hash, and a grant given to the wrong
+ * waiter would be a permit the server never gave it). Out of memory, only the hash is kept,
+ * without the grant: a waiter with a colliding hash then gets a spurious wake-up at most. */
+static void pend_add(redsem_client *c, const char *elem, size_t len, uint64_t h,
+                     const redsem__wake_grant *g, int64_t now)
 {
     struct redsem__wake_pend *slot = &c->wake_pend[0];
     for (int i = 0; i < WAKE_PEND_MAX; i++) {
@@ -225,24 +231,30 @@ static void pend_add(redsem_client *c, uint64_t h, const redsem__wake_grant *g, 
         if (p->at_ns < slot->at_ns)
             slot = p;
     }
+    redsem__free(slot->elem);
     slot->h = h;
     slot->at_ns = now > 0 ? now : 1;
-    slot->grant = *g;
+    slot->elem = redsem__memdup0(elem, len);
+    slot->len = len;
+    slot->grant = slot->elem != NULL ? *g : (redsem__wake_grant){0, 0, 0};
 }
 
-/* Under wake_mu: whether an element (hash h) drained for this waiter is kept (it is then
- * taken, its direct grant, if any, copied to *grant when grant is not NULL). */
-static bool pend_take(redsem_client *c, uint64_t h, int64_t now, redsem__wake_grant *grant)
+/* Under wake_mu: whether an element drained for waiter w is kept (it is then taken, its
+ * direct grant, if any, copied to *w->grant when that is not NULL). */
+static bool pend_take(redsem_client *c, const redsem__waiter *w, int64_t now)
 {
     for (int i = 0; i < WAKE_PEND_MAX; i++) {
         struct redsem__wake_pend *p = &c->wake_pend[i];
-        if (p->at_ns != 0 && p->h == h) {
-            bool fresh = now - p->at_ns <= WAKE_PEND_NS;
-            p->at_ns = 0;
-            if (fresh && grant != NULL)
-                *grant = p->grant;
-            return fresh;
-        }
+        if (p->at_ns == 0 || p->h != w->elemh ||
+            (p->elem != NULL && (p->len != w->elemlen || memcmp(p->elem, w->elem, p->len) != 0)))
+            continue;
+        bool fresh = now - p->at_ns <= WAKE_PEND_NS;
+        p->at_ns = 0;
+        if (fresh && w->grant != NULL)
+            *w->grant = p->grant;
+        redsem__free(p->elem);
+        p->elem = NULL;
+        return fresh;
     }
     return false;
 }
@@ -264,21 +276,24 @@ static const char *num_field(const char *start, const char *end, uint64_t *v)
 }
 
 /* An element of the client's id list: "<id> <meta key>", or a direct grant's "<id> <meta key>
- * <token> <server us>" (prelude.lua's grant_heads). A meta key ends in "}:meta", never in a
- * digit, so the two shapes cannot be mistaken for each other. *len becomes the length of
- * "<id> <meta key>", *g the grant (token 0: none). */
+ * <token> <server us> <lease ms>" (prelude.lua's grant_heads). A meta key ends in "}:meta",
+ * never in a digit, so the two shapes cannot be mistaken for each other. *len becomes the
+ * length of "<id> <meta key>", *g the grant (token 0: none). */
 static void split_elem(const char *elem, size_t *len, redsem__wake_grant *g)
 {
-    *g = (redsem__wake_grant){0, 0};
+    *g = (redsem__wake_grant){0, 0, 0};
     const char *end = elem + *len;
-    uint64_t us = 0, tok = 0;
-    const char *sp1 = num_field(elem, end, &us);
-    const char *sp2 = sp1 != NULL ? num_field(elem, sp1, &tok) : NULL;
-    if (sp2 == NULL || tok == 0 || us == 0 || us > INT64_MAX)
+    uint64_t lease = 0, us = 0, tok = 0;
+    const char *sp1 = num_field(elem, end, &lease);
+    const char *sp2 = sp1 != NULL ? num_field(elem, sp1, &us) : NULL;
+    const char *sp3 = sp2 != NULL ? num_field(elem, sp2, &tok) : NULL;
+    if (sp3 == NULL || tok == 0 || us == 0 || us > INT64_MAX || lease == 0 ||
+        lease > INT64_MAX)
         return;
-    *len = (size_t)(sp2 - elem);
+    *len = (size_t)(sp3 - elem);
     g->token = tok;
     g->server_us = (int64_t)us;
+    g->lease_ms = (int64_t)lease;
 }
 
 void redsem__wake_free(redsem_client *c)
@@ -304,6 +319,8 @@ void redsem__wake_free(redsem_client *c)
     redsem__free(c->wake_recent);
     redsem__free(c->wake_keys);
     redsem__free(c->wake_lens);
+    for (int i = 0; c->wake_pend != NULL && i < WAKE_PEND_MAX; i++)
+        redsem__free(c->wake_pend[i].elem);
     redsem__free(c->wake_pend);
     redsem__free(c->wake_ids);
     redsem__free(c->wake_bell);
@@ -359,7 +376,7 @@ static void wake_id(redsem_client *c, const char *elem, size_t len, int64_t now)
             return;
         }
     }
-    pend_add(c, h, &g, now);
+    pend_add(c, elem, len, h, &g, now);
 }
 
 /* The leader's loop, with wake_mu held (released around each BLPOP), until its own wait is
@@ -634,7 +651,7 @@ static int enlist(redsem_client *c, redsem__waiter *w, int64_t now, bool *lead, 
         return 1;
     w->hash = key_hash(w->key, w->keylen);
     w->elemh = w->elem != NULL ? key_hash(w->elem, w->elemlen) : 0;
-    if (w->elem != NULL && pend_take(c, w->elemh, now, w->grant))
+    if (w->elem != NULL && pend_take(c, w, now))
         return 2;
     *lead = !c->wake_leading;
     *poke = !*lead && c->wake_blocked && !c->wake_poked &&

@@ -390,8 +390,8 @@ static int64_t score_of(const char *zset, const char *member)
 
 /* A direct grant (0.4.5), on the server: a waiter queued with its client's id list and "1"
  * (ARGV[11]) records its lease (L:<id>); the release that grants it sets its deadline to the
- * grant + that lease (not the wait lease's) and pushes "<id> <meta> <token> <server us>",
- * the token the one recorded. A waiter whose wait entry has expired (it died; not cleaned up
+ * grant + that lease (not the wait lease's) and pushes "<id> <meta> <token> <server us>
+ * <lease>", the token the one recorded. A waiter whose wait entry has expired (it died; not cleaned up
  * yet) gets no fresh lease: its permit keeps that expired deadline, and its element has no
  * token. */
 Test(wake, a_direct_grant_carries_the_waiters_lease, .timeout = 60)
@@ -439,9 +439,11 @@ Test(wake, a_direct_grant_carries_the_waiters_lease, .timeout = 60)
     snprintf(head, sizeof head, "%s %s %s ", ida, s->k_meta, tok);
     cr_expect(strncmp(out, head, strlen(head)) == 0, "element \"%s\", want \"%s<us>\"", out,
               head);
-    long long us = strtoll(out + strlen(head), NULL, 10);
+    char *rest = NULL;
+    long long us = strtoll(out + strlen(head), &rest, 10);
     cr_expect(us / 1000 >= before && us / 1000 <= after, "the element's time %lld is not the "
               "grant's", us);
+    cr_expect_str_eq(rest, " 30000", "the element does not end with the lease");
 
     /* e dies: its wait entry expires before the release that would grant it */
     cr_assert_eq(ts_command(tf_server(), out, sizeof out, "ZADD", s->k_timeouts, "XX", "1", ide,
@@ -503,7 +505,12 @@ Test(wake, a_woken_waiter_takes_its_direct_grant_and_no_stale_one, .timeout = 60
     uint64_t before = direct_grants(c);
 
     /* stale: a token older than the holder's (what the waiter's attempt saw as the fence) */
-    snprintf(elem, sizeof elem, "%s %s 1 %lld", ida, s->k_meta, (long long)server_ms() * 1000);
+    long long now_us = (long long)server_ms() * 1000;
+    snprintf(elem, sizeof elem, "%s %s 1 %lld 30000", ida, s->k_meta, now_us);
+    push_elem(c, elem, true);
+    /* another lease than this acquire's (another handle's wait of the same id) */
+    snprintf(elem, sizeof elem, "%s %s %lld %lld 1000", ida, s->k_meta, now_us + 5000,
+             now_us + 5000);
     push_elem(c, elem, true);
     tf_sleep_ms(300);
     cr_expect_eq(atomic_load(&q.done), 0, "a stale direct grant was taken (rc %s)",
@@ -594,6 +601,76 @@ Test(wake, set_limit_checks_the_timeouts_type_first, .timeout = 60)
     expect_reply("1", "HGET", s->k_meta, "limit");
     expect_reply("1", "ZCARD", s->k_owners, NULL);
     expect_reply("foreign", "GET", s->k_timeouts, NULL);
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* An element kept for a waiter between two attempts goes only to the waiter it names: ids a
+ * caller chooses (acquire_as) can be made to collide in the 64-bit hash the shared wait
+ * matches by, and since 0.4.5 an element can carry a grant (found by review: a waiter whose
+ * id collided took another's kept direct grant, and two holders held a limit-1 semaphore).
+ * These two ids collide in FNV-1a-64, and so do "<id> <meta key>" for any one meta key. */
+Test(wake, a_kept_element_goes_only_to_the_waiter_it_names, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    const char *meta = "m:{collide}:meta";
+    const char *ida = "0123456789abcdef0123456757b6a8481b299f19";
+    const char *idb = "0123456789abcdef01234567ee52019edd0fc67b";
+    char ex[128], ea[128], eb[160];
+    snprintf(ea, sizeof ea, "%s %s", ida, meta);
+    snprintf(eb, sizeof eb, "%s %s 1795674732721235 1795674732721235 30000", idb, meta);
+    /* x keeps the shared BLPOP running while a and b are not registered */
+    blocked x = {.c = c, .key = c->wake_bell, .elem = elem_of('f', meta, ex), .since_ns = 1000},
+            a = {.c = c, .key = c->wake_bell, .elem = ea, .since_ns = 2000};
+    pthread_t tx, ta;
+    cr_assert_eq(pthread_create(&tx, NULL, blpop_thread, &x), 0);
+    await_registered(c, 1);
+    push_elem(c, eb, true); /* b's grant, drained and kept: b is between attempts */
+    await_popped(c->wake_ids);
+    await_popped(c->wake_bell);
+    cr_assert_eq(pthread_create(&ta, NULL, blpop_thread, &a), 0);
+    tf_sleep_ms(300);
+    cr_expect_eq(atomic_load(&a.done), 0, "a's wait ended on b's kept element (token %llu)",
+                 (unsigned long long)a.grant.token);
+    push_elem(c, ea, true);
+    pthread_join(ta, NULL);
+    cr_expect(a.signaled);
+    cr_expect_eq(a.grant.token, 0, "a took b's grant");
+    push_elem(c, ex, true);
+    pthread_join(tx, NULL);
+    cr_expect(x.signaled);
+    redsem_client_free(c);
+}
+
+/* The wake-up lists can be written by any user with access to the prefix's keys: an element
+ * is believed only within what it can say. A token below the grant's server time (no grant
+ * draws one) is a plain wake-up; one that claims a grant far in the server's future gives a
+ * permit valid no longer than the lease from now (found by review: 11 days). */
+Test(wake, a_forged_grant_is_believed_no_longer_than_the_lease, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_permit *p = NULL;
+    redsem_sem *s = full_fair(c, "wake-forged", &p);
+    char ida[REDSEM_ID_BUFSIZE], elem[1200];
+    acquirer q = {.s = s, .id = id_of('d', ida)};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, acquire_thread, &q), 0);
+    await_registered(c, 1);
+    long long far = (long long)(server_ms() + 1000000000LL) * 1000;
+    snprintf(elem, sizeof elem, "%s %s %lld %lld 30000", ida, s->k_meta,
+             (long long)redsem_permit_token(p) + 1, far);
+    push_elem(c, elem, true);
+    tf_sleep_ms(300);
+    cr_expect_eq(atomic_load(&q.done), 0, "a token below its grant's time was taken");
+    snprintf(elem, sizeof elem, "%s %s %lld %lld 30000", ida, s->k_meta, far, far);
+    push_elem(c, elem, true);
+    pthread_join(t, NULL);
+    cr_assert_eq(q.rc, REDSEM_OK, "%s", redsem_client_errmsg(c));
+    cr_expect_leq(redsem_permit_validity_ms(q.p), 30000, "validity %lld ms",
+                  (long long)redsem_permit_validity_ms(q.p));
+    redsem_permit_free(q.p);
+    cr_expect_eq(redsem_permit_release(p), REDSEM_OK);
     redsem_permit_free(p);
     redsem_sem_free(s);
     redsem_client_free(c);
