@@ -7,13 +7,16 @@
 -- First writes are ZREM/HDEL (not DENYOOM): release works when the server is out of memory;
 -- Redis checks maxmemory only before a script's first write, so HINCRBY after them runs.
 -- One HMGET reads the permit and what grant_heads needs (limit, fence); 'used' comes back
--- from HINCRBY; grant_heads runs only if a waiter is queued (ZCARD: cheaper than its ZRANGE
--- and the call when nobody waits).
+-- from HINCRBY; grant_heads runs only if a waiter is queued (ZCARD, read before the first
+-- write: cheaper than its ZRANGE and the call when nobody waits).
 local meta, owners, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
 local tkey, wkey = 't:' .. id, 'w:' .. id
 local m = redis.call('HMGET', meta, tkey, wkey, 'limit', 'fence')
 if not m[1] then return -1 end
+-- read before the first write: a foreign key at owners fails the release before it changes
+-- anything (the scripts' convention, prelude.lua)
+local waiting = redis.call('ZCARD', owners) > 0
 redis.call('ZREM', timeouts, id)
 redis.call('HDEL', meta, tkey, wkey, 'L:' .. id) -- L:, left by a redsem <= 0.4.4 grant
 local dec = '-1'
@@ -23,8 +26,9 @@ if used < 0 then
   used = 0
   redis.call('HSET', meta, 'used', '0')
 end
-if redis.call('ZCARD', owners) > 0 then
+if waiting then
   -- the server's clock is read only if a waiter is granted (grant_heads)
-  grant_heads(meta, owners, timeouts, KEYS[4], tonumber(m[3]) or 0, {used = used, fence = m[4]}, nil, 1)
+  grant_heads(meta, owners, timeouts, KEYS[4], tonumber(m[3]) or 0, {used = used, fence = m[4]},
+    nil, 1)
 end
 return 1

@@ -7,8 +7,10 @@ local now, now_us, now_us_str = clock()
 local meta, strategy, limit = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'exp', 'used', 'fence')
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
--- fair/locked: grant_heads below reads and writes owners and timeouts after the first write
-if strategy ~= 'basic' then check_types({KEYS[2], KEYS[3]}, 'zz') end
+-- the keys read or written after the first write: basic the waiters set and the wake-up
+-- list, fair/locked owners and timeouts (grant_heads)
+if strategy == 'basic' then check_types({KEYS[3], KEYS[4]}, 'zl')
+else check_types({KEYS[2], KEYS[3]}, 'zz') end
 local old = tonumber(m[2]) or limit
 if m[1] then
   redis.call('HSET', meta, 'limit', limit)

@@ -159,6 +159,43 @@ static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__
     return rc;
 }
 
+/* A queued fair or locked waiter of a one-server client whose wait or attempt failed with a
+ * fault (rc). A release may grant its queue entry with its whole lease (a direct grant,
+ * 0.4.5) until its wait lease ends, so it must not return a plain fault while that entry
+ * stays: it leaves the queue with one attempt in mode "last" (a permit handed over meanwhile
+ * is taken; left, it returns rc with rc's text); a timeout (a stalled server: no time left
+ * for it) or an attempt that could not leave returns REDSEM_EUNKNOWN. Found by review: a
+ * refused attempt (OOM), a failed shared BLPOP or a refused reconnect returned a plain code,
+ * and the next release held the permit for the lease in the dead acquire's name. */
+static int queued_fault(const redsem__acq_state *s, redsem__attempt *att, int rc)
+{
+    const redsem__acquirer *q = &s->q;
+    redsem_client *c = q->client;
+    char saved[REDSEM__ERRMSG_LEN];
+    memcpy(saved, redsem__errbuf(c), sizeof saved);
+    int rc2 = rc;
+    if (rc != REDSEM_ETIMEDOUT) {
+        redsem__req_info info;
+        rc2 = q->attempt(q->handle, s->id, REDSEM__MODE_LAST, q->weight, att, &info);
+        if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED)
+            return granted(att, &info);
+        if (rc2 == REDSEM_OK &&
+            (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY)) {
+            memcpy(redsem__errbuf(c), saved, sizeof saved);
+            return rc; /* the queue was left */
+        }
+        if (rc2 == REDSEM_OK)
+            memcpy(redsem__errbuf(c), saved, sizeof saved);
+    }
+    char detail[REDSEM__ERRMSG_LEN];
+    memcpy(detail, redsem__errbuf(c), sizeof detail);
+    return redsem__set_err(c, REDSEM_EUNKNOWN,
+                           "%s (%s); holder %s is still queued and may be granted a permit "
+                           "(then held until its lease expires) until its wait lease ends; "
+                           "acquire again with that id and a timeout to find out",
+                           detail, redsem_err_name(rc2 != REDSEM_OK ? rc2 : rc), s->id);
+}
+
 /* A fair or locked waiter woken with a direct grant (prelude.lua's grant_heads handed it the
  * permit with its lease, and said so in the wake-up's element): the acquire is decided
  * without another attempt, saving the woken waiter a round trip and a script. Taken only if
@@ -233,12 +270,9 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
     const char *id = s->id;
     if (s->waited) {
         s->waited = false;
-        if (s->wait_rc != REDSEM_OK && s->wait_rc != REDSEM_ECONN && s->registered &&
-            q->wake_meta != NULL && redsem_is_fault(s->wait_rc))
-            /* a queued fair or locked waiter whose wait failed, not by a lost connection
-             * (a stalled server: no attempt to leave within the call's time): the server
-             * may grant it, with its lease (a direct grant), before its wait lease ends */
-            return unknown(c, id, s->wait_rc);
+        if (s->wait_rc != REDSEM_OK && s->registered && q->wake_meta != NULL &&
+            redsem_is_fault(s->wait_rc))
+            return queued_fault(s, att, s->wait_rc);
         if (s->wait_rc != REDSEM_OK)
             return leave_after_fault(q, id, att, s->wait_rc);
         if (direct_grant(s, att))
@@ -256,6 +290,8 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
         int rc = q->attempt(q->handle, id, s->mode, q->weight, att, &info);
         if (rc != REDSEM_OK && info.maybe_applied)
             return unknown(c, id, rc);
+        if (rc != REDSEM_OK && s->registered && q->wake_meta != NULL)
+            return queued_fault(s, att, rc);
         if (rc != REDSEM_OK)
             return s->registered ? leave_after_fault(q, id, att, rc) : rc;
         if (att->outcome == REDSEM__ATT_GRANTED) {

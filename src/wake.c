@@ -231,7 +231,9 @@ static void pend_add(redsem_client *c, const char *elem, size_t len, uint64_t h,
         if (p->at_ns < slot->at_ns)
             slot = p;
     }
-    redsem__free(slot->elem);
+    char *old = slot->elem;
+    slot->elem = NULL; /* before the free: a child forked in between frees it once */
+    redsem__free(old);
     slot->h = h;
     slot->at_ns = now > 0 ? now : 1;
     slot->elem = redsem__memdup0(elem, len);
@@ -252,9 +254,12 @@ static bool pend_take(redsem_client *c, const redsem__waiter *w, int64_t now)
         p->at_ns = 0;
         if (fresh && w->grant != NULL)
             *w->grant = p->grant;
-        redsem__free(p->elem);
-        p->elem = NULL;
-        return fresh;
+        char *old = p->elem;
+        p->elem = NULL; /* before the free: a child forked in between frees it once */
+        redsem__free(old);
+        if (fresh)
+            return true;
+        /* a stale one: a fresh one for the same waiter may be kept too */
     }
     return false;
 }

@@ -675,3 +675,76 @@ Test(wake, a_forged_grant_is_believed_no_longer_than_the_lease, .timeout = 60)
     redsem_sem_free(s);
     redsem_client_free(c);
 }
+
+/* A queued fair waiter whose wait fails (here: another wait of the client registers a list
+ * that is a foreign string, and the shared BLPOP fails with WRONGTYPE for every waiter of
+ * the round) leaves the queue before it returns the fault: a release may grant a queued
+ * entry with its whole lease (a direct grant), and nobody would hold it (found by review:
+ * such a wait returned REDSEM_EUNKNOWN without leaving, and the next release gave the dead
+ * acquire 30 s). */
+Test(wake, a_failed_wait_leaves_the_queue, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_permit *p = NULL;
+    redsem_sem *s = full_fair(c, "wake-failed-wait", &p);
+    char ida[REDSEM_ID_BUFSIZE];
+    acquirer q = {.s = s, .id = id_of('9', ida)};
+    pthread_t t, tf;
+    cr_assert_eq(pthread_create(&t, NULL, acquire_thread, &q), 0);
+    await_registered(c, 1);
+    char fkey[128], out[64];
+    snprintf(fkey, sizeof fkey, "%s:signal", tf_name("wake-foreign-list"));
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "SET", fkey, "foreign", NULL), 0);
+    blocked f = {.c = c, .key = fkey, .since_ns = 1};
+    cr_assert_eq(pthread_create(&tf, NULL, blpop_thread, &f), 0);
+    pthread_join(tf, NULL);
+    pthread_join(t, NULL);
+    cr_expect_eq(f.rc, REDSEM_ESERVER);
+    cr_expect_eq(q.rc, REDSEM_ESERVER, "%s", redsem_err_name(q.rc));
+    cr_expect_eq(tf_waiters(s), 0, "the failed acquire is still queued");
+    cr_assert_eq(redsem_permit_release(p), REDSEM_OK);
+    redsem_permit *z = NULL;
+    cr_expect_eq(redsem_sem_try_acquire(s, &z), REDSEM_OK, "the permit went to nobody");
+    if (z != NULL) {
+        cr_expect_eq(redsem_permit_release(z), REDSEM_OK);
+        redsem_permit_free(z);
+    }
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* The scripts read every key that can fail before their first write (prelude.lua), so that
+ * a foreign key at one of a semaphore's names fails the call without changing anything
+ * (found by review: basic set_limit raised the limit, then failed on the waiters set; a fair
+ * release removed the permit, then failed on the queue, and reported the release failed). */
+Test(wake, a_foreign_key_fails_set_limit_and_release_before_any_write, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    redsem_permit *p = NULL;
+    char out[64], field[64];
+    cr_assert_eq(redsem_sem_open(c, tf_name("wake-basic-limit"), REDSEM_STRATEGY_BASIC, 1,
+                                 30000, &s),
+                 REDSEM_OK);
+    cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "SET", s->k_waiters, "foreign", NULL),
+                 0);
+    cr_expect_eq(redsem_sem_set_limit(s, 3), REDSEM_ESERVER);
+    expect_reply("1", "HGET", s->k_meta, "limit");
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+
+    cr_assert_eq(redsem_sem_open(c, tf_name("wake-fair-release"), REDSEM_STRATEGY_FAIR, 2, 30000,
+                                 &s),
+                 REDSEM_OK);
+    cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "SET", s->k_owners, "foreign", NULL), 0);
+    cr_expect_eq(redsem_permit_release(p), REDSEM_ESERVER);
+    snprintf(field, sizeof field, "t:%s", redsem_permit_id(p));
+    expect_reply("1", "HEXISTS", s->k_meta, field);
+    expect_reply("1", "HGET", s->k_meta, "used");
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}

@@ -165,8 +165,9 @@ REDSEM_API size_t redsem_async_pending(redsem_async *async);
  * timeout).
  *
  * Returns REDSEM_OK (its callback will report REDSEM_ECANCELED; or REDSEM_EUNKNOWN if the
- * acquire's last round trip had an unknown outcome: it may then hold a permit until its lease
- * ends, as redsem_sem_acquire() says), REDSEM_ESTATE (too late: it
+ * acquire's last round trip had an unknown outcome, or its wait failed while it was queued
+ * and it could not leave the queue: it may then hold a permit until its lease ends, as
+ * redsem_sem_acquire() says), REDSEM_ESTATE (too late: it
  * finished or is past cancelling; its callback reports its own result) or REDSEM_EINVAL (no
  * pending operation has this id). Never blocks on the network. Thread safety: any thread.
  * Since: 0.4

@@ -184,9 +184,10 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  * attempt on a new connection (which takes a permit handed over meanwhile), so that no
  * registration of it withholds a permit afterwards. A queued fair or locked waiter of a
  * one-server client is granted with its lease and takes the permit from its wake-up, with
- * no request of its own (a direct grant, since 0.4.5); if its wait fails otherwise (a
- * stalled server: REDSEM_ETIMEDOUT), the call returns REDSEM_EUNKNOWN, since the server may
- * still grant it.
+ * no request of its own (a direct grant, since 0.4.5); such a waiter whose wait or attempt
+ * fails with any fault leaves the queue first (one more attempt, in which a permit handed
+ * over meanwhile is taken) and returns the fault, or, if it could not leave (a timeout: the
+ * server is stalled), REDSEM_EUNKNOWN, since the server may still grant it.
  *
  * @sem         borrowed; must not be NULL.
  * @timeout_ms  0 = try once (fair, locked: granted only if nobody is queued, as in the
@@ -197,9 +198,10 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *          REDSEM_EUNKNOWN (the reply of a request that could have granted a permit was
  *          lost: a permit may have been granted in this holder's name within the command
  *          timeout + 100 ms, by the server's clock, and is then held until its lease
- *          expires; or, a fair or locked waiter, its wait failed while it was queued: it may
- *          be granted until its wait lease ends; retry with redsem_sem_acquire_as() and the
- *          same identifier to find out, idempotently);
+ *          expires; or, a fair or locked waiter, it failed while queued and could not leave:
+ *          it may be granted until its wait lease ends; retry with redsem_sem_acquire_as(),
+ *          the same identifier and a timeout of 1 ms or more to find out, idempotently: a
+ *          try, timeout 0, does not leave a queue it is in);
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER
  *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed);
  *          REDSEM_EPERM (NOPERM ...); REDSEM_ECONFLICT (the semaphore was re-created with
