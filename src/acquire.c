@@ -123,15 +123,29 @@ static int granted(redsem__attempt *att, const redsem__req_info *info)
  * attempt per waiter every 50 ms: with 600 waiters, more server time than the grants. */
 #define BACKOFF_BY_ID_MS 1000
 
+/* REDSEM_EUNKNOWN after the fault rc, with the thread's error text: a request whose reply
+ * was lost, or (queued) a waiter that failed and could not leave the queue. */
+static int unknown_why(redsem_client *c, const char *id, int rc, bool queued)
+{
+    char detail[REDSEM__ERRMSG_LEN], tail[256];
+    memcpy(detail, redsem__errbuf(c), sizeof detail);
+    if (queued)
+        snprintf(tail, sizeof tail,
+                 "holder %s is still queued and may be granted a permit (then held until its "
+                 "lease expires) until its wait lease ends; acquire again with that id and a "
+                 "timeout to find out",
+                 id);
+    else
+        snprintf(tail, sizeof tail,
+                 "the request may have been applied: holder %s may hold a permit until its "
+                 "lease expires; acquire again with that id to find out",
+                 id);
+    return redsem__set_err(c, REDSEM_EUNKNOWN, "%s (%s); %s", detail, redsem_err_name(rc), tail);
+}
+
 static int unknown(redsem_client *c, const char *id, int rc)
 {
-    char detail[REDSEM__ERRMSG_LEN];
-    memcpy(detail, redsem__errbuf(c), sizeof detail);
-    return redsem__set_err(c, REDSEM_EUNKNOWN,
-                           "%s (%s); the request may have been applied: holder %s may hold a "
-                           "permit until its lease expires; acquire again with that id to "
-                           "find out",
-                           detail, redsem_err_name(rc), id);
+    return unknown_why(c, id, rc, false);
 }
 
 /* A registered wait cut short by a lost connection (CLIENT KILL, a server closing idle
@@ -187,13 +201,7 @@ static int queued_fault(const redsem__acq_state *s, redsem__attempt *att, int rc
         if (rc2 == REDSEM_OK)
             memcpy(redsem__errbuf(c), saved, sizeof saved);
     }
-    char detail[REDSEM__ERRMSG_LEN];
-    memcpy(detail, redsem__errbuf(c), sizeof detail);
-    return redsem__set_err(c, REDSEM_EUNKNOWN,
-                           "%s (%s); holder %s is still queued and may be granted a permit "
-                           "(then held until its lease expires) until its wait lease ends; "
-                           "acquire again with that id and a timeout to find out",
-                           detail, redsem_err_name(rc2 != REDSEM_OK ? rc2 : rc), s->id);
+    return unknown_why(c, s->id, rc2 != REDSEM_OK ? rc2 : rc, true);
 }
 
 /* A fair or locked waiter woken with a direct grant (prelude.lua's grant_heads handed it the
