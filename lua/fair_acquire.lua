@@ -245,12 +245,12 @@ else
   redis.call('ZADD', timeouts, string.format('%d', now + wait_lease), id)
   -- a waiter taken over by another client (the same id: acquire_as) is woken there, with
   -- that client's lease or none (read here, on a queued waiter's renewal, not on every
-  -- acquire)
+  -- acquire; its L: field is m[9], read above: a waiter not granted keeps it)
   if list then
-    local w = redis.call('HMGET', meta, 'c:' .. id, 'L:' .. id)
+    local cur = redis.call('HGET', meta, 'c:' .. id)
     local want = direct and ARGV[3] or false -- as HMGET gives a missing field
-    if w[1] ~= list or w[2] ~= want then
-      if not want and w[2] then redis.call('HDEL', meta, 'L:' .. id) end
+    if cur ~= list or m[9] ~= want then
+      if not want and m[9] then redis.call('HDEL', meta, 'L:' .. id) end
       local f = {'c:' .. id, list}
       if want then table.insert(f, 'L:' .. id); table.insert(f, want) end
       save_meta(f)

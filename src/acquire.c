@@ -148,43 +148,26 @@ static int unknown(redsem_client *c, const char *id, int rc)
     return unknown_why(c, id, rc, false);
 }
 
-/* A registered wait cut short by a lost connection (CLIENT KILL, a server closing idle
- * clients, a restart beyond the retry window): leave the queue now, with one attempt in mode
- * "last" on a new connection, instead of leaving a registration behind. A fair or locked
- * waiter's entry can be entitled to a permit that it would withhold until its wait lease
- * ends, and from the same client's next acquire too. A permit handed over meanwhile is taken.
- * Not after a timeout: the server is then stalled, and the call must end by its deadline. */
-static int leave_after_fault(const redsem__acquirer *q, const char *id, redsem__attempt *att,
-                             int rc)
-{
-    redsem_client *c = q->client;
-    if (rc != REDSEM_ECONN)
-        return rc;
-    char saved[REDSEM__ERRMSG_LEN];
-    memcpy(saved, redsem__errbuf(c), sizeof saved);
-    redsem__req_info info;
-    int rc2 = q->attempt(q->handle, id, REDSEM__MODE_LAST, q->weight, att, &info);
-    if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
-        return granted(att, &info);
-    }
-    if (rc2 != REDSEM_OK && info.maybe_applied)
-        return unknown(c, id, rc2);
-    memcpy(redsem__errbuf(c), saved, sizeof saved);
-    return rc;
-}
-
-/* A queued fair or locked waiter of a one-server client whose wait or attempt failed with a
- * fault (rc). A release may grant its queue entry with its whole lease (a direct grant,
- * 0.4.5) until its wait lease ends, so it must not return a plain fault while that entry
- * stays: it leaves the queue with one attempt in mode "last" (a permit handed over meanwhile
- * is taken; left, it returns rc with rc's text); a timeout (a stalled server: no time left
- * for it) or an attempt that could not leave returns REDSEM_EUNKNOWN. Found by review: a
- * refused attempt (OOM), a failed shared BLPOP or a refused reconnect returned a plain code,
- * and the next release held the permit for the lease in the dead acquire's name. */
-static int queued_fault(const redsem__acq_state *s, redsem__attempt *att, int rc)
+/* A registered waiter whose wait or attempt failed with a fault (rc) leaves the queue before
+ * it returns, with one attempt in mode "last" (a permit handed over meanwhile is taken), so
+ * that no registration of it withholds a permit afterwards:
+ * - a basic or lock waiter, or one of a Redis Cluster client, after a lost connection (CLIENT
+ *   KILL, a server closing idle clients, a restart beyond the retry window) only: a fair or
+ *   locked entry's grant lapses with its wait lease;
+ * - a fair or locked waiter of a one-server client (q->wake_meta) after any fault: a release
+ *   may grant its entry with its whole lease (a direct grant, 0.4.5), so if it cannot leave
+ *   (a timeout: the server is stalled and the call must end by its deadline; or the attempt
+ *   fails too) it returns REDSEM_EUNKNOWN, still queued. Found by review: a refused attempt
+ *   (OOM), a failed shared BLPOP or a refused reconnect returned a plain code, and the next
+ *   release held the permit for the lease in the dead acquire's name.
+ * Left, it returns rc with rc's text. */
+static int leave_after_fault(const redsem__acq_state *s, redsem__attempt *att, int rc)
 {
     const redsem__acquirer *q = &s->q;
     redsem_client *c = q->client;
+    bool direct = q->wake_meta != NULL;
+    if (!direct && rc != REDSEM_ECONN)
+        return rc;
     char saved[REDSEM__ERRMSG_LEN];
     memcpy(saved, redsem__errbuf(c), sizeof saved);
     int rc2 = rc;
@@ -193,10 +176,13 @@ static int queued_fault(const redsem__acq_state *s, redsem__attempt *att, int rc
         rc2 = q->attempt(q->handle, s->id, REDSEM__MODE_LAST, q->weight, att, &info);
         if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED)
             return granted(att, &info);
-        if (rc2 == REDSEM_OK &&
-            (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY)) {
+        if (rc2 != REDSEM_OK && info.maybe_applied && !direct)
+            return unknown(c, s->id, rc2);
+        bool left = rc2 == REDSEM_OK && (att->outcome == REDSEM__ATT_BUSY ||
+                                          att->outcome == REDSEM__ATT_TOO_MANY);
+        if (left || !direct) {
             memcpy(redsem__errbuf(c), saved, sizeof saved);
-            return rc; /* the queue was left */
+            return rc;
         }
         if (rc2 == REDSEM_OK)
             memcpy(redsem__errbuf(c), saved, sizeof saved);
@@ -209,16 +195,17 @@ static int queued_fault(const redsem__acq_state *s, redsem__attempt *att, int rc
  * without another attempt, saving the woken waiter a round trip and a script. Taken only if
  * the grant is of this wait: its token is greater than the fence the waiter's last queued
  * attempt saw (tokens of one semaphore only grow, whatever the clock does, so an element of
- * an earlier wait of the same id, kept or delayed, has a smaller one), and its server time is
- * not before that attempt's, and its lease is this acquire's (L:<id> is the lease of the last
- * attempt of the id: another handle's, if one id waits through two at once). The permit's deadline on the server is the grant's time (whole
- * ms) + the lease; our validity counts from that attempt's send time plus the server time
- * between that attempt and the grant (less 1 % for drift), so it ends no later than the
- * server's deadline (the attempt ran after it was sent; the server's clock measures that
- * interval as it measures the lease: a step of its clock shortens this permit as it shortens
- * any lease, docs/guarantees.md). Not for a client that waits for replicas after each grant (its waiters record
- * no lease, and an attempt then waits for them). Otherwise the wake-up is a plain one, and
- * the next attempt finds the permit (the idempotent retry path). */
+ * an earlier wait of the same id, kept or delayed, has a smaller one), its server time is
+ * not before that attempt's, and its lease is this acquire's (L:<id> is the lease of the
+ * last attempt of the id: another handle's, if one id waits through two at once). The
+ * permit's deadline on the server is the grant's time (whole ms) + the lease; our validity
+ * counts from that attempt's send time plus the server time between that attempt and the
+ * grant (less 1 % for drift), so it ends no later than the server's deadline (the attempt
+ * ran after it was sent; the server's clock measures that interval as it measures the lease:
+ * a step of its clock shortens this permit as it shortens any lease, docs/guarantees.md).
+ * Not for a client that waits for replicas after each grant (its waiters record no lease,
+ * and an attempt then waits for them). Otherwise the wake-up is a plain one, and the next
+ * attempt finds the permit (the idempotent retry path). */
 static bool direct_grant(const redsem__acq_state *s, redsem__attempt *att)
 {
     const redsem__wake_grant *g = &s->grant;
@@ -278,11 +265,8 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
     const char *id = s->id;
     if (s->waited) {
         s->waited = false;
-        if (s->wait_rc != REDSEM_OK && s->registered && q->wake_meta != NULL &&
-            redsem_is_fault(s->wait_rc))
-            return queued_fault(s, att, s->wait_rc);
         if (s->wait_rc != REDSEM_OK)
-            return leave_after_fault(q, id, att, s->wait_rc);
+            return leave_after_fault(s, att, s->wait_rc);
         if (direct_grant(s, att))
             return REDSEM_OK;
         if (q->wake_meta != NULL)
@@ -298,10 +282,8 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
         int rc = q->attempt(q->handle, id, s->mode, q->weight, att, &info);
         if (rc != REDSEM_OK && info.maybe_applied)
             return unknown(c, id, rc);
-        if (rc != REDSEM_OK && s->registered && q->wake_meta != NULL)
-            return queued_fault(s, att, rc);
         if (rc != REDSEM_OK)
-            return s->registered ? leave_after_fault(q, id, att, rc) : rc;
+            return s->registered ? leave_after_fault(s, att, rc) : rc;
         if (att->outcome == REDSEM__ATT_GRANTED) {
             return granted(att, &info);
         }

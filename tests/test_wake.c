@@ -347,14 +347,11 @@ Test(wake, a_grant_wakes_a_waiter_where_its_client_waits, .timeout = 60)
 Test(wake, a_foreign_key_at_an_id_list_fails_no_release, .timeout = 60)
 {
     redsem_client *c = tf_client();
-    redsem_sem *s = NULL;
-    cr_assert_eq(redsem_sem_open(c, tf_name("wake-foreign"), REDSEM_STRATEGY_FAIR, 1, 30000, &s),
-                 REDSEM_OK);
+    redsem_permit *p = NULL, *pa = NULL;
+    redsem_sem *s = full_fair(c, "wake-foreign", &p);
     char list[128], ida[REDSEM_ID_BUFSIZE], field[64], out[64];
     snprintf(list, sizeof list, "%s-not-a-list", tf_name("wake-foreign"));
     cr_assert_eq(ts_command(tf_server(), out, sizeof out, "SET", list, "mine", NULL), 0);
-    redsem_permit *p = NULL, *pa = NULL;
-    cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
     queue_waiter(c, s, id_of('a', ida), list);
     cr_expect_eq(redsem_permit_release(p), REDSEM_OK, "%s", redsem_client_errmsg(c));
     snprintf(field, sizeof field, "t:%s", ida);
