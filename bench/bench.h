@@ -46,6 +46,7 @@ typedef struct bench_opts {
     int rounds_threads; /* batches of each (floor, library) per thread count */
     bool threads_shared; /* threads share one semaphore of limit T */
     bool shared_client;  /* threads, contended (threads): all use one redsem_client */
+    bool renew;          /* threads: every library permit is put under automatic renewal */
     int max_connections; /* redsem_options_set_max_connections(); 0: the library's default */
     int clients[BENCH_MAX_LIST];
     int nclients;

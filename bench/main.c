@@ -71,6 +71,8 @@ static void usage(FILE *out)
         "  --shared             threads, and contended without --procs: all threads use one\n"
         "                       redsem client (default: one client per thread); the floor\n"
         "                       keeps one connection per thread\n"
+        "  --renew              threads: put every library permit under automatic renewal\n"
+        "                       before its release (the renewer runs; conns counts it)\n"
         "  --max-connections N  request connections per server of every client the bench\n"
         "                       makes, 1..64 (default: the library's, 4)\n"
         "  --clients LIST       contended: client counts (default 8,32)\n"
@@ -192,6 +194,7 @@ enum {
     OPT_THREAD_ROUNDS,
     OPT_THREADS_SHARED,
     OPT_SHARED,
+    OPT_RENEW,
     OPT_MAX_CONNECTIONS,
     OPT_CLIENTS,
     OPT_LIMIT,
@@ -247,6 +250,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"thread-rounds", required_argument, NULL, OPT_THREAD_ROUNDS},
         {"threads-shared", no_argument, NULL, OPT_THREADS_SHARED},
         {"shared", no_argument, NULL, OPT_SHARED},
+        {"renew", no_argument, NULL, OPT_RENEW},
         {"max-connections", required_argument, NULL, OPT_MAX_CONNECTIONS},
         {"clients", required_argument, NULL, OPT_CLIENTS},
         {"limit", required_argument, NULL, OPT_LIMIT},
@@ -363,6 +367,9 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         case OPT_SHARED:
             o->shared_client = true;
+            break;
+        case OPT_RENEW:
+            o->renew = true;
             break;
         case OPT_MAX_CONNECTIONS:
             o->max_connections = (int)parse_long(optarg, "--max-connections", 1,
@@ -928,6 +935,7 @@ int main(int argc, char **argv)
     json_object_set_new(params, "thread_rounds", json_integer(o.rounds_threads));
     json_object_set_new(params, "threads_shared", json_boolean(o.threads_shared));
     json_object_set_new(params, "shared_client", json_boolean(o.shared_client));
+    json_object_set_new(params, "renew", json_boolean(o.renew));
     json_object_set_new(params, "max_connections",
                         json_integer(o.max_connections > 0 ? o.max_connections
                                                            : REDSEM_DEFAULT_MAX_CONNECTIONS));

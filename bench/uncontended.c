@@ -343,6 +343,20 @@ typedef struct tworker {
     uint64_t count;
 } tworker;
 
+/* A library pair with --renew: the permit goes under automatic renewal (the renewer starts
+ * with the first) before its release, which takes it off again. */
+static void lib_pair_renewed(bench_handle *h, redsem_client *c)
+{
+    redsem_permit *p = NULL;
+    int rc = bench_acquire(h, 5000, &p);
+    if (rc == REDSEM_OK && (rc = redsem_permit_auto_renew(p, 0, NULL, NULL)) == REDSEM_OK)
+        rc = redsem_permit_release(p);
+    if (rc != REDSEM_OK)
+        bench_die("acquire, auto_renew, release: %s (%s)", redsem_err_name(rc),
+                  redsem_client_errmsg(c));
+    redsem_permit_free(p);
+}
+
 static void *tworker_main(void *arg)
 {
     tworker *w = arg;
@@ -369,7 +383,9 @@ static void *tworker_main(void *arg)
             break;
         uint64_t n = 0;
         while (!atomic_load_explicit(&g->stop, memory_order_relaxed)) {
-            if (g->mode == TM_LIB)
+            if (g->mode == TM_LIB && g->ctx->o->renew)
+                lib_pair_renewed(&h, c);
+            else if (g->mode == TM_LIB)
                 bench_lib_pair(&h, c, &a, &r);
             else
                 floor_pair(f, &a, &r);
@@ -423,10 +439,11 @@ void bench_run_threads(bench_ctx *ctx)
         snprintf(maxc, sizeof maxc, "%d", o->max_connections);
     else
         snprintf(maxc, sizeof maxc, "%d (default)", REDSEM_DEFAULT_MAX_CONNECTIONS);
-    printf("\n== uncontended, T threads (%s%s, max connections %s; each its own floor "
+    printf("\n== uncontended, T threads (%s%s%s, max connections %s; each its own floor "
            "connection; never waits); %d x %.2f s batches each, floor and library "
            "alternating\n",
            o->shared_client ? "all on ONE shared client" : "each its own client",
+           o->renew ? ", every permit under automatic renewal" : "",
            o->threads_shared   ? ", all on one semaphore of limit T"
            : o->shared_client ? ", each its own semaphore"
                               : " and its own semaphore",

@@ -63,6 +63,23 @@ void redsem__clear_err(redsem_client *c)
         e->text[0] = '\0';
 }
 
+/* A thread's own cap on the deadlines of its calls on one client: set by the renewer around
+ * its renewals (redsem__call_cap_set), so that no renewal waits for a connection or a reply
+ * past the moment its holder must be told; other threads' calls never see it. */
+static _Thread_local uint64_t cap_serial;
+static _Thread_local int64_t cap_at_ns;
+
+void redsem__call_cap_set(const redsem_client *c, int64_t cap_ns)
+{
+    cap_serial = cap_ns != 0 ? c->serial : 0;
+    cap_at_ns = cap_ns;
+}
+
+static int64_t call_cap(const redsem_client *c)
+{
+    return cap_serial == c->serial ? cap_at_ns : 0;
+}
+
 const char *redsem_client_errmsg(const redsem_client *c)
 {
     if (c == NULL)
@@ -163,7 +180,7 @@ typedef struct pool_waiter {
  * after it, stalled server or not. */
 static int64_t cap_after_wait(const redsem_client *c, int64_t since)
 {
-    int64_t cap = c->deadline_cap_ns;
+    int64_t cap = call_cap(c);
     if (since != 0) {
         int64_t end = since + c->command_timeout_ms * REDSEM__NS_PER_MS;
         if (cap == 0 || end < cap)
@@ -175,6 +192,12 @@ static int64_t cap_after_wait(const redsem_client *c, int64_t since)
 static void queue_push(redsem_client *c, pool_waiter *w)
 {
     w->next = NULL;
+    if (call_cap(c) != 0 && c->queue_head != NULL) {
+        /* a renewal (a call with a cap of its own) goes first: a late one loses a permit */
+        w->next = c->queue_head;
+        c->queue_head = w;
+        return;
+    }
     if (c->queue_tail != NULL)
         c->queue_tail->next = w;
     else
@@ -228,8 +251,9 @@ static int queue_wait(redsem_client *c, pool_waiter *w)
     w->since = redsem__now_ns();
     queue_push(c, w);
     int64_t dl = redsem__deadline_after_ms(c->command_timeout_ms);
-    if (c->deadline_cap_ns && c->deadline_cap_ns < dl)
-        dl = c->deadline_cap_ns;
+    int64_t cap = call_cap(c);
+    if (cap != 0 && cap < dl)
+        dl = cap;
     struct timespec until = {(time_t)(dl / 1000000000), (long)(dl % 1000000000)};
     int rc = REDSEM_OK;
     while (w->lane == NULL && !w->make && !w->done) {
@@ -534,7 +558,9 @@ static int eval_batched(redsem_client *c, redsem__batch_item *mine)
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka, int flags,
                  redsem__req_info *info, redisReply **ret_reply)
 {
-    if (c->ep.kind != REDSEM__EP_CLUSTER &&
+    /* A call with a cap of its own (a renewal) is not taken into another thread's batch,
+     * whose deadline would not know its cap, and takes no other thread's call along. */
+    if (c->ep.kind != REDSEM__EP_CLUSTER && call_cap(c) == 0 &&
         !((flags & REDSEM__REQ_SYNC) && c->sync_replicas > 0)) {
         redsem__batch_item it = {script, nkeys, ka, flags, info, ret_reply,
                                  redsem__errbuf(c), REDSEM_OK};
@@ -777,27 +803,6 @@ int redsem_client_connect(const char *url, redsem_client **ret_client)
         rc = redsem_client_new(o, ret_client);
     redsem_options_free(o);
     return rc;
-}
-
-int redsem__client_options(const redsem_client *c, redsem_options **ret)
-{
-    redsem_options *o = redsem__calloc(1, sizeof *o);
-    if (o == NULL)
-        return REDSEM_ENOMEM;
-    o->connect_timeout_ms = c->connect_timeout_ms;
-    o->command_timeout_ms = c->command_timeout_ms;
-    o->retry_ms = c->retry_ms;
-    o->sync_replicas = c->sync_replicas;
-    o->sync_timeout_ms = c->sync_timeout_ms;
-    o->max_connections = c->max_connections;
-    o->prefix = redsem__strdup(c->prefix);
-    if (o->prefix == NULL || redsem__endpoint_copy(&o->ep, &c->ep) != REDSEM_OK ||
-        redsem__tls_opts_copy(&o->tls, &c->tls) != REDSEM_OK) {
-        redsem_options_free(o);
-        return REDSEM_ENOMEM;
-    }
-    *ret = o;
-    return REDSEM_OK;
 }
 
 void redsem_client_free(redsem_client *c)

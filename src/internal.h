@@ -100,7 +100,7 @@ typedef struct redsem__lane {
 } redsem__lane;
 
 struct redsem_client {
-    /* the settings it was made with (the renewer's own client copies them) */
+    /* the settings it was made with */
     redsem__endpoint ep;
     redsem__tls_opts tls;
     int64_t connect_timeout_ms;
@@ -127,8 +127,6 @@ struct redsem_client {
     uint64_t fault_epoch; /* bumped by a call that lost its connection */
     uint64_t pool_waits;
     uint64_t direct_grants; /* atomic adds (acquire.c), atomic loads */
-    /* Set only on a client one thread uses (the renewer's): no request of it outlives this. */
-    int64_t deadline_cap_ns;
     pthread_mutex_t renew_mu; /* serialises starting the renewer */
     /* The shared wait (wake.c): the threads waiting for a wake-up, one of which (the
      * leader) runs one BLPOP on all their lists and the control list wake_ctl. */
@@ -169,16 +167,19 @@ int redsem__wake_init(redsem_client *c);
  * child runs the shared wait: memory only). */
 void redsem__wake_free(redsem_client *c);
 
+/* Cap the deadlines of the calling thread's calls on c (0: no cap of its own): they wait
+ * for a connection and for replies until cap_ns (CLOCK_MONOTONIC) at most, jump the queue of
+ * threads waiting for a connection, and are never batched with other threads' calls. The
+ * renewer's, around each round of renewals (client.c). */
+void redsem__call_cap_set(const redsem_client *c, int64_t cap_ns);
 /* The calling thread's error text for c: a buffer of REDSEM__ERRMSG_LEN bytes that the
  * thread's next call on c may overwrite (client.c). */
 char *redsem__errbuf(const redsem_client *c);
 /* The renewer of c, or NULL (an atomic read: another thread may be starting it). */
 redsem__renewer *redsem__renewer_of(const redsem_client *c);
 
-/* Open a client (used for the caller's client and for the renewer's own connection). */
+/* Open a client (redsem_client_new and redsem_client_new_verbose). */
 int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err, size_t errlen);
-/* Copy a client's settings into options (renewer connection). */
-int redsem__client_options(const redsem_client *c, redsem_options **ret);
 
 /* Build "PREFIX{NAME}SUFFIX". */
 char *redsem__key(const redsem_client *c, const char *name, const char *suffix);

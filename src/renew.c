@@ -1,5 +1,5 @@
-/* redsem - automatic renewal: one renewer thread per client, with its own connection, and a
- * timer queue (a binary min-heap ordered by next wake-up time), like the seed's DelayQueue
+/* redsem - automatic renewal: one renewer thread per client, on the client's own request
+ * connections (its renewals go first in their queue), and a timer queue (a binary min-heap ordered by next wake-up time), like the seed's DelayQueue
  * watchdog but for semaphore permits as well as locks. See include/redsem/renew.h. */
 #include <errno.h>
 #include <signal.h>
@@ -28,8 +28,7 @@ typedef struct renew_entry {
 } renew_entry;
 
 struct redsem__renewer {
-    redsem_client *owner; /* the caller's client */
-    redsem_client *conn;  /* the renewer's own client and connection */
+    redsem_client *owner; /* the client whose permits it renews, and whose connections */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t wake; /* the queue changed, or stop */
@@ -215,15 +214,16 @@ static void *renewer_main(void *arg)
         if (k == 0)
             continue;
         pthread_mutex_unlock(&r->mu);
-        /* Never wait for a reply past the moment the first holder must be told. */
-        r->conn->deadline_cap_ns = cap;
+        /* Never wait for a connection or a reply past the moment the first holder must be
+         * told. */
+        redsem__call_cap_set(r->owner, cap);
         int rcs[REDSEM__BATCH_MAX];
         int64_t sent[REDSEM__BATCH_MAX];
         if (k == 1)
-            rcs[0] = redsem__refresh(r->conn, ps[0], &sent[0]);
+            rcs[0] = redsem__refresh(r->owner, ps[0], &sent[0]);
         else
-            redsem__refresh_many(r->conn, ps, k, rcs, sent);
-        r->conn->deadline_cap_ns = 0;
+            redsem__refresh_many(r->owner, ps, k, rcs, sent);
+        redsem__call_cap_set(r->owner, 0);
         pthread_mutex_lock(&r->mu);
         r->stats.round_trips++;
         for (int i = 0; i < k; i++)
@@ -242,22 +242,9 @@ static const redsem__renew_ops renew_ops = {renewer_stop, renewal_detach};
 
 static int renewer_start(redsem_client *c)
 {
-    redsem_options *o = NULL;
-    int rc = redsem__client_options(c, &o);
-    if (rc != REDSEM_OK)
-        return redsem__set_err(c, rc, "out of memory");
     redsem__renewer *r = redsem__calloc(1, sizeof *r);
-    if (r == NULL) {
-        redsem_options_free(o);
+    if (r == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
-    }
-    char err[512] = "";
-    rc = redsem__client_open(o, &r->conn, err, sizeof err);
-    redsem_options_free(o);
-    if (rc != REDSEM_OK) {
-        redsem__free(r);
-        return redsem__set_err(c, rc, "renewer connection: %s", err);
-    }
     r->owner = c;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -273,7 +260,6 @@ static int renewer_start(redsem_client *c)
     int prc = pthread_create(&r->thread, NULL, renewer_main, r);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (prc != 0) {
-        redsem_client_free(r->conn);
         pthread_mutex_destroy(&r->mu);
         pthread_cond_destroy(&r->wake);
         pthread_cond_destroy(&r->idle);
@@ -303,7 +289,6 @@ static void renewer_stop(redsem_client *c)
         redsem__free(r->heap[i]);
     }
     redsem__free(r->heap);
-    redsem_client_free(r->conn);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->wake);
     pthread_cond_destroy(&r->idle);

@@ -677,7 +677,7 @@ Test(cluster, every_strategy_over_tls, TO)
     (void)system(cmd);
 }
 
-/* Automatic renewal follows the slot: the renewer's own client (a cluster client too) keeps
+/* Automatic renewal follows the slot: the renewer (on the client's cluster lanes) keeps
  * renewing a permit whose slot moved to another primary, past several leases. */
 Test(cluster, renewal_follows_a_moved_slot, TO)
 {

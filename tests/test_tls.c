@@ -99,7 +99,7 @@ static void url_of(char *out, size_t len, const char *scheme, const char *host, 
 }
 
 /* Every strategy and the lock over TLS: try, blocking acquire woken by a release (BLPOP over
- * TLS), refresh, automatic renewal past the lease (the renewer's own connection is TLS too). */
+ * TLS), refresh, automatic renewal past the lease (on the client's TLS connections). */
 Test(tls, every_strategy_and_the_lock_work_over_tls, TO)
 {
     tls_env e;

@@ -33,8 +33,8 @@ extern "C" {
  * at any time. Before 0.4 a client was one thread's at a time.
  *
  * redsem starts background threads only for two things: the renewer of a client, started by
- * the first redsem_permit_auto_renew() (renew.h; it has its own connection and never touches
- * the caller's), and the workers of a redsem_async (async.h), which run the event-loop
+ * the first redsem_permit_auto_renew() (renew.h; since 0.4.6 its renewals use the client's
+ * request connections, ahead of other threads' calls), and the workers of a redsem_async (async.h), which run the event-loop
  * operations on the client's pool.
  *
  * FORK. Handles belong to the process that created them. In a child after fork() every call

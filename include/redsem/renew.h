@@ -19,8 +19,10 @@ extern "C" {
  * semaphore permits as well as locks).
  *
  * Opt in per permit with redsem_permit_auto_renew(). The first time, the client starts ONE
- * background thread, the renewer, with its OWN Redis connection (never the caller's). It
- * keeps every renewed permit of the client in a timer queue ordered by next renewal time (the
+ * background thread, the renewer. Since 0.4.6 it sends its renewals on the client's own
+ * request connections (before 0.4.6 it opened one more connection of its own), where they go
+ * ahead of other threads waiting for a connection and never wait for one, or for a reply,
+ * past the moment a holder must be told it lost its permit. It keeps every renewed permit of the client in a timer queue ordered by next renewal time (the
  * seed's delay queue) and refreshes each one every interval_ms (default: a third of the
  * lease), by the same script as redsem_permit_refresh(), so a renewal can never re-create a
  * lease that expired or was released. A failed renewal (Redis unreachable, slow, restarting)
@@ -72,13 +74,15 @@ typedef void (*redsem_lost_fn)(redsem_permit *permit, redsem_lost_reason reason,
  * @interval_ms  time between renewals: 0 means a third of the lease; otherwise
  *               1 .. lease - (lease/100 + 2) - 1 ms (a renewal must land before validity ends).
  * @on_lost      may be NULL (then poll redsem_permit_held()).
- * @user_data    passed to on_lost; borrowed.
+ * @user_data    passed to on_lost; kept (not copied) until the renewal ends (release, free,
+ *               stop_renewal, lost): it must stay valid until then. May be NULL.
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL permit, interval out of range); REDSEM_ESTATE
- *          (released, lost, or already under renewal); REDSEM_ENOMEM; REDSEM_ECONN,
- *          REDSEM_ETIMEDOUT, REDSEM_EPERM, REDSEM_ESERVER (the renewer could not open its own
- *          connection; nothing started); REDSEM_EFORKED.
- * Server: the renewer opens one connection per client (AUTH, SELECT as the client's URL),
- *         then sends one EVALSHA of refresh.lua / lock_extend.lua per renewal.
+ *          (released, lost, or already under renewal); REDSEM_ENOMEM (also: the renewer
+ *          thread could not be started; nothing started); REDSEM_EFORKED. Nothing is sent
+ *          here, so no fault code (since 0.4.6; before, the renewer's own connection was
+ *          opened here and its failure returned).
+ * Server: nothing now; later one EVALSHA of refresh.lua / lock_extend.lua per renewal, on
+ *         the client's request connections (renewals due together share one round trip).
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.1
  */
