@@ -190,6 +190,61 @@ static int leave_after_fault(const redsem__acq_state *s, redsem__attempt *att, i
     return unknown_why(c, s->id, rc2 != REDSEM_OK ? rc2 : rc, true);
 }
 
+/* A registered waiter whose deadline came, or that was cancelled, leaves the queue with
+ * attempts in mode "last" (a permit handed over meanwhile is taken). A locked waiter whose
+ * guard is busy pauses and tries again, and a reply that came too late (the server ran it
+ * after its not-after time: nothing was done) is tried twice more, all within one command
+ * timeout. A fault goes as in leave_after_fault. If the waiter could not leave, a fair or
+ * locked waiter of a one-server client (which a release may grant with its whole lease)
+ * returns REDSEM_EUNKNOWN, still queued; the others' entries lapse with their wait lease,
+ * and they return as if they had left. Found by review: the single last attempt returned
+ * REDSEM_EBUSY or REDSEM_ECANCELED after a busy guard, or a fault with nothing sent, with
+ * the waiter still queued, and the next release held a permit for its lease in the name of
+ * an acquire that had been told it got none. */
+static int leave_at_end(redsem__acq_state *s, redsem__attempt *att, bool cancelled)
+{
+    const redsem__acquirer *q = &s->q;
+    redsem_client *c = q->client;
+    const char *id = s->id;
+    int64_t give_up = redsem__now_ns() + c->command_timeout_ms * REDSEM__NS_PER_MS;
+    int too_late = 0;
+    int64_t nap_us = 0;
+    for (;;) {
+        redsem__req_info info;
+        int rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, q->weight, att, &info);
+        if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED)
+            return granted(att, &info);
+        if (rc != REDSEM_OK && info.maybe_applied)
+            return unknown(c, id, rc);
+        if (rc != REDSEM_OK)
+            return leave_after_fault(s, att, rc);
+        if (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY)
+            break; /* left */
+        bool again = redsem__now_ns() < give_up;
+        if (att->outcome == REDSEM__ATT_TOO_LATE && ++too_late <= 2 && again)
+            continue;
+        if (att->outcome == REDSEM__ATT_GUARD_BUSY && again) {
+            nap_us = nap_us ? (nap_us * 2 > 5000 ? 5000 : nap_us * 2) : 200;
+            redsem__sleep_ns(redsem__rand_between(nap_us / 2, nap_us) * 1000);
+            continue;
+        }
+        if (q->wake_meta == NULL)
+            break; /* its entry lapses with its wait lease */
+        (void)redsem__set_err(c, REDSEM_ETIMEDOUT,
+                              att->outcome == REDSEM__ATT_GUARD_BUSY
+                                  ? "%s, the guard stayed busy for the command timeout (%lld ms)"
+                                  : "%s, the server ran its last attempt after its deadline "
+                                    "(stalled, or its clock jumps)",
+                              cancelled ? "cancelled" : "no permit within the timeout",
+                              (long long)c->command_timeout_ms);
+        return unknown_why(c, id, REDSEM_ETIMEDOUT, true);
+    }
+    if (cancelled)
+        return redsem__set_err(c, REDSEM_ECANCELED, "cancelled (the queue was left)");
+    return redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout (limit %u)",
+                           att->limit);
+}
+
 /* A fair or locked waiter woken with a direct grant (prelude.lua's grant_heads handed it the
  * permit with its lease, and said so in the wake-up's element): the acquire is decided
  * without another attempt, saving the woken waiter a round trip and a script. Taken only if
@@ -302,11 +357,14 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
             /* The server ran the request after the time we had given it: our estimate of its
              * clock was off (a clock step, a long idle drift) or it was stalled. The attempt
              * recorded the server's clock from the reply: try again, a few times at most. */
-            if (++s->too_late > 2)
-                return redsem__set_err(c, REDSEM_ETIMEDOUT,
-                                       "the server ran the acquire after its deadline, "
-                                       "%d times in a row (stalled, or its clock jumps)",
-                                       s->too_late);
+            if (++s->too_late > 2) {
+                int rc3 = redsem__set_err(c, REDSEM_ETIMEDOUT,
+                                          "the server ran the acquire after its deadline, "
+                                          "%d times in a row (stalled, or its clock jumps)",
+                                          s->too_late);
+                /* registered: leave the queue first (or REDSEM_EUNKNOWN, still queued) */
+                return s->registered ? leave_after_fault(s, att, rc3) : rc3;
+            }
             continue;
         }
         s->too_late = 0;
@@ -331,16 +389,7 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
                 return cancelled ? redsem__set_err(c, REDSEM_ECANCELED, "cancelled")
                                  : redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
             /* Leave the queue; a permit handed over at the last moment is still taken. */
-            rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, q->weight, att, &info);
-            if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED) {
-                return granted(att, &info);
-            }
-            if (rc != REDSEM_OK && info.maybe_applied)
-                return unknown(c, id, rc);
-            if (cancelled)
-                return redsem__set_err(c, REDSEM_ECANCELED, "cancelled (the queue was left)");
-            return redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout (limit %u)",
-                                   att->limit);
+            return leave_at_end(s, att, cancelled);
         }
 
         int64_t left_ms = deadline == REDSEM__FOREVER

@@ -711,6 +711,57 @@ Test(wake, a_failed_wait_leaves_the_queue, .timeout = 60)
     redsem_client_free(c);
 }
 
+/* A locked waiter whose deadline comes while the guard is busy (here held under another
+ * token until after that deadline) keeps trying to leave the queue, within a command
+ * timeout, and says REDSEM_EBUSY only once it has left: a release may grant a queued entry
+ * with its whole lease (a direct grant), and nobody would hold it (found by review: the one
+ * last attempt met the busy guard, and the acquire returned REDSEM_EBUSY still queued). */
+typedef struct timed_acquirer {
+    redsem_sem *s;
+    int64_t timeout_ms;
+    int rc;
+    redsem_permit *p;
+} timed_acquirer;
+
+static void *timed_acquire_thread(void *arg)
+{
+    timed_acquirer *t = arg;
+    t->rc = redsem_sem_acquire(t->s, t->timeout_ms, &t->p);
+    return NULL;
+}
+
+Test(wake, a_waiter_at_its_deadline_leaves_the_queue_past_a_busy_guard, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    redsem_permit *p = NULL;
+    cr_assert_eq(redsem_sem_open(c, tf_name("wake-guard-deadline"), REDSEM_STRATEGY_LOCKED, 1,
+                                 30000, &s),
+                 REDSEM_OK);
+    cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
+    timed_acquirer t = {.s = s, .timeout_ms = 500};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, timed_acquire_thread, &t), 0);
+    await_registered(c, 1);
+    char out[64];
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "SET", s->k_guard, "someone-else", "PX",
+                            "900", NULL),
+                 0);
+    pthread_join(th, NULL);
+    cr_expect_eq(t.rc, REDSEM_EBUSY, "%s", redsem_err_name(t.rc));
+    cr_expect_eq(tf_waiters(s), 0, "the acquire that returned is still queued");
+    cr_assert_eq(redsem_permit_release(p), REDSEM_OK);
+    redsem_permit *z = NULL;
+    cr_expect_eq(redsem_sem_acquire(s, 2000, &z), REDSEM_OK, "the permit went to nobody");
+    if (z != NULL) {
+        cr_expect_eq(redsem_permit_release(z), REDSEM_OK);
+        redsem_permit_free(z);
+    }
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
 /* The scripts read every key that can fail before their first write (prelude.lua), so that
  * a foreign key at one of a semaphore's names fails the call without changing anything
  * (found by review: basic set_limit raised the limit, then failed on the waiters set; a fair

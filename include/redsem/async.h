@@ -158,8 +158,10 @@ REDSEM_API size_t redsem_async_pending(redsem_async *async);
  * redsem_async_cancel - cancel an operation: its callback will report REDSEM_ECANCELED.
  *
  * An operation waiting for a worker is dropped (nothing sent). A running acquire stops
- * waiting: it leaves the semaphore's queue (one round trip, on its worker) and a permit
- * granted to it meanwhile is released; its callback follows within about a round trip (a
+ * waiting: it leaves the semaphore's queue (an attempt already under way first, then one
+ * more, on its worker; a locked acquire whose guard is busy tries again for up to a command
+ * timeout, as redsem_sem_acquire() at its deadline) and a permit granted to it meanwhile is
+ * released; its callback follows within about a round trip (a
  * Redis Cluster client: within its current wait, at most 1 s). A running try-acquire,
  * refresh, release or status cannot be cancelled (it ends by itself within its command
  * timeout).

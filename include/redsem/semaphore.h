@@ -187,7 +187,12 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  * no request of its own (a direct grant, since 0.4.5); such a waiter whose wait or attempt
  * fails with any fault leaves the queue first (one more attempt, in which a permit handed
  * over meanwhile is taken) and returns the fault, or, if it could not leave (a timeout: the
- * server is stalled), REDSEM_EUNKNOWN, since the server may still grant it.
+ * server is stalled), REDSEM_EUNKNOWN, since the server may still grant it. A queued waiter
+ * whose deadline comes leaves the queue the same way before it returns REDSEM_EBUSY; a
+ * locked waiter that finds the guard busy then pauses and tries again (since 0.4.6), for up
+ * to one command timeout past its deadline, and if it still cannot leave, a waiter with
+ * direct grants returns REDSEM_EUNKNOWN (still queued), the others REDSEM_EBUSY (their entry
+ * lapses with its wait lease).
  *
  * @sem         borrowed; must not be NULL.
  * @timeout_ms  0 = try once (fair, locked: granted only if nobody is queued, as in the
