@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -417,7 +418,14 @@ static void maybe_spawn(redsem_async *a)
             s->used = false;
         }
         s->exited = false;
-        if (pthread_create(&s->t, NULL, worker_main, a) == 0) {
+        /* Workers take no signals, as the renewer: they keep going to the application's
+         * threads (since 0.4.6; a process-directed signal could land on a worker before). */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int prc = pthread_create(&s->t, NULL, worker_main, a);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (prc == 0) {
             s->used = true;
             a->nworkers++;
         }

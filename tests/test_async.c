@@ -4,8 +4,11 @@
  * also runs a 5 ms repeating timer whose ticks prove the loop kept running while an acquire
  * waited. Timing: no duration is asserted, only orders and counts (a waiting acquire lets
  * the loop tick; a cancelled one leaves the server's queue). */
+#include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +294,69 @@ Test(async, try_status_refresh_release)
     OK(e.c, redsem_permit_release(la.permit));
     redsem_permit_free(la.permit);
     redsem_lock_free(lk);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+/* The threads of this process (their ids), at most cap. */
+static int task_ids(long *ids, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    cr_assert_not_null(d);
+    for (struct dirent *de; (de = readdir(d)) != NULL && n < cap;)
+        if (de->d_name[0] != '.')
+            ids[n++] = atol(de->d_name);
+    closedir(d);
+    return n;
+}
+
+/* Whether thread tid blocks signal sig (SigBlk of /proc/self/task/TID/status). */
+static bool task_blocks(long tid, int sig)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/status", tid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return true; /* it ended meanwhile: nothing to say */
+    unsigned long long mask = 0;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "SigBlk: %llx", &mask) == 1)
+            break;
+    fclose(f);
+    return (mask >> (sig - 1)) & 1;
+}
+
+/* The workers block every signal (since 0.4.6), as the renewer does: a process-directed
+ * signal goes to one of the application's threads, never to a worker that would run the
+ * application's handler in the middle of a request. Fails if a worker takes the mask of the
+ * thread that made it (this test's, which blocks nothing). */
+Test(async, workers_take_no_signals)
+{
+    long before[256], after[256];
+    int nb = task_ids(before, 256);
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-signals"), REDSEM_STRATEGY_BASIC, 2, 5000, &s));
+    got g = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 10000));
+    cr_assert_eq(g.rc, REDSEM_OK);
+    int na = task_ids(after, 256), fresh = 0;
+    for (int i = 0; i < na; i++) {
+        bool old = false;
+        for (int j = 0; j < nb && !old; j++)
+            old = after[i] == before[j];
+        if (old)
+            continue;
+        fresh++;
+        cr_expect(task_blocks(after[i], SIGUSR1) && task_blocks(after[i], SIGTERM),
+                  "thread %ld of the async takes signals", after[i]);
+    }
+    cr_expect_geq(fresh, 1, "no worker thread seen");
+    OK(e.c, redsem_permit_release(g.permit));
+    redsem_permit_free(g.permit);
     redsem_sem_free(s);
     env_down(&e);
 }
