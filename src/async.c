@@ -681,6 +681,10 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
     if (async == NULL || socket_fn == NULL)
         return async != NULL ? redsem__set_err(async->c, REDSEM_EINVAL, "socket_fn is NULL")
                              : REDSEM_EINVAL;
+    if (async->pid != getpid()) /* its mutex may have been held by a thread of the parent */
+        return redsem__set_err(async->c, REDSEM_EFORKED,
+                               "this redsem_async was created by process %ld (after fork)",
+                               (long)async->pid);
     pthread_mutex_lock(&async->mu);
     bool was = async->loop_set;
     if (!was) {
@@ -909,6 +913,9 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
     if (owner != c)
         return redsem__set_err(c, REDSEM_EINVAL,
                                "the handle belongs to another client than this redsem_async's");
+    if ((kind == OP_SEM_STATUS || kind == OP_LOCK_STATUS) && tmpl->max_entries > REDSEM_LIMIT_MAX)
+        return redsem__set_err(c, REDSEM_EINVAL, "max_entries %zu: at most %u", tmpl->max_entries,
+                               REDSEM_LIMIT_MAX); /* refused here, not in the callback */
     op *o = redsem__calloc(1, sizeof *o);
     if (o == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");

@@ -775,8 +775,11 @@ int redsem_client_new_verbose(const redsem_options *options, redsem_client **ret
     redsem_options *defaults = NULL;
     if (options == NULL) {
         int rc = redsem_options_new(&defaults);
-        if (rc != REDSEM_OK)
+        if (rc != REDSEM_OK) {
+            if (errbuf && errbuf_len)
+                snprintf(errbuf, errbuf_len, "out of memory");
             return rc;
+        }
         options = defaults;
     }
     int rc = redsem__client_open(options, ret_client, err, sizeof err);

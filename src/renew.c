@@ -225,7 +225,10 @@ static void *renewer_main(void *arg)
             redsem__refresh_many(r->owner, ps, k, rcs, sent);
         redsem__call_cap_set(r->owner, 0);
         pthread_mutex_lock(&r->mu);
-        r->stats.round_trips++;
+        /* together in one round trip on one server; one by one in a Redis Cluster, and with
+         * sync replicas (each refresh waits for its WAIT) */
+        bool together = r->owner->ep.kind != REDSEM__EP_CLUSTER && r->owner->sync_replicas == 0;
+        r->stats.round_trips += together ? 1 : (uint64_t)k;
         for (int i = 0; i < k; i++)
             renewed(r, batch[i], rcs[i], sent[i]);
         pthread_cond_broadcast(&r->idle);

@@ -707,6 +707,9 @@ Test(async, bad_input)
     EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_async(a, s, 1, -5, on_done, &g, NULL));
     EXPECT(c, REDSEM_EINVAL, redsem_sem_acquire_async(a, so, 1, 0, on_done, &g, NULL));
     EXPECT(c, REDSEM_EINVAL, redsem_permit_release_async(a, NULL, on_done, &g, NULL));
+    /* more status entries than allowed: refused at the call (since 0.4.6), not in a callback */
+    EXPECT(c, REDSEM_EINVAL,
+           redsem_sem_status_async(a, s, (size_t)REDSEM_LIMIT_MAX + 1, on_done, &g, NULL));
     cr_expect_eq(redsem_sem_acquire_async(NULL, s, 1, 0, on_done, &g, NULL), REDSEM_EINVAL);
     EXPECT(c, REDSEM_EINVAL, redsem_async_cancel(a, 12345));
     EXPECT(c, REDSEM_EINVAL, redsem_async_action(a, 0, REDSEM_WATCH_IN));
