@@ -132,7 +132,9 @@ REDSEM_API REDSEM_WUR int redsem_async_new(redsem_client *client, redsem_async *
  * @loop_data   passed back to both, never read by redsem (may be NULL).
  *
  * Returns REDSEM_OK, REDSEM_EINVAL (NULL async or socket_fn) or REDSEM_ESTATE (a loop was
- * set already). Thread safety: the loop's thread. Since: 0.4
+ * set already). In a forked child it is not refused: REDSEM_ESTATE if the parent had set a
+ * loop, else it records the callbacks and calls them as above, for the inherited descriptor;
+ * no operation can start there (REDSEM_EFORKED). Thread safety: the loop's thread. Since: 0.4
  */
 REDSEM_API int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                      redsem_async_timer_fn timer_fn, void *loop_data);
@@ -150,6 +152,8 @@ REDSEM_API int redsem_async_action(redsem_async *async, int fd, int events);
 
 /**
  * redsem_async_pending - operations started and not completed yet (their callbacks not run).
+ * @async  borrowed; NULL gives 0. In a forked child: the count at the time of fork(), which
+ *         never changes there (nothing runs or completes in the child).
  * Thread safety: any thread. Since: 0.4
  */
 REDSEM_API size_t redsem_async_pending(redsem_async *async);
@@ -170,8 +174,9 @@ REDSEM_API size_t redsem_async_pending(redsem_async *async);
  * acquire's last round trip had an unknown outcome, or its wait failed while it was queued
  * and it could not leave the queue: it may then hold a permit until its lease ends, as
  * redsem_sem_acquire() says), REDSEM_ESTATE (too late: it
- * finished or is past cancelling; its callback reports its own result) or REDSEM_EINVAL (no
- * pending operation has this id). Never blocks on the network. Thread safety: any thread.
+ * finished or is past cancelling; its callback reports its own result), REDSEM_EINVAL (NULL
+ * async, or no pending operation has this id) or REDSEM_EFORKED (a forked child: nothing is
+ * cancelled). Never blocks on the network. Thread safety: any thread.
  * Since: 0.4
  */
 REDSEM_API int redsem_async_cancel(redsem_async *async, uint64_t op);

@@ -37,6 +37,15 @@ extern "C" {
  * request connections, ahead of other threads' calls), and the workers of a redsem_async (async.h), which run the event-loop
  * operations on the client's pool.
  *
+ * ERRORS. Every call that sends to the server may also return REDSEM_ENOMEM (no memory for a
+ * new pooled connection, or to format a request) and, over TLS (rediss://), REDSEM_ETLS (a
+ * reconnect, a new pooled connection and a Redis Cluster primary's first use each run a TLS
+ * handshake, in which the server's certificate can be refused) and REDSEM_EINVAL (a new pooled
+ * connection, and in a Redis Cluster each node it learns of, loads the files of
+ * redsem_options_set_tls_ca() and redsem_options_set_tls_cert() again: one that became
+ * unreadable, or a key that no longer matches its certificate), whether or not the call's own
+ * list of returns names them. redsem_client_errmsg() gives the detail.
+ *
  * FORK. Handles belong to the process that created them. In a child after fork() every call
  * on an inherited handle returns REDSEM_EFORKED without touching the network, so a child can
  * never refresh or release its parent's permits by accident; the child may only free the
@@ -134,7 +143,19 @@ REDSEM_API void redsem_options_free(redsem_options *options);
  *           verified by its own address or redsem_options_set_tls_server_name().
  *           redsem_client_new() fails with REDSEM_ECONN if no seed answers, REDSEM_EINVAL
  *           if a seed is not in cluster mode.
- * Returns: REDSEM_OK; REDSEM_EINVAL for NULL or a malformed URL (the options are unchanged);
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL or a malformed URL (the options are unchanged):
+ *          longer than 4096 bytes; a byte outside 0x21..0x7e (a space, a control or non-ASCII
+ *          byte: percent-encode it); another scheme; a user without a password (user@), an
+ *          empty password, a bad %-escape or one that decodes to NUL (%00); a host that is
+ *          empty, longer than 253 bytes or has a byte other than a letter, a digit, '-', '.'
+ *          and '_' (in brackets: hex digits, ':' and '.'); a port outside 1..65535; a db
+ *          outside 0..2147483647; a query or fragment in a redis:// or rediss:// URL; more
+ *          than 16 Sentinels or seeds; a cluster URL with a db, path or query; a Sentinel URL
+ *          with no /MASTER, a MASTER that is empty, longer than 255 bytes or has a byte a host
+ *          may not have, a query item other than db, sentinel_user and sentinel_password (each
+ *          once), an empty sentinel_user or sentinel_password, or sentinel_user without
+ *          sentinel_password; a unix path that is not absolute, is "/" alone or is longer than
+ *          107 bytes once decoded, a '#' in it, or a unix query other than ?db=N.
  *          REDSEM_ENOMEM.
  * Server: none (the URL is parsed now, used by redsem_client_new()).
  * Thread safety: one thread at a time per options object. Since: 0.1
@@ -176,8 +197,10 @@ REDSEM_API int redsem_options_set_tls_cert(redsem_options *options, const char *
  * certificate, when it differs from the URL's host (connecting by address to a server whose
  * certificate names it, for instance).
  *
- * @name  copied; a DNS name or an IP address, 1..253 bytes; NULL: the URL's host (default).
- * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM.
+ * @name  copied; a DNS name or an IP address, 1..253 bytes of printable ASCII (0x21..0x7e: a
+ *        byte <= 0x20 or >= 0x7f is refused); NULL: the URL's host (default).
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL options; an empty name, one longer than 253 bytes,
+ *          or one with a refused byte; the options are unchanged); REDSEM_ENOMEM.
  * Server: none. Thread safety: one thread at a time per options object.
  * Source: the name check is OpenSSL's X509_VERIFY_PARAM_set1_host (RFC 6125), or
  * X509_VERIFY_PARAM_set1_ip_asc for an address. Since: 0.2
@@ -224,7 +247,7 @@ REDSEM_API int redsem_options_set_sync_replicas(redsem_options *options, int rep
  *
  * @ms  1 .. REDSEM_TIMEOUT_MAX_MS milliseconds. Default REDSEM_DEFAULT_CONNECT_TIMEOUT_MS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range.
- * Thread safety: one thread at a time per options object. Since: 0.1
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_connect_timeout_ms(redsem_options *options, int64_t ms);
 
@@ -243,7 +266,7 @@ REDSEM_API int redsem_options_set_connect_timeout_ms(redsem_options *options, in
  *
  * @ms  1 .. REDSEM_TIMEOUT_MAX_MS milliseconds. Default REDSEM_DEFAULT_COMMAND_TIMEOUT_MS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range.
- * Thread safety: one thread at a time per options object. Since: 0.1
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, int64_t ms);
 
@@ -262,7 +285,7 @@ REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, in
  * @ms  0 (never retry: fail on the first connection error) .. REDSEM_TIMEOUT_MAX_MS.
  *      Default REDSEM_DEFAULT_RETRY_MS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or ms out of range.
- * Thread safety: one thread at a time per options object. Since: 0.1
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
 
@@ -277,16 +300,18 @@ REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
  * within the command timeout; a script call (every acquire, release and refresh) queued
  * there is taken along by the next thread that gets a connection: up to 16 script calls of
  * different threads go out in one write and come back in one round trip (pipelined; counted
- * in redsem_client_stats.pipelined; not in a Redis Cluster, nor with
- * redsem_options_set_sync_replicas()). Connections are opened on demand, so a client used by
- * one thread opens one. A thread's wait for a connection and its round trip share one
+ * in redsem_client_stats.pipelined; not in a Redis Cluster; with
+ * redsem_options_set_sync_replicas() only the calls followed by WAIT, acquire attempts and
+ * refreshes, go alone, while releases, status reads, opens and the other script calls are
+ * still pipelined). Connections are opened on demand, so a client used by one thread opens
+ * one. A thread's wait for a connection and its round trip share one
  * command timeout. Blocking acquires waiting for a wake-up do not hold request connections:
  * they share one wait connection (one BLPOP on all their lists; in a Redis Cluster one per
  * waiting acquire); automatic renewal has one more of its own.
  *
  * @n  1 .. REDSEM_MAX_CONNECTIONS_MAX. Default REDSEM_DEFAULT_MAX_CONNECTIONS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or n out of range (options unchanged).
- * Thread safety: one thread at a time per options object. Since: 0.4
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.4
  */
 REDSEM_API int redsem_options_set_max_connections(redsem_options *options, int n);
 
@@ -299,7 +324,7 @@ REDSEM_API int redsem_options_set_max_connections(redsem_options *options, int n
  * @prefix  copied; must not be NULL; 0..256 bytes of printable ASCII (0x21..0x7e) other than
  *          '{' and '}' (which would break the hash tag). Default REDSEM_DEFAULT_KEY_PREFIX.
  * Returns: REDSEM_OK; REDSEM_EINVAL (options unchanged); REDSEM_ENOMEM.
- * Thread safety: one thread at a time per options object. Since: 0.1
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.1
  */
 REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char *prefix);
 
@@ -343,7 +368,9 @@ REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,
  *
  * @errbuf     borrowed; may be NULL; on failure receives a NUL-terminated message including
  *             Redis' or the OS's own text (e.g. "AUTH: WRONGPASS invalid username-password
- *             pair or user is disabled."). Untouched on success.
+ *             pair or user is disabled."), except when options is NULL and the default
+ *             options cannot be allocated (REDSEM_ENOMEM, errbuf untouched). Untouched on
+ *             success.
  * @errbuf_len size of errbuf in bytes; ignored when errbuf is NULL.
  * Everything else as redsem_client_new().
  * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
@@ -378,9 +405,13 @@ REDSEM_API void redsem_client_free(redsem_client *client);
  * OS's (ECONNREFUSED ...). Reset to "" at the start of each call.
  *
  * @client  borrowed; NULL gives "".
- * Returns: view; valid until the next call on the same client; never NULL.
- * Thread safety: any thread: the text of the calling thread's own last call on this client, as
- * errno (Since 0.4). Since: 0.1
+ * Returns: view, never NULL: the calling thread's text for this client (per thread, as errno,
+ *          Since 0.4). Valid until that thread's next call on that client, and never after the
+ *          thread ends. Each thread keeps the texts of 8 clients, in slots given in turn to each
+ *          client it calls that has none: once the thread has given slots to 8 other clients
+ *          since this one got its own, the text is gone (a thread that calls at most 8 clients
+ *          in its life never loses it this way). Copy the text to keep it.
+ * Thread safety: any thread (Since 0.4). Since: 0.1
  */
 REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
 

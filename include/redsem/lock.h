@@ -63,8 +63,18 @@ REDSEM_API REDSEM_WUR int redsem_lock_try_acquire(redsem_lock *lock, redsem_perm
  *
  * @lock        borrowed; must not be NULL.
  * @timeout_ms  0 (try once), 1..REDSEM_WAIT_MAX_MS, or REDSEM_WAIT_FOREVER.
- * @ret_permit  owned-out; free with redsem_permit_free(). Written only on REDSEM_OK.
- * Returns: as redsem_sem_acquire() (REDSEM_EBUSY: held by someone else).
+ * @ret_permit  owned-out; free with redsem_permit_free(). Must not be NULL. Written only on
+ *              REDSEM_OK.
+ * Returns: REDSEM_OK; REDSEM_EBUSY (held by another owner, or not freed in time: expected);
+ *          REDSEM_EUNKNOWN (the reply of an attempt was lost: the lock may have been taken
+ *          under this call's token, named in redsem_client_errmsg(), and is then held until
+ *          its lease expires; redsem_lock_acquire_as() with that token finds out,
+ *          idempotently); REDSEM_EINVAL (NULL lock or ret_permit, timeout out of range);
+ *          REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM;
+ *          REDSEM_EPROTO; REDSEM_EFORKED; REDSEM_EREPLICA (with
+ *          redsem_options_set_sync_replicas(): granted, but fewer replicas acknowledged it in
+ *          time; the lock was given back). Never REDSEM_ECONFLICT (a lock records no strategy
+ *          or limit).
  * Server: per attempt one EVALSHA of lock_acquire.lua; BLPOP while waiting.
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.1
@@ -77,6 +87,16 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire(redsem_lock *lock, int64_t timeout
  * lower-case hex chars), idempotent per token: if the lock is already held with this token,
  * the same grant is returned with its lease renewed. Not allowed on a reentrant handle
  * (REDSEM_EINVAL): there the token is the handle's owner identity.
+ *
+ * @lock        borrowed; must not be NULL.
+ * @token       borrowed; must not be NULL; exactly REDSEM_ID_LEN lower-case hex chars, e.g.
+ *              from redsem_id_generate() or redsem_permit_id().
+ * @timeout_ms  as redsem_lock_acquire().
+ * @ret_permit  owned-out; free with redsem_permit_free(). Must not be NULL. Written only on
+ *              REDSEM_OK.
+ * Returns: as redsem_lock_acquire(); REDSEM_EINVAL also for a NULL or malformed token and on
+ *          a reentrant handle.
+ * Server: as redsem_lock_acquire(), with this token.
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.1
  */
@@ -85,7 +105,16 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *
 
 /**
  * redsem_lock_adopt - a local permit object for the lock's current owner token (see
- * redsem_sem_adopt()). Returns REDSEM_ELOST if the lock is not held with that token.
+ * redsem_sem_adopt()): its fencing token is the current grant's, its validity computed from
+ * the lease the key has left.
+ *
+ * @lock        borrowed; must not be NULL.
+ * @token       borrowed; must not be NULL; exactly REDSEM_ID_LEN lower-case hex chars.
+ * @ret_permit  owned-out; free with redsem_permit_free(). Must not be NULL. Written only on
+ *              REDSEM_OK.
+ * Returns: REDSEM_OK; REDSEM_ELOST (the lock is not held with that token); REDSEM_EINVAL
+ *          (NULL lock or ret_permit, a NULL or malformed token); REDSEM_ENOMEM; REDSEM_ECONN;
+ *          REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of holder.lua (read-only). Thread safety: any thread, at the same time as
  * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */

@@ -27,7 +27,10 @@ extern "C" {
  *     keeps the permit at least that long unless the server itself loses data.
  *
  * A permit belongs to the semaphore or lock handle it came from, which must outlive it, and
- * to that handle's client: one thread at a time (see client.h).
+ * to that handle's client. Since 0.4 any thread may use it (see THREADS in client.h). Its use
+ * by two threads at once is the caller's to order: a refresh and a release then race on the
+ * server, which decides (redsem never corrupts memory, but the loser gets REDSEM_ELOST or
+ * REDSEM_ESTATE).
  */
 typedef struct redsem_permit redsem_permit;
 

@@ -118,8 +118,9 @@ REDSEM_API void redsem_rate_free(redsem_rate *rate);
  * fewer than N: a try never takes the slot of a queued waiter.
  *
  * @rate       borrowed; from redsem_rate_open(); must not be NULL.
- * @ret_grant  borrowed; caller-owned; must not be NULL; always written (see
- *             redsem_rate_grant: the grant on REDSEM_OK, retry_after_ms on REDSEM_EBUSY).
+ * @ret_grant  borrowed; caller-owned; must not be NULL; written on every return but
+ *             REDSEM_EINVAL for a NULL rate or ret_grant (see redsem_rate_grant: the grant on
+ *             REDSEM_OK, retry_after_ms on REDSEM_EBUSY).
  * Returns: REDSEM_OK; REDSEM_EBUSY (N grants in the window, or waiters queued: expected);
  *          REDSEM_EUNKNOWN (the reply was lost: a grant may have been made under
  *          ret_grant->id; redsem_rate_acquire_as() with it tells, idempotently);
@@ -194,7 +195,8 @@ REDSEM_API REDSEM_WUR int redsem_rate_status(redsem_rate *rate, redsem_rate_info
  * a handle (`redsem status`). A name with no rate gives exists = false.
  *
  * @client    borrowed; must not be NULL.
- * @name      borrowed; a valid name (see redsem_rate_open()).
+ * @name      borrowed; must not be NULL; a valid name (see redsem_rate_open()); REDSEM_EINVAL
+ *            otherwise.
  * @ret_info  borrowed; caller-owned; must not be NULL; written on REDSEM_OK.
  * Returns: as redsem_rate_status() (REDSEM_ECONFLICT: not a rate's key).
  * Server: one EVALSHA of rate.lua (mode status); records nothing.
@@ -204,11 +206,17 @@ REDSEM_API REDSEM_WUR int redsem_rate_status(redsem_rate *rate, redsem_rate_info
 REDSEM_API REDSEM_WUR int redsem_rate_inspect(redsem_client *client, const char *name,
                                               redsem_rate_info *ret_info);
 
-/** redsem_rate_name - the name (borrowed, valid until redsem_rate_free()); "" for NULL. Since: 0.3 */
+/**
+ * Accessors of a rate handle. No server I/O; @rate borrowed, NULL gives "", 0, 0.
+ * Thread safety: immutable: any thread, while the handle exists. Since: 0.3
+ *
+ * redsem_rate_name       - the name given to redsem_rate_open(); view valid until
+ *                          redsem_rate_free().
+ * redsem_rate_limit      - N, as given to redsem_rate_open().
+ * redsem_rate_window_ms  - W, ms, as given to redsem_rate_open().
+ */
 REDSEM_API const char *redsem_rate_name(const redsem_rate *rate);
-/** redsem_rate_limit - N; 0 for NULL. Since: 0.3 */
 REDSEM_API uint32_t redsem_rate_limit(const redsem_rate *rate);
-/** redsem_rate_window_ms - W, ms; 0 for NULL. Since: 0.3 */
 REDSEM_API int64_t redsem_rate_window_ms(const redsem_rate *rate);
 
 #ifdef __cplusplus

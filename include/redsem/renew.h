@@ -106,9 +106,11 @@ typedef struct redsem_renew_stats {
     uint64_t lost_expired;  /* permits declared lost: the lease was gone */
     uint64_t lost_deadline; /* permits declared lost: validity ran out without a renewal */
     int64_t max_lateness_ms; /* worst delay of a renewal behind its schedule */
-    uint64_t round_trips;   /* round trips the renewals took: renewals falling due within
-                               10 ms of each other go together, up to 16 in one round trip
-                               (Since: 0.4) */
+    uint64_t round_trips;   /* the round trips the renewals took: renewals falling due
+                               within 10 ms of each other go together, up to 16 in one
+                               round trip on one server without sync replicas; in a Redis
+                               Cluster, or with redsem_options_set_sync_replicas(), they go
+                               one by one (Since: 0.4) */
     uint64_t reserved[7];
 } redsem_renew_stats;
 

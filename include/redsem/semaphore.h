@@ -125,22 +125,24 @@ REDSEM_API void redsem_sem_free(redsem_sem *sem);
  * its wait lease ends, so a wait lease longer than the lease makes a crashed waiter cost more
  * than a crashed holder. No effect for the basic strategy (its waiters hold no place).
  *
- * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default the shorter of
- *      REDSEM_DEFAULT_WAIT_LEASE_MS and the semaphore's lease.
- * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: before the handle is shared: not
- * while another thread uses it. Since: 0.1
+ * @sem  borrowed; must not be NULL.
+ * @ms   REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default the shorter of
+ *       REDSEM_DEFAULT_WAIT_LEASE_MS and the semaphore's lease.
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL sem, or ms out of range). Server: none.
+ * Thread safety: before the handle is shared: not while another thread uses it. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_wait_lease_ms(redsem_sem *sem, int64_t ms);
 
 /**
  * redsem_sem_set_guard_lease_ms - lease of the locked strategy's guard lock, ms.
  *
- * @ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default REDSEM_DEFAULT_GUARD_LEASE_MS. A
- *      holder of the guard that dies blocks every acquire of this semaphore this long, and
- *      so does an acquire whose request timed out or lost its connection while it held the
- *      guard (it leaves the guard to expire rather than wait for the server again).
- * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: before the handle is shared: not
- * while another thread uses it. Since: 0.1
+ * @sem  borrowed; must not be NULL.
+ * @ms   REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS; default REDSEM_DEFAULT_GUARD_LEASE_MS. A
+ *       holder of the guard that dies blocks every acquire of this semaphore this long, and
+ *       so does an acquire whose request timed out or lost its connection while it held the
+ *       guard (it leaves the guard to expire rather than wait for the server again).
+ * Returns: REDSEM_OK; REDSEM_EINVAL (NULL sem, or ms out of range). Server: none.
+ * Thread safety: before the handle is shared: not while another thread uses it. Since: 0.1
  */
 REDSEM_API int redsem_sem_set_guard_lease_ms(redsem_sem *sem, int64_t ms);
 
@@ -311,6 +313,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire_as_n(redsem_sem *sem, const char *h
  * The permit's token is the holder's, and its validity is computed from the lease the server
  * has left for it (minus the drift margin), counted from when this request was sent.
  *
+ * @sem         borrowed; must not be NULL.
  * @holder_id   borrowed; REDSEM_ID_LEN lower-case hex chars; must not be NULL.
  * @ret_permit  owned-out; free with redsem_permit_free(). Written only on REDSEM_OK.
  * Returns: REDSEM_OK; REDSEM_ELOST (no live permit with that identifier); REDSEM_EINVAL;
@@ -330,6 +333,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_i
  * existing holders keep their permits and new grants resume once fewer than the new limit
  * are held. Other handles pick the new limit up at their next acquire.
  *
+ * @sem    borrowed; must not be NULL.
  * @limit  1..REDSEM_LIMIT_MAX.
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ECONFLICT (the server has another strategy);
  *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
@@ -345,6 +349,7 @@ typedef struct redsem_status redsem_status;
 /**
  * redsem_sem_status - what the server holds for this semaphore now (read-only).
  *
+ * @sem          borrowed; must not be NULL.
  * @max_entries  how many holders and how many waiters to list, 0..REDSEM_LIMIT_MAX; the
  *               counts are exact whatever this is.
  * @ret_status   owned-out; free with redsem_status_free(). Must not be NULL.
@@ -453,7 +458,7 @@ REDSEM_API uint32_t redsem_status_holder_weight(const redsem_status *status, siz
  * redsem_status_waiter - the i-th listed waiter: fair/locked in queue order, with the wait
  * lease left; basic and lock waiters are registered too (unordered, by wait deadline).
  *
- * Arguments as redsem_status_holder(); ret_token receives the waiter's place in the queue
+ * Arguments as redsem_status_holder(); ret_ticket receives the waiter's place in the queue
  * (fair/locked since 0.3: its end position, each waiter ahead counting its weight; 0 for
  * basic and lock waiters).
  * Thread safety: a status is immutable: any thread may read it until it is freed (once). Since: 0.1
