@@ -131,10 +131,9 @@ REDSEM_API REDSEM_WUR int redsem_async_new(redsem_client *client, redsem_async *
  * @timer_fn    may be NULL (0.4 never asks for a timer); if given, called at once with -1.
  * @loop_data   passed back to both, never read by redsem (may be NULL).
  *
- * Returns REDSEM_OK, REDSEM_EINVAL (NULL async or socket_fn) or REDSEM_ESTATE (a loop was
- * set already). In a forked child it is not refused: REDSEM_ESTATE if the parent had set a
- * loop, else it records the callbacks and calls them as above, for the inherited descriptor;
- * no operation can start there (REDSEM_EFORKED). Thread safety: the loop's thread. Since: 0.4
+ * Returns REDSEM_OK, REDSEM_EINVAL (NULL async or socket_fn), REDSEM_ESTATE (a loop was
+ * set already) or REDSEM_EFORKED (a forked child, since 0.4.6: nothing recorded or called;
+ * before, the call went on in the child). Thread safety: the loop's thread. Since: 0.4
  */
 REDSEM_API int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                      redsem_async_timer_fn timer_fn, void *loop_data);

@@ -368,9 +368,9 @@ REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,
  *
  * @errbuf     borrowed; may be NULL; on failure receives a NUL-terminated message including
  *             Redis' or the OS's own text (e.g. "AUTH: WRONGPASS invalid username-password
- *             pair or user is disabled."), except when options is NULL and the default
- *             options cannot be allocated (REDSEM_ENOMEM, errbuf untouched). Untouched on
- *             success.
+ *             pair or user is disabled."); "out of memory" when options is NULL and the
+ *             default options cannot be allocated (REDSEM_ENOMEM; since 0.4.6, untouched
+ *             before). Untouched on success.
  * @errbuf_len size of errbuf in bytes; ignored when errbuf is NULL.
  * Everything else as redsem_client_new().
  * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
@@ -438,8 +438,9 @@ typedef struct redsem_client_stats {
     uint64_t redirects;    /* Redis Cluster MOVED and ASK replies followed (Since: 0.3) */
     uint64_t pool_waits;   /* requests that waited for a free request connection, all of
                               them busy with other threads' requests (Since: 0.4) */
-    uint64_t pipelined;    /* script calls written in one write with other threads' calls
-                              (a batch of 2 counts 2) (Since: 0.4) */
+    uint64_t pipelined;    /* script calls written in one write with other calls: other
+                              threads' calls, or renewals due together (a batch of 2 counts
+                              2) (Since: 0.4) */
     uint64_t direct_grants; /* fair and locked acquires decided by a wake-up that carried the
                                permit, with no attempt after it (one server, no
                                sync_replicas) (Since: 0.4.5) */

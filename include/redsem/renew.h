@@ -82,7 +82,8 @@ typedef void (*redsem_lost_fn)(redsem_permit *permit, redsem_lost_reason reason,
  *          here, so no fault code (since 0.4.6; before, the renewer's own connection was
  *          opened here and its failure returned).
  * Server: nothing now; later one EVALSHA of refresh.lua / lock_extend.lua per renewal, on
- *         the client's request connections (renewals due together share one round trip).
+ *         the client's request connections (renewals due together share one round trip on one
+ *         server without sync replicas; one by one in a Redis Cluster or with sync replicas).
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.1
  */
