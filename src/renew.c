@@ -309,7 +309,7 @@ static void renewal_detach(redsem_permit *p)
     while (e->in_flight)
         pthread_cond_wait(&r->idle, &r->mu);
     heap_remove(r, e);
-    pthread_cond_broadcast(&r->wake);
+    /* not woken: it wakes when it planned to and finds the next entry due then, or none */
     pthread_mutex_unlock(&r->mu);
     redsem__free(e);
 }
@@ -365,7 +365,11 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
     redsem__renewer *r = redsem__renewer_of(c);
     pthread_mutex_lock(&r->mu);
     rc = heap_push(r, e);
-    pthread_cond_broadcast(&r->wake);
+    /* Wake the renewer only if it must wake earlier than it planned (or had nothing to do):
+     * a thread switch per renewed permit costs the application's threads more than the
+     * renewal itself (bench -w threads --shared --renew). */
+    if (rc == REDSEM_OK && e->heap_index == 0)
+        pthread_cond_broadcast(&r->wake);
     pthread_mutex_unlock(&r->mu);
     if (rc != REDSEM_OK) {
         redsem__free(e);
