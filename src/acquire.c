@@ -190,23 +190,28 @@ static int leave_after_fault(const redsem__acq_state *s, redsem__attempt *att, i
     return unknown_why(c, s->id, rc2 != REDSEM_OK ? rc2 : rc, true);
 }
 
-/* A registered waiter whose deadline came, or that was cancelled, leaves the queue with
- * attempts in mode "last" (a permit handed over meanwhile is taken). A locked waiter whose
- * guard is busy pauses and tries again, and a reply that came too late (the server ran it
- * after its not-after time: nothing was done) is tried twice more, all within one command
- * timeout. A fault goes as in leave_after_fault. If the waiter could not leave, a fair or
- * locked waiter of a one-server client (which a release may grant with its whole lease)
- * returns REDSEM_EUNKNOWN, still queued; the others' entries lapse with their wait lease,
- * and they return as if they had left. Found by review: the single last attempt returned
- * REDSEM_EBUSY or REDSEM_ECANCELED after a busy guard, or a fault with nothing sent, with
- * the waiter still queued, and the next release held a permit for its lease in the name of
- * an acquire that had been told it got none. */
-static int leave_at_end(redsem__acq_state *s, redsem__attempt *att, bool cancelled)
+/* A registered waiter that must end (its deadline came, it was cancelled, or the server ran
+ * its attempts too late three times) leaves the queue with attempts in mode "last" (a permit
+ * handed over meanwhile is taken), then returns end_rc (REDSEM_EBUSY, REDSEM_ECANCELED or
+ * REDSEM_ETIMEDOUT) with its text. A locked waiter whose guard is busy pauses and tries
+ * again, and a reply that came too late (the server ran it after its not-after time: nothing
+ * was done) is tried twice more, all until one command timeout after the deadline (at least
+ * half a command timeout from now, if the deadline passed long ago), which also caps every
+ * wait for a connection and every round trip on the way (redsem__call_cap_set). A fault goes as in leave_after_fault. If the waiter
+ * could not leave, a fair or locked waiter of a one-server client (which a release may grant
+ * with its whole lease) returns REDSEM_EUNKNOWN, still queued; the others' entries lapse
+ * with their wait lease, and they return end_rc. Found by review: the single last attempt
+ * returned REDSEM_EBUSY after a busy guard (or a fault that sent nothing) with the waiter
+ * still queued, and the next release held a permit for its lease in the name of an acquire
+ * that had been told it got none; a second review found the three-too-late path and an
+ * unbounded last round trip. */
+static int leave_queue_within(redsem__acq_state *s, redsem__attempt *att, int end_rc,
+                              const char *why, int64_t give_up)
 {
     const redsem__acquirer *q = &s->q;
     redsem_client *c = q->client;
     const char *id = s->id;
-    int64_t give_up = redsem__now_ns() + c->command_timeout_ms * REDSEM__NS_PER_MS;
+    bool direct = q->wake_meta != NULL;
     int too_late = 0;
     int64_t nap_us = 0;
     for (;;) {
@@ -215,7 +220,7 @@ static int leave_at_end(redsem__acq_state *s, redsem__attempt *att, bool cancell
         if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED)
             return granted(att, &info);
         if (rc != REDSEM_OK && info.maybe_applied)
-            return unknown(c, id, rc);
+            return unknown_why(c, id, rc, direct);
         if (rc != REDSEM_OK)
             return leave_after_fault(s, att, rc);
         if (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY)
@@ -225,24 +230,41 @@ static int leave_at_end(redsem__acq_state *s, redsem__attempt *att, bool cancell
             continue;
         if (att->outcome == REDSEM__ATT_GUARD_BUSY && again) {
             nap_us = nap_us ? (nap_us * 2 > 5000 ? 5000 : nap_us * 2) : 200;
-            redsem__sleep_ns(redsem__rand_between(nap_us / 2, nap_us) * 1000);
+            int64_t nap_ns = redsem__rand_between(nap_us / 2, nap_us) * 1000;
+            int64_t left_ns = give_up - redsem__now_ns();
+            redsem__sleep_ns(nap_ns < left_ns ? nap_ns : left_ns);
             continue;
         }
-        if (q->wake_meta == NULL)
+        if (!direct)
             break; /* its entry lapses with its wait lease */
-        (void)redsem__set_err(c, REDSEM_ETIMEDOUT,
+        (void)redsem__set_err(c, REDSEM_ETIMEDOUT, "%s; %s", why,
                               att->outcome == REDSEM__ATT_GUARD_BUSY
-                                  ? "%s, the guard stayed busy for the command timeout (%lld ms)"
-                                  : "%s, the server ran its last attempt after its deadline "
-                                    "(stalled, or its clock jumps)",
-                              cancelled ? "cancelled" : "no permit within the timeout",
-                              (long long)c->command_timeout_ms);
+                                  ? "the guard stayed busy until a command timeout after it"
+                              : att->outcome == REDSEM__ATT_TOO_LATE
+                                  ? "the server ran the attempts to leave the queue after "
+                                    "their deadline too (stalled, or its clock jumps)"
+                                  : "the attempt to leave the queue was refused");
         return unknown_why(c, id, REDSEM_ETIMEDOUT, true);
     }
-    if (cancelled)
-        return redsem__set_err(c, REDSEM_ECANCELED, "cancelled (the queue was left)");
-    return redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout (limit %u)",
-                           att->limit);
+    if (end_rc == REDSEM_EBUSY)
+        return redsem__set_err(c, REDSEM_EBUSY, "%s (limit %u)", why,
+                               att->limit != 0 ? att->limit : s->queued_limit);
+    return redsem__set_err(c, end_rc, "%s (the queue was left)", why);
+}
+
+static int leave_queue(redsem__acq_state *s, redsem__attempt *att, int end_rc, const char *why)
+{
+    redsem_client *c = s->q.client;
+    int64_t from = redsem__now_ns();
+    if (s->deadline != REDSEM__FOREVER && s->deadline < from)
+        from = s->deadline;
+    int64_t give_up = from + c->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (give_up < redsem__now_ns() + c->command_timeout_ms * REDSEM__NS_PER_MS / 2)
+        give_up = redsem__now_ns() + c->command_timeout_ms * REDSEM__NS_PER_MS / 2;
+    redsem__call_cap_set(c, give_up);
+    int rc = leave_queue_within(s, att, end_rc, why, give_up);
+    redsem__call_cap_set(c, 0);
+    return rc;
 }
 
 /* A fair or locked waiter woken with a direct grant (prelude.lua's grant_heads handed it the
@@ -358,12 +380,11 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
              * clock was off (a clock step, a long idle drift) or it was stalled. The attempt
              * recorded the server's clock from the reply: try again, a few times at most. */
             if (++s->too_late > 2) {
-                int rc3 = redsem__set_err(c, REDSEM_ETIMEDOUT,
-                                          "the server ran the acquire after its deadline, "
-                                          "%d times in a row (stalled, or its clock jumps)",
-                                          s->too_late);
+                const char *why = "the server ran the acquire after its deadline, 3 times in "
+                                  "a row (stalled, or its clock jumps)";
                 /* registered: leave the queue first (or REDSEM_EUNKNOWN, still queued) */
-                return s->registered ? leave_after_fault(s, att, rc3) : rc3;
+                return s->registered ? leave_queue(s, att, REDSEM_ETIMEDOUT, why)
+                                     : redsem__set_err(c, REDSEM_ETIMEDOUT, "%s", why);
             }
             continue;
         }
@@ -389,7 +410,8 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
                 return cancelled ? redsem__set_err(c, REDSEM_ECANCELED, "cancelled")
                                  : redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
             /* Leave the queue; a permit handed over at the last moment is still taken. */
-            return leave_at_end(s, att, cancelled);
+            return leave_queue(s, att, cancelled ? REDSEM_ECANCELED : REDSEM_EBUSY,
+                               cancelled ? "cancelled" : "no permit within the timeout");
         }
 
         int64_t left_ms = deadline == REDSEM__FOREVER

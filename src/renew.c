@@ -1,5 +1,6 @@
 /* redsem - automatic renewal: one renewer thread per client, on the client's own request
- * connections (its renewals go first in their queue), and a timer queue (a binary min-heap ordered by next wake-up time), like the seed's DelayQueue
+ * connections (its renewals go first in their queue), and a timer queue (a binary min-heap
+ * ordered by next wake-up time), like the seed's DelayQueue
  * watchdog but for semaphore permits as well as locks. See include/redsem/renew.h. */
 #include <errno.h>
 #include <signal.h>
@@ -23,9 +24,19 @@ typedef struct renew_entry {
     int64_t backoff_ns; /* after a failed renewal */
     redsem_lost_fn on_lost;
     void *user_data;
-    size_t heap_index; /* SIZE_MAX when not queued */
+    size_t heap_index; /* in the timer queue; SIZE_MAX when not queued */
+    size_t lost_index; /* in the queue by lost time; SIZE_MAX when not queued */
+    int64_t lost_key;  /* its lost time when queued (a deadline only grows: a lower bound) */
     bool in_flight;    /* the renewer is working on it outside the lock */
 } renew_entry;
+
+/* A binary min-heap of entries: the timer queue (by next wake-up: renewal or lost time), or
+ * the same entries by lost time, which bounds how long a round of renewals may take. */
+typedef struct renew_heap {
+    renew_entry **v;
+    size_t n, cap;
+    bool by_lost;
+} renew_heap;
 
 struct redsem__renewer {
     redsem_client *owner; /* the client whose permits it renews, and whose connections */
@@ -34,83 +45,117 @@ struct redsem__renewer {
     pthread_cond_t wake; /* the queue changed, or stop */
     pthread_cond_t idle; /* an entry stopped being in flight */
     bool stop;
-    renew_entry **heap;
-    size_t n, cap;
+    renew_heap q;  /* queued entries by next wake-up */
+    renew_heap lq; /* the same by lost time */
     redsem_renew_stats stats;
 };
 
-/* ------------------------------------------------------------------ timer queue (min-heap) */
+/* ------------------------------------------------------------------ timer queues (min-heaps) */
+
+static int64_t lost_at(const renew_entry *e)
+{
+    return atomic_load(&e->permit->deadline_ns) - lost_early_ns(e->permit->lease_ms);
+}
 
 static int64_t wake_at(const renew_entry *e)
 {
-    int64_t lost_at = atomic_load(&e->permit->deadline_ns) - lost_early_ns(e->permit->lease_ms);
-    return e->next_ns < lost_at ? e->next_ns : lost_at;
+    int64_t l = lost_at(e);
+    return e->next_ns < l ? e->next_ns : l;
 }
 
-static void heap_swap(redsem__renewer *r, size_t i, size_t j)
+static int64_t heap_key(const renew_heap *h, const renew_entry *e)
 {
-    renew_entry *t = r->heap[i];
-    r->heap[i] = r->heap[j];
-    r->heap[j] = t;
-    r->heap[i]->heap_index = i;
-    r->heap[j]->heap_index = j;
+    return h->by_lost ? e->lost_key : wake_at(e);
 }
 
-static void heap_up(redsem__renewer *r, size_t i)
+static size_t *heap_slot(const renew_heap *h, renew_entry *e)
+{
+    return h->by_lost ? &e->lost_index : &e->heap_index;
+}
+
+static void heap_swap(renew_heap *h, size_t i, size_t j)
+{
+    renew_entry *t = h->v[i];
+    h->v[i] = h->v[j];
+    h->v[j] = t;
+    *heap_slot(h, h->v[i]) = i;
+    *heap_slot(h, h->v[j]) = j;
+}
+
+static void heap_up(renew_heap *h, size_t i)
 {
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (wake_at(r->heap[p]) <= wake_at(r->heap[i]))
+        if (heap_key(h, h->v[p]) <= heap_key(h, h->v[i]))
             break;
-        heap_swap(r, i, p);
+        heap_swap(h, i, p);
         i = p;
     }
 }
 
-static void heap_down(redsem__renewer *r, size_t i)
+static void heap_down(renew_heap *h, size_t i)
 {
     for (;;) {
         size_t l = 2 * i + 1, m = i;
-        if (l < r->n && wake_at(r->heap[l]) < wake_at(r->heap[m]))
+        if (l < h->n && heap_key(h, h->v[l]) < heap_key(h, h->v[m]))
             m = l;
-        if (l + 1 < r->n && wake_at(r->heap[l + 1]) < wake_at(r->heap[m]))
+        if (l + 1 < h->n && heap_key(h, h->v[l + 1]) < heap_key(h, h->v[m]))
             m = l + 1;
         if (m == i)
             return;
-        heap_swap(r, i, m);
+        heap_swap(h, i, m);
         i = m;
     }
 }
 
-static int heap_push(redsem__renewer *r, renew_entry *e)
+static int heap_push(renew_heap *h, renew_entry *e)
 {
-    if (r->n == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 16;
-        renew_entry **h = redsem__realloc(r->heap, cap * sizeof *h);
-        if (h == NULL)
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? h->cap * 2 : 16;
+        renew_entry **v = redsem__realloc(h->v, cap * sizeof *v);
+        if (v == NULL)
             return REDSEM_ENOMEM;
-        r->heap = h;
-        r->cap = cap;
+        h->v = v;
+        h->cap = cap;
     }
-    e->heap_index = r->n;
-    r->heap[r->n++] = e;
-    heap_up(r, e->heap_index);
+    *heap_slot(h, e) = h->n;
+    h->v[h->n++] = e;
+    heap_up(h, h->n - 1);
     return REDSEM_OK;
 }
 
-static void heap_remove(redsem__renewer *r, renew_entry *e)
+static void heap_remove(renew_heap *h, renew_entry *e)
 {
-    size_t i = e->heap_index;
+    size_t i = *heap_slot(h, e);
     if (i == SIZE_MAX)
         return;
-    e->heap_index = SIZE_MAX;
-    r->n--;
-    if (i == r->n)
+    *heap_slot(h, e) = SIZE_MAX;
+    h->n--;
+    if (i == h->n)
         return;
-    r->heap[i] = r->heap[r->n];
-    r->heap[i]->heap_index = i;
-    heap_down(r, i);
-    heap_up(r, i);
+    h->v[i] = h->v[h->n];
+    *heap_slot(h, h->v[i]) = i;
+    heap_down(h, i);
+    heap_up(h, i);
+}
+
+/* Queue e in both heaps (REDSEM_ENOMEM: in neither), or take it out of both. */
+static int enqueue(redsem__renewer *r, renew_entry *e)
+{
+    e->lost_key = lost_at(e);
+    if (heap_push(&r->q, e) != REDSEM_OK)
+        return REDSEM_ENOMEM;
+    if (heap_push(&r->lq, e) != REDSEM_OK) {
+        heap_remove(&r->q, e);
+        return REDSEM_ENOMEM;
+    }
+    return REDSEM_OK;
+}
+
+static void dequeue(redsem__renewer *r, renew_entry *e)
+{
+    heap_remove(&r->q, e);
+    heap_remove(&r->lq, e);
 }
 
 /* ------------------------------------------------------------------ the thread */
@@ -149,7 +194,7 @@ static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
             ;
         e->next_ns = sent + e->interval_ns;
         e->backoff_ns = 0;
-        (void)heap_push(r, e); /* capacity exists: e was just removed */
+        (void)enqueue(r, e); /* capacity exists: e was just taken out */
     } else if (rc == REDSEM_ELOST) {
         declare_lost(r, e, REDSEM_LOST_EXPIRED);
     } else {
@@ -160,7 +205,7 @@ static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
         if (e->backoff_ns > e->interval_ns / 2)
             e->backoff_ns = e->interval_ns / 2 > 0 ? e->interval_ns / 2 : 1;
         e->next_ns = redsem__now_ns() + redsem__rand_between(e->backoff_ns / 2, e->backoff_ns);
-        (void)heap_push(r, e);
+        (void)enqueue(r, e);
     }
     e->in_flight = false;
 }
@@ -174,11 +219,11 @@ static void *renewer_main(void *arg)
     redsem__renewer *r = arg;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
-        if (r->n == 0) {
+        if (r->q.n == 0) {
             pthread_cond_wait(&r->wake, &r->mu);
             continue;
         }
-        int64_t now = redsem__now_ns(), due = wake_at(r->heap[0]);
+        int64_t now = redsem__now_ns(), due = wake_at(r->q.v[0]);
         if (now < due) {
             timed_wait(r, due);
             continue;
@@ -188,16 +233,16 @@ static void *renewer_main(void *arg)
         redsem_permit *ps[REDSEM__BATCH_MAX];
         int k = 0;
         int64_t cap = INT64_MAX;
-        while (r->n > 0 && k < REDSEM__BATCH_MAX && !r->stop) {
-            renew_entry *e = r->heap[0];
+        while (r->q.n > 0 && k < REDSEM__BATCH_MAX && !r->stop) {
+            renew_entry *e = r->q.v[0];
             now = redsem__now_ns();
             if (wake_at(e) > now + (k == 0 ? 0 : RENEW_TOGETHER_NS))
                 break;
-            heap_remove(r, e);
+            dequeue(r, e);
             e->in_flight = true;
             redsem_permit *p = e->permit;
-            int64_t lost_at = atomic_load(&p->deadline_ns) - lost_early_ns(p->lease_ms);
-            if (now >= lost_at) {
+            int64_t lost = lost_at(e);
+            if (now >= lost) {
                 declare_lost(r, e, REDSEM_LOST_DEADLINE); /* may unlock for the callback */
                 e->in_flight = false;
                 pthread_cond_broadcast(&r->idle);
@@ -206,16 +251,24 @@ static void *renewer_main(void *arg)
             int64_t late = (now - e->next_ns) / REDSEM__NS_PER_MS;
             if (late > r->stats.max_lateness_ms)
                 r->stats.max_lateness_ms = late;
-            if (lost_at < cap)
-                cap = lost_at;
+            if (lost < cap)
+                cap = lost;
             ps[k] = p;
             batch[k++] = e;
         }
         if (k == 0)
             continue;
-        pthread_mutex_unlock(&r->mu);
         /* Never wait for a connection or a reply past the moment the first holder must be
-         * told. */
+         * told: of this round, or of the permits left in the queue, whose lost notices wait
+         * for this round's end (found by review: a 30 s lease's renewal to a stalled server
+         * held a 3 s lease's notice 3 s past its validity); and never past one command
+         * timeout (a renewal that fails is retried after a short backoff). */
+        if (r->lq.n > 0 && r->lq.v[0]->lost_key < cap)
+            cap = r->lq.v[0]->lost_key;
+        int64_t ct = redsem__now_ns() + r->owner->command_timeout_ms * REDSEM__NS_PER_MS;
+        if (ct < cap)
+            cap = ct;
+        pthread_mutex_unlock(&r->mu);
         redsem__call_cap_set(r->owner, cap);
         int rcs[REDSEM__BATCH_MAX];
         int64_t sent[REDSEM__BATCH_MAX];
@@ -249,6 +302,7 @@ static int renewer_start(redsem_client *c)
     if (r == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     r->owner = c;
+    r->lq.by_lost = true;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -287,11 +341,12 @@ static void renewer_stop(redsem_client *c)
     pthread_mutex_unlock(&r->mu);
     pthread_join(r->thread, NULL);
     /* Entries still queued belong to permits that were not freed: detach them. */
-    for (size_t i = 0; i < r->n; i++) {
-        r->heap[i]->permit->renewal = NULL;
-        redsem__free(r->heap[i]);
+    for (size_t i = 0; i < r->q.n; i++) {
+        r->q.v[i]->permit->renewal = NULL;
+        redsem__free(r->q.v[i]);
     }
-    redsem__free(r->heap);
+    redsem__free(r->q.v);
+    redsem__free(r->lq.v);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->wake);
     pthread_cond_destroy(&r->idle);
@@ -308,7 +363,7 @@ static void renewal_detach(redsem_permit *p)
     pthread_mutex_lock(&r->mu);
     while (e->in_flight)
         pthread_cond_wait(&r->idle, &r->mu);
-    heap_remove(r, e);
+    dequeue(r, e);
     /* not woken: it wakes when it planned to and finds the next entry due then, or none */
     pthread_mutex_unlock(&r->mu);
     redsem__free(e);
@@ -362,9 +417,10 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
     e->on_lost = on_lost;
     e->user_data = user_data;
     e->heap_index = SIZE_MAX;
+    e->lost_index = SIZE_MAX;
     redsem__renewer *r = redsem__renewer_of(c);
     pthread_mutex_lock(&r->mu);
-    rc = heap_push(r, e);
+    rc = enqueue(r, e);
     /* Wake the renewer only if it must wake earlier than it planned (or had nothing to do):
      * a thread switch per renewed permit costs the application's threads more than the
      * renewal itself (bench -w threads --shared --renew). */

@@ -206,6 +206,44 @@ Test(renew, a_busy_connection_does_not_delay_the_lost_notice, TO)
     ts_server_stop(&srv);
 }
 
+/* A round of renewals waits for its reply no longer than the first lost notice of any
+ * permit of the renewer, in the round or not: here permit A (30 s lease) is being renewed
+ * when the server stalls, and permit B (3 s lease, not due) must still be declared lost
+ * before its validity ends (found by review: A's round waited until A's own lost time,
+ * ~29 s, and B's notice came 3 s after its validity ended; in 0.4.5 too). */
+Test(renew, a_stalled_round_does_not_delay_another_permits_lost_notice, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = tf_client_for(srv.url, -1, 500); /* command timeout 500 ms */
+    redsem_sem *sa = NULL, *sb = NULL;
+    OK(c, redsem_sem_open(c, "A", REDSEM_STRATEGY_BASIC, 1, 30000, &sa));
+    OK(c, redsem_sem_open(c, "B", REDSEM_STRATEGY_BASIC, 1, 3000, &sb));
+    redsem_permit *a = NULL, *b = NULL;
+    struct lost_record ra = {0}, rb = {0};
+    OK(c, redsem_sem_try_acquire(sa, &a));
+    OK(c, redsem_permit_auto_renew(a, 500, on_lost, &ra));
+    tf_sleep_ms(200);
+    OK(c, redsem_sem_try_acquire(sb, &b));
+    OK(c, redsem_permit_auto_renew(b, 2900, on_lost, &rb)); /* B: no renewal before it is lost */
+    tf_sleep_ms(1000);
+    ts_server_pause(&srv, true); /* A's next renewal goes out into the stall */
+    int64_t paused = tf_now_ms();
+    while (atomic_load(&rb.calls) == 0 && tf_now_ms() < paused + 6000)
+        tf_sleep_ms(5);
+    ts_server_pause(&srv, false);
+    cr_assert_eq(atomic_load(&rb.calls), 1, "B's lost notice never came");
+    cr_expect_lt(atomic_load(&rb.at_ms), atomic_load(&rb.deadline_at_call),
+                 "B's lost notice came at %lld, after its validity ended at %lld",
+                 (long long)atomic_load(&rb.at_ms), (long long)atomic_load(&rb.deadline_at_call));
+    redsem_permit_free(a);
+    redsem_permit_free(b);
+    redsem_sem_free(sa);
+    redsem_sem_free(sb);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
 STRATEGY_TEST(renew, renewal_finds_a_lease_gone_and_says_expired, TO)
 {
     redsem_client *c = tf_client();

@@ -3,7 +3,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
+#include "fault.h"
 #include "fixture.h"
 #include "internal.h"
 
@@ -760,6 +762,58 @@ Test(wake, a_waiter_at_its_deadline_leaves_the_queue_past_a_busy_guard, .timeout
     redsem_permit_free(p);
     redsem_sem_free(s);
     redsem_client_free(c);
+}
+
+/* Leaving the queue at the deadline is bounded: a locked waiter whose guard stays busy, on
+ * a link whose replies come 850 ms late (command timeout 1000 ms), returns within one
+ * command timeout of its deadline (plus scheduling), REDSEM_EUNKNOWN since it could not
+ * leave (found by review: the attempts to leave counted a command timeout from the moment
+ * they began, and the last of them could take another whole command timeout: 1.8 s). */
+int64_t fw_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+Test(wake, leaving_the_queue_at_the_deadline_is_bounded_on_a_slow_link, .timeout = 60)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, true), 0);
+    fp_proxy *px = fp_proxy_start(srv.port);
+    char url[128];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", fp_proxy_port(px));
+    redsem_client *h = tf_client_for(srv.url, -1, 0);
+    redsem_client *w = tf_client_for(url, -1, 1000);
+    redsem_sem *sh = NULL, *sw = NULL;
+    cr_assert_eq(redsem_sem_open(h, "slow", REDSEM_STRATEGY_LOCKED, 1, 30000, &sh), REDSEM_OK);
+    cr_assert_eq(redsem_sem_open(w, "slow", REDSEM_STRATEGY_LOCKED, 1, 30000, &sw), REDSEM_OK);
+    redsem_permit *p = NULL;
+    cr_assert_eq(redsem_sem_try_acquire(sh, &p), REDSEM_OK);
+    fp_proxy_set_reply_delay_ms(px, 850);
+    timed_acquirer t = {.s = sw, .timeout_ms = 6000};
+    pthread_t th;
+    int64_t start = tf_now_ms();
+    cr_assert_eq(pthread_create(&th, NULL, timed_acquire_thread, &t), 0);
+    while (tf_waiters(sh) < 1 && tf_now_ms() < start + 5000)
+        tf_sleep_ms(5);
+    cr_assert_eq(tf_waiters(sh), 1);
+    char out[64];
+    cr_assert_eq(ts_command(&srv, out, sizeof out, "SET", sh->k_guard, "someone-else", "PX",
+                            "30000", NULL),
+                 0);
+    pthread_join(th, NULL);
+    int64_t past = tf_now_ms() - start - t.timeout_ms;
+    cr_expect_eq(t.rc, REDSEM_EUNKNOWN, "%s", redsem_err_name(t.rc));
+    cr_expect_leq(past, 1000 + 400, "returned %lld ms after its deadline (command timeout 1000)",
+                  (long long)past);
+    redsem_permit_free(p);
+    redsem_sem_free(sh);
+    redsem_sem_free(sw);
+    redsem_client_free(h);
+    redsem_client_free(w);
+    fp_proxy_stop(px);
+    ts_server_stop(&srv);
 }
 
 /* The scripts read every key that can fail before their first write (prelude.lua), so that
