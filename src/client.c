@@ -139,8 +139,10 @@ static int lane_new(redsem_client *c, bool for_wait, redsem__lane **ret)
         return redsem__set_err(c, rc, "%s", err);
     }
     l->for_wait = for_wait;
-    if (l->topo.kind != REDSEM__TOPO_CLUSTER)
+    if (l->topo.kind != REDSEM__TOPO_CLUSTER) {
         l->topo.single.clock = &c->clock; /* one server: one clock for every lane */
+        l->topo.single.scripts = &c->scripts; /* and one script cache */
+    }
     pthread_mutex_lock(&c->pool_mu);
     l->epoch = c->fault_epoch;
     if (c->nlanes == c->lanes_cap) {
@@ -714,6 +716,8 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     c->pid = getpid();
     c->serial = atomic_fetch_add(&client_serials, 1) + 1;
     redsem__clock_init(&c->clock);
+    for (int i = 0; i < REDSEM__SCRIPT_COUNT; i++)
+        atomic_init(&c->scripts.sent[i], false);
     pthread_mutex_init(&c->pool_mu, NULL);
     pthread_mutex_init(&c->renew_mu, NULL);
     pthread_mutex_init(&c->wake_mu, NULL);

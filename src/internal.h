@@ -111,6 +111,7 @@ struct redsem_client {
     int max_connections; /* request lanes at most */
     redsem__node_cfg cfg;
     redsem__clock clock; /* the server's, shared by the lanes (not in a cluster) */
+    redsem__script_cache scripts; /* what the server has cached, shared the same way */
     char *prefix;
     size_t prefix_len;
     pid_t pid; /* owner process */

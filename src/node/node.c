@@ -17,6 +17,9 @@ int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint 
     n->ctx = ctx;
     redsem__clock_init(&n->own_clock);
     n->clock = &n->own_clock;
+    for (int i = 0; i < REDSEM__SCRIPT_COUNT; i++)
+        atomic_init(&n->own_scripts.sent[i], false);
+    n->scripts = &n->own_scripts;
     redsem__conn_init(&n->conn);
     n->connect_timeout_ms = cfg->connect_timeout_ms;
     n->command_timeout_ms = cfg->command_timeout_ms;

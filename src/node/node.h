@@ -53,6 +53,14 @@ void redsem__clock_note(redsem__clock *k, int64_t server_us, int64_t recv_ns);
  * offset is unknown. */
 int64_t redsem__clock_not_after_us(const redsem__clock *k, int64_t command_timeout_ms);
 
+/* The scripts a server is known to hold in its cache: sent there with their body (EVAL) and
+ * not reported missing since (NOSCRIPT). A node's own, or one that its client shares among
+ * the lanes that reach the same server (client.c, as the clock), so that a new lane does not
+ * send every body again. Atomic: lanes of one client run in parallel. */
+typedef struct redsem__script_cache {
+    _Atomic bool sent[REDSEM__SCRIPT_COUNT];
+} redsem__script_cache;
+
 typedef struct redsem__node redsem__node;
 struct redsem__node {
     redsem__ctx *ctx; /* the owning client's errors, counters and deadline cap */
@@ -66,8 +74,10 @@ struct redsem__node {
     int64_t sync_timeout_ms;
     redsem__conn conn;
     bool connected;
-    /* script i was sent with its body (EVAL) and has not been reported missing since */
-    bool script_sent[REDSEM__SCRIPT_COUNT];
+    /* the scripts the server holds: own_scripts, or one its client shares among the lanes
+     * that reach the same server (set after node_init) */
+    redsem__script_cache own_scripts;
+    redsem__script_cache *scripts;
     /* The server's clock: own_clock, or one its client shares among the lanes that reach the
      * same server (set after node_init). */
     redsem__clock own_clock;

@@ -25,7 +25,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
      * "not held" (REDSEM_ELOST). */
     bool maybe_applied = false;
     for (int attempt = 0;; attempt++) {
-        bool body = !n->script_sent[script];
+        bool body = !atomic_load(&n->scripts->sent[script]);
         redsem__args a;
         redsem__args_init(&a);
         if (body) {
@@ -78,7 +78,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
             attempt < REDSEM__NOSCRIPT_RETRIES) {
             freeReplyObject(r);
             REDSEM__COUNT(n->ctx, noscript, 1);
-            n->script_sent[script] = false;
+            atomic_store(&n->scripts->sent[script], false);
             continue;
         }
         /* The server has compiled and cached the script (an error reply from inside the
@@ -86,7 +86,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
          * and is reported below each time. */
         if (r->type != REDIS_REPLY_ERROR ||
             (strncmp(r->str, "ERR Error compiling", 19) != 0 && !redsem__redirect_reply(r)))
-            n->script_sent[script] = true; /* (a cluster's redirection ran nothing) */
+            atomic_store(&n->scripts->sent[script], true); /* (a redirection ran nothing) */
         if (r->type == REDIS_REPLY_ERROR) {
             rc = redsem__node_error_reply(n, r, d->name);
             freeReplyObject(r);
@@ -169,7 +169,7 @@ void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
     bool alone[REDSEM__BATCH_MAX], maybe[REDSEM__BATCH_MAX];
     bool batch = k > 1 && n->connected && !n->cluster && !n->asking;
     for (int i = 0; i < k; i++) {
-        alone[i] = !batch || !n->script_sent[items[i].script] ||
+        alone[i] = !batch || !atomic_load(&n->scripts->sent[items[i].script]) ||
                    ((items[i].flags & REDSEM__REQ_SYNC) && n->sync_replicas > 0);
         maybe[i] = false;
     }
@@ -219,7 +219,7 @@ void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
                 /* nothing ran: the whole story (a body, a wait, a new primary) alone */
                 if (error_starts(r, "NOSCRIPT")) {
                     REDSEM__COUNT(n->ctx, noscript, 1);
-                    n->script_sent[it->script] = false;
+                    atomic_store(&n->scripts->sent[it->script], false);
                 }
                 freeReplyObject(r);
                 alone[i] = true;

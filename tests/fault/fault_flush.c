@@ -1,6 +1,7 @@
 /* Scenario 7, SCRIPT FLUSH every 100 ms during a 5 s run, per strategy: no error surfaces to
- * any caller (acquire, refresh by the renewer, release), and each NOSCRIPT reply costs
- * exactly one reload (and the one retry that follows it). */
+ * any caller (acquire, refresh by the renewer, release), and each NOSCRIPT reply costs one
+ * reload (and the one retry that follows it), two at most when the client's other thread
+ * meets the missing script at the same time. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
@@ -72,9 +73,13 @@ static void flush(fw_kind kind)
     cr_expect_eq(res.rel_lost + res.rel_err, 0);
     cr_expect_eq(res.violations, 0);
     cr_expect_gt(noscript, 0, "no NOSCRIPT reply: the flushes never hit a caller");
-    /* one body per NOSCRIPT; and each client may send wake_drain.lua's once more, on its
-     * first drain, which can come after the first section (the worker's stats base) */
-    cr_expect(loads >= noscript && loads <= noscript + (unsigned long long)reporting,
+    /* One body per NOSCRIPT, from the thread that got it; since 0.4.6 the renewer sends on
+     * the worker's client, so a second thread of the client (the renewer, or the worker while
+     * the renewer reloads) may find the script marked missing meanwhile and send its body
+     * too, without a NOSCRIPT of its own: at most one more per NOSCRIPT. And each client may
+     * send wake_drain.lua's once more, on its first drain, which can come after the first
+     * section (the worker's stats base). No reload loops: fewer than two per NOSCRIPT. */
+    cr_expect(loads >= noscript && loads <= 2 * noscript + (unsigned long long)reporting,
               "%llu reloads for %llu NOSCRIPT replies (%d clients)", loads, noscript,
               reporting);
     cr_expect_eq(retries, 0);
