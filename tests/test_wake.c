@@ -675,6 +675,22 @@ Test(wake, a_forged_grant_is_believed_no_longer_than_the_lease, .timeout = 60)
     redsem_client_free(c);
 }
 
+/* An acquire that returned without a permit is no longer queued: nobody waits on s, and
+ * once the holder releases p (then freed) another acquire (timeout_ms: 0 tries once) gets
+ * the permit, which a direct grant to the departed acquire would have withheld. */
+static void left_and_handed_on(redsem_sem *s, redsem_permit *p, int64_t timeout_ms)
+{
+    cr_expect_eq(tf_waiters(s), 0, "the acquire that returned is still queued");
+    cr_assert_eq(redsem_permit_release(p), REDSEM_OK);
+    redsem_permit *z = NULL;
+    cr_expect_eq(redsem_sem_acquire(s, timeout_ms, &z), REDSEM_OK, "the permit went to nobody");
+    if (z != NULL) {
+        cr_expect_eq(redsem_permit_release(z), REDSEM_OK);
+        redsem_permit_free(z);
+    }
+    redsem_permit_free(p);
+}
+
 /* A queued fair waiter whose wait fails (here: another wait of the client registers a list
  * that is a foreign string, and the shared BLPOP fails with WRONGTYPE for every waiter of
  * the round) leaves the queue before it returns the fault: a release may grant a queued
@@ -700,15 +716,7 @@ Test(wake, a_failed_wait_leaves_the_queue, .timeout = 60)
     pthread_join(t, NULL);
     cr_expect_eq(f.rc, REDSEM_ESERVER);
     cr_expect_eq(q.rc, REDSEM_ESERVER, "%s", redsem_err_name(q.rc));
-    cr_expect_eq(tf_waiters(s), 0, "the failed acquire is still queued");
-    cr_assert_eq(redsem_permit_release(p), REDSEM_OK);
-    redsem_permit *z = NULL;
-    cr_expect_eq(redsem_sem_try_acquire(s, &z), REDSEM_OK, "the permit went to nobody");
-    if (z != NULL) {
-        cr_expect_eq(redsem_permit_release(z), REDSEM_OK);
-        redsem_permit_free(z);
-    }
-    redsem_permit_free(p);
+    left_and_handed_on(s, p, 0);
     redsem_sem_free(s);
     redsem_client_free(c);
 }
@@ -751,15 +759,7 @@ Test(wake, a_waiter_at_its_deadline_leaves_the_queue_past_a_busy_guard, .timeout
                  0);
     pthread_join(th, NULL);
     cr_expect_eq(t.rc, REDSEM_EBUSY, "%s", redsem_err_name(t.rc));
-    cr_expect_eq(tf_waiters(s), 0, "the acquire that returned is still queued");
-    cr_assert_eq(redsem_permit_release(p), REDSEM_OK);
-    redsem_permit *z = NULL;
-    cr_expect_eq(redsem_sem_acquire(s, 2000, &z), REDSEM_OK, "the permit went to nobody");
-    if (z != NULL) {
-        cr_expect_eq(redsem_permit_release(z), REDSEM_OK);
-        redsem_permit_free(z);
-    }
-    redsem_permit_free(p);
+    left_and_handed_on(s, p, 2000);
     redsem_sem_free(s);
     redsem_client_free(c);
 }
