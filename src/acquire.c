@@ -214,6 +214,7 @@ static int leave_queue_within(redsem__acq_state *s, redsem__attempt *att, int en
     bool direct = q->wake_meta != NULL;
     int too_late = 0;
     int64_t nap_us = 0;
+    bool left = false;
     for (;;) {
         redsem__req_info info;
         int rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, q->weight, att, &info);
@@ -223,8 +224,10 @@ static int leave_queue_within(redsem__acq_state *s, redsem__attempt *att, int en
             return unknown_why(c, id, rc, direct);
         if (rc != REDSEM_OK)
             return leave_after_fault(s, att, rc);
-        if (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY)
-            break; /* left */
+        if (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY) {
+            left = true;
+            break;
+        }
         bool again = redsem__now_ns() < give_up;
         if (att->outcome == REDSEM__ATT_TOO_LATE && ++too_late <= 2 && again)
             continue;
@@ -246,10 +249,11 @@ static int leave_queue_within(redsem__acq_state *s, redsem__attempt *att, int en
                                   : "the attempt to leave the queue was refused");
         return unknown_why(c, id, REDSEM_ETIMEDOUT, true);
     }
+    const char *how = left ? "the queue was left" : "its queue entry lapses with its wait lease";
     if (end_rc == REDSEM_EBUSY)
-        return redsem__set_err(c, REDSEM_EBUSY, "%s (limit %u)", why,
-                               att->limit != 0 ? att->limit : s->queued_limit);
-    return redsem__set_err(c, end_rc, "%s (the queue was left)", why);
+        return redsem__set_err(c, REDSEM_EBUSY, "%s (limit %u; %s)", why,
+                               att->limit != 0 ? att->limit : s->queued_limit, how);
+    return redsem__set_err(c, end_rc, "%s (%s)", why, how);
 }
 
 static int leave_queue(redsem__acq_state *s, redsem__attempt *att, int end_rc, const char *why)

@@ -174,6 +174,7 @@ typedef struct pool_waiter {
     redsem__lane *lane;
     int64_t since; /* when it started waiting */
     bool make, taken, done;
+    bool capped; /* a call with a cap of its own (a renewal, an acquire leaving a queue) */
 } pool_waiter;
 
 /* The deadline cap of a call that waited for a connection since `since` (0: it did not): a
@@ -194,10 +195,18 @@ static int64_t cap_after_wait(const redsem_client *c, int64_t since)
 static void queue_push(redsem_client *c, pool_waiter *w)
 {
     w->next = NULL;
-    if (call_cap(c) != 0 && c->queue_head != NULL) {
-        /* a renewal (a call with a cap of its own) goes first: a late one loses a permit */
-        w->next = c->queue_head;
-        c->queue_head = w;
+    w->capped = call_cap(c) != 0;
+    if (w->capped && c->queue_head != NULL) {
+        /* a call with a cap of its own (a renewal: a late one loses a permit; an acquire
+         * leaving a queue) goes ahead of the others, after those of its kind queued before
+         * it (first come, first served among them) */
+        pool_waiter **at = &c->queue_head;
+        while (*at != NULL && (*at)->capped)
+            at = &(*at)->next;
+        w->next = *at;
+        *at = w;
+        if (w->next == NULL)
+            c->queue_tail = w;
         return;
     }
     if (c->queue_tail != NULL)

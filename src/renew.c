@@ -26,7 +26,11 @@ typedef struct renew_entry {
     void *user_data;
     size_t heap_index; /* in the timer queue; SIZE_MAX when not queued */
     size_t lost_index; /* in the queue by lost time; SIZE_MAX when not queued */
-    int64_t lost_key;  /* its lost time when queued (a deadline only grows: a lower bound) */
+    /* Its keys in the two queues: its next wake-up and its lost time, as they were when it
+     * was queued. A refresh by the caller may move its deadline (never back) while it is
+     * queued, so they are lower bounds of the live values: heap_top() re-keys a stale top,
+     * which keeps both heaps in order (a key changed in place would break it). */
+    int64_t wake_key, lost_key;
     bool in_flight;    /* the renewer is working on it outside the lock */
 } renew_entry;
 
@@ -65,7 +69,7 @@ static int64_t wake_at(const renew_entry *e)
 
 static int64_t heap_key(const renew_heap *h, const renew_entry *e)
 {
-    return h->by_lost ? e->lost_key : wake_at(e);
+    return h->by_lost ? e->lost_key : e->wake_key;
 }
 
 static size_t *heap_slot(const renew_heap *h, renew_entry *e)
@@ -139,10 +143,28 @@ static void heap_remove(renew_heap *h, renew_entry *e)
     heap_up(h, i);
 }
 
+/* The top of h with its key up to date (NULL if h is empty): a top whose key is stale (its
+ * deadline moved since it was queued) is re-keyed and sifted down until the top's key is
+ * its live value, which no other entry's live value is below. */
+static renew_entry *heap_top(renew_heap *h)
+{
+    while (h->n > 0) {
+        renew_entry *e = h->v[0];
+        int64_t live = h->by_lost ? lost_at(e) : wake_at(e);
+        int64_t *key = h->by_lost ? &e->lost_key : &e->wake_key;
+        if (*key >= live)
+            return e;
+        *key = live;
+        heap_down(h, 0);
+    }
+    return NULL;
+}
+
 /* Queue e in both heaps (REDSEM_ENOMEM: in neither), or take it out of both. */
 static int enqueue(redsem__renewer *r, renew_entry *e)
 {
     e->lost_key = lost_at(e);
+    e->wake_key = wake_at(e);
     if (heap_push(&r->q, e) != REDSEM_OK)
         return REDSEM_ENOMEM;
     if (heap_push(&r->lq, e) != REDSEM_OK) {
@@ -182,6 +204,15 @@ static void timed_wait(redsem__renewer *r, int64_t until_ns)
     (void)rc;
 }
 
+/* Queue e again after its round. Out of memory (auto_renew may have used the places this
+ * round freed), it is declared lost rather than left in neither queue, never renewed and
+ * never reported (found by review). */
+static void requeue(redsem__renewer *r, renew_entry *e)
+{
+    if (enqueue(r, e) != REDSEM_OK)
+        declare_lost(r, e, REDSEM_LOST_DEADLINE);
+}
+
 /* The outcome of one renewal (with the lock held, e in flight). */
 static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
 {
@@ -194,7 +225,7 @@ static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
             ;
         e->next_ns = sent + e->interval_ns;
         e->backoff_ns = 0;
-        (void)enqueue(r, e); /* capacity exists: e was just taken out */
+        requeue(r, e);
     } else if (rc == REDSEM_ELOST) {
         declare_lost(r, e, REDSEM_LOST_EXPIRED);
     } else {
@@ -205,7 +236,7 @@ static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
         if (e->backoff_ns > e->interval_ns / 2)
             e->backoff_ns = e->interval_ns / 2 > 0 ? e->interval_ns / 2 : 1;
         e->next_ns = redsem__now_ns() + redsem__rand_between(e->backoff_ns / 2, e->backoff_ns);
-        (void)enqueue(r, e);
+        requeue(r, e);
     }
     e->in_flight = false;
 }
@@ -219,11 +250,12 @@ static void *renewer_main(void *arg)
     redsem__renewer *r = arg;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
-        if (r->q.n == 0) {
+        renew_entry *top = heap_top(&r->q);
+        if (top == NULL) {
             pthread_cond_wait(&r->wake, &r->mu);
             continue;
         }
-        int64_t now = redsem__now_ns(), due = wake_at(r->q.v[0]);
+        int64_t now = redsem__now_ns(), due = top->wake_key;
         if (now < due) {
             timed_wait(r, due);
             continue;
@@ -233,10 +265,10 @@ static void *renewer_main(void *arg)
         redsem_permit *ps[REDSEM__BATCH_MAX];
         int k = 0;
         int64_t cap = INT64_MAX;
-        while (r->q.n > 0 && k < REDSEM__BATCH_MAX && !r->stop) {
-            renew_entry *e = r->q.v[0];
+        renew_entry *e;
+        while (k < REDSEM__BATCH_MAX && !r->stop && (e = heap_top(&r->q)) != NULL) {
             now = redsem__now_ns();
-            if (wake_at(e) > now + (k == 0 ? 0 : RENEW_TOGETHER_NS))
+            if (e->wake_key > now + (k == 0 ? 0 : RENEW_TOGETHER_NS))
                 break;
             dequeue(r, e);
             e->in_flight = true;
@@ -263,8 +295,9 @@ static void *renewer_main(void *arg)
          * for this round's end (found by review: a 30 s lease's renewal to a stalled server
          * held a 3 s lease's notice 3 s past its validity); and never past one command
          * timeout (a renewal that fails is retried after a short backoff). */
-        if (r->lq.n > 0 && r->lq.v[0]->lost_key < cap)
-            cap = r->lq.v[0]->lost_key;
+        renew_entry *first_lost = heap_top(&r->lq);
+        if (first_lost != NULL && first_lost->lost_key < cap)
+            cap = first_lost->lost_key;
         int64_t ct = redsem__now_ns() + r->owner->command_timeout_ms * REDSEM__NS_PER_MS;
         if (ct < cap)
             cap = ct;
@@ -385,14 +418,18 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
     int rc = redsem__check_owner(c);
     if (rc != REDSEM_OK)
         return rc;
-    int64_t window_ms = p->lease_ms - (p->lease_ms / 100 + 2);
+    /* A renewal must reach the server while the lease still has the refresh margin left
+     * (refresh.lua refuses it otherwise), so the first one, an interval after the grant was
+     * sent, must come before lease - margin (found by review: 1..lease - drift was accepted,
+     * and an interval in the last ~60 ms of a 1 s lease lost the permit every time). */
+    int64_t max_ms = p->lease_ms - redsem__refresh_margin_ms(p->lease_ms) - 1;
     if (interval_ms == 0)
         interval_ms = p->lease_ms / 3;
-    if (interval_ms < 1 || interval_ms >= window_ms)
+    if (interval_ms < 1 || interval_ms > max_ms)
         return redsem__set_err(c, REDSEM_EINVAL,
                                "renewal interval %lld ms: use 0 (a third of the lease) or "
-                               "1..%lld ms",
-                               (long long)interval_ms, (long long)window_ms - 1);
+                               "1..%lld ms (the lease less its refresh margin)",
+                               (long long)interval_ms, (long long)max_ms);
     if (p->renewal != NULL)
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s is already renewed", p->id);
     if (!redsem_permit_held(p))

@@ -280,6 +280,9 @@ Test(renew, lock_renewal_and_stop, TO)
     redsem_permit *p = NULL, *q = NULL;
     OK(a, redsem_lock_try_acquire(la, &p));
     EXPECT(a, REDSEM_EINVAL, redsem_permit_auto_renew(p, 150, NULL, NULL));
+    /* an interval that leaves less than the refresh margin (14 ms of a 150 ms lease): the
+     * first renewal would be refused and the permit lost (accepted up to 0.4.5) */
+    EXPECT(a, REDSEM_EINVAL, redsem_permit_auto_renew(p, 136, NULL, NULL));
     EXPECT(a, REDSEM_EINVAL, redsem_permit_auto_renew(p, -1, NULL, NULL));
     EXPECT(a, REDSEM_EINVAL, redsem_permit_auto_renew(NULL, 0, NULL, NULL));
     OK(a, redsem_permit_auto_renew(p, 40, NULL, NULL));

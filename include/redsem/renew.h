@@ -72,7 +72,11 @@ typedef void (*redsem_lost_fn)(redsem_permit *permit, redsem_lost_reason reason,
  *
  * @permit       borrowed; must not be NULL; must be held.
  * @interval_ms  time between renewals: 0 means a third of the lease; otherwise
- *               1 .. lease - (lease/100 + 2) - 1 ms (a renewal must land before validity ends).
+ *               1 .. lease - margin - 1 ms, where the refresh margin is lease/100 + 2 + e +
+ *               min(e + 5, lease/10) ms and e = min(lease/50, 25), at least 1 (57 ms for a
+ *               1 s lease): a renewal must reach the server while the lease still has the
+ *               margin left (since 0.4.6; up to 0.4.5 intervals up to lease - (lease/100 + 2)
+ *               - 1 were accepted, and those in the last margin lost the permit).
  * @on_lost      may be NULL (then poll redsem_permit_held()).
  * @user_data    passed to on_lost; kept (not copied) until the renewal ends (release, free,
  *               stop_renewal, lost): it must stay valid until then. May be NULL.

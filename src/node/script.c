@@ -24,8 +24,9 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
      * have done, or a release re-sent after a restart would call its own first copy's work
      * "not held" (REDSEM_ELOST). */
     bool maybe_applied = false;
+    bool resend_body = false; /* after a NOSCRIPT: the body, whatever another lane marked */
     for (int attempt = 0;; attempt++) {
-        bool body = !atomic_load(&n->scripts->sent[script]);
+        bool body = resend_body || !atomic_load(&n->scripts->sent[script]);
         redsem__args a;
         redsem__args_init(&a);
         if (body) {
@@ -79,6 +80,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
             freeReplyObject(r);
             REDSEM__COUNT(n->ctx, noscript, 1);
             atomic_store(&n->scripts->sent[script], false);
+            resend_body = true;
             continue;
         }
         /* The server has compiled and cached the script (an error reply from inside the

@@ -195,7 +195,8 @@ Test(input, api, .timeout = 120)
     BAD(redsem_permit_auto_renew(NULL, 0, NULL, NULL));
     BAD(redsem_permit_stop_renewal(NULL));
     cr_assert_eq(redsem_sem_try_acquire(s, &p), REDSEM_OK);
-    const int64_t bad_interval[] = {INT64_MIN, -1, 1000 - (1000 / 100 + 2), INT64_MAX};
+    const int64_t bad_interval[] = {INT64_MIN, -1, 1000 - 57, 1000 - (1000 / 100 + 2),
+                                    INT64_MAX}; /* 57: a 1 s lease's refresh margin */
     for (size_t i = 0; i < sizeof bad_interval / sizeof *bad_interval; i++)
         BAD(redsem_permit_auto_renew(p, bad_interval[i], NULL, NULL));
     cr_expect_eq(redsem_permit_release(p), REDSEM_OK);
