@@ -190,6 +190,22 @@ static int leave_after_fault(const redsem__acq_state *s, redsem__attempt *att, i
     return unknown_why(c, s->id, rc2 != REDSEM_OK ? rc2 : rc, true);
 }
 
+/* A locked attempt found the guard busy. The guard is held for about two round trips (~50
+ * us on a LAN): a short jittered pause, doubling from 100-200 us while the guard stays busy
+ * (*backoff_us, 0 at first), at most 5 ms, and never past until_ns (REDSEM__FOREVER: no
+ * bound). */
+static void guard_nap(int64_t *backoff_us, int64_t until_ns)
+{
+    *backoff_us = *backoff_us ? *backoff_us * 2 : 200;
+    if (*backoff_us > 5000)
+        *backoff_us = 5000;
+    int64_t nap_ns = redsem__rand_between(*backoff_us / 2, *backoff_us) * 1000;
+    if (until_ns != REDSEM__FOREVER && until_ns - redsem__now_ns() < nap_ns)
+        nap_ns = until_ns - redsem__now_ns();
+    if (nap_ns > 0)
+        redsem__sleep_ns(nap_ns);
+}
+
 /* A registered waiter that must end (its deadline came, it was cancelled, or the server ran
  * its attempts too late three times) leaves the queue with attempts in mode "last" (a permit
  * handed over meanwhile is taken), then returns end_rc (REDSEM_EBUSY, REDSEM_ECANCELED or
@@ -197,10 +213,11 @@ static int leave_after_fault(const redsem__acq_state *s, redsem__attempt *att, i
  * again, and a reply that came too late (the server ran it after its not-after time: nothing
  * was done) is tried twice more, all until one command timeout after the deadline (at least
  * half a command timeout from now, if the deadline passed long ago), which also caps every
- * wait for a connection and every round trip on the way (redsem__call_cap_set). A fault goes as in leave_after_fault. If the waiter
- * could not leave, a fair or locked waiter of a one-server client (which a release may grant
- * with its whole lease) returns REDSEM_EUNKNOWN, still queued; the others' entries lapse
- * with their wait lease, and they return end_rc. Found by review: the single last attempt
+ * wait for a connection and every round trip on the way (redsem__call_cap_set). A fault goes
+ * as in leave_after_fault. If the waiter could not leave, a fair or locked waiter of a
+ * one-server client (which a release may grant with its whole lease) returns
+ * REDSEM_EUNKNOWN, still queued; the others' entries lapse with their wait lease, and they
+ * return end_rc. Found by review: the single last attempt
  * returned REDSEM_EBUSY after a busy guard (or a fault that sent nothing) with the waiter
  * still queued, and the next release held a permit for its lease in the name of an acquire
  * that had been told it got none; a second review found the three-too-late path and an
@@ -232,10 +249,7 @@ static int leave_queue_within(redsem__acq_state *s, redsem__attempt *att, int en
         if (att->outcome == REDSEM__ATT_TOO_LATE && ++too_late <= 2 && again)
             continue;
         if (att->outcome == REDSEM__ATT_GUARD_BUSY && again) {
-            nap_us = nap_us ? (nap_us * 2 > 5000 ? 5000 : nap_us * 2) : 200;
-            int64_t nap_ns = redsem__rand_between(nap_us / 2, nap_us) * 1000;
-            int64_t left_ns = give_up - redsem__now_ns();
-            redsem__sleep_ns(nap_ns < left_ns ? nap_ns : left_ns);
+            guard_nap(&nap_us, give_up);
             continue;
         }
         if (!direct)
@@ -422,15 +436,7 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
                               ? INT64_MAX
                               : (deadline - now + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
         if (att->outcome == REDSEM__ATT_GUARD_BUSY) {
-            /* The guard is held for about two round trips (~50 us on a LAN): a short jittered
-             * pause, doubling from 100-200 us while the guard stays busy, at most 5 ms. */
-            s->guard_backoff_us = s->guard_backoff_us ? s->guard_backoff_us * 2 : 200;
-            if (s->guard_backoff_us > 5000)
-                s->guard_backoff_us = 5000;
-            int64_t nap_ns =
-                redsem__rand_between(s->guard_backoff_us / 2, s->guard_backoff_us) * 1000;
-            int64_t left_ns = deadline == REDSEM__FOREVER ? nap_ns : deadline - now;
-            redsem__sleep_ns(nap_ns < left_ns ? nap_ns : left_ns);
+            guard_nap(&s->guard_backoff_us, deadline);
             continue;
         }
         s->guard_backoff_us = 0;

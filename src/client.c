@@ -63,9 +63,10 @@ void redsem__clear_err(redsem_client *c)
         e->text[0] = '\0';
 }
 
-/* A thread's own cap on the deadlines of its calls on one client: set by the renewer around
- * its renewals (redsem__call_cap_set), so that no renewal waits for a connection or a reply
- * past the moment its holder must be told; other threads' calls never see it. */
+/* A thread's own cap on the deadlines of its calls on one client (redsem__call_cap_set): set
+ * by the renewer around its renewals, so that no renewal waits for a connection or a reply
+ * past the moment a holder must be told, and by an acquire leaving a queue (acquire.c), so
+ * that it ends one command timeout after its deadline; other threads' calls never see it. */
 static _Thread_local uint64_t cap_serial;
 static _Thread_local int64_t cap_at_ns;
 

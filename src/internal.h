@@ -170,8 +170,9 @@ void redsem__wake_free(redsem_client *c);
 
 /* Cap the deadlines of the calling thread's calls on c (0: no cap of its own): they wait
  * for a connection and for replies until cap_ns (CLOCK_MONOTONIC) at most, jump the queue of
- * threads waiting for a connection, and are never batched with other threads' calls. The
- * renewer's, around each round of renewals (client.c). */
+ * threads waiting for a connection, and are never batched with other threads' calls. Set
+ * by the renewer around each round of renewals and by an acquire leaving a queue; reset to 0
+ * after (client.c). */
 void redsem__call_cap_set(const redsem_client *c, int64_t cap_ns);
 /* The calling thread's error text for c: a buffer of REDSEM__ERRMSG_LEN bytes that the
  * thread's next call on c may overwrite (client.c). */

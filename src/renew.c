@@ -1,7 +1,8 @@
 /* redsem - automatic renewal: one renewer thread per client, on the client's own request
  * connections (its renewals go first in their queue), and a timer queue (a binary min-heap
- * ordered by next wake-up time), like the seed's DelayQueue
- * watchdog but for semaphore permits as well as locks. See include/redsem/renew.h. */
+ * ordered by next wake-up time), like the seed's DelayQueue watchdog but for semaphore
+ * permits as well as locks, beside a second heap ordered by lost time that bounds each round.
+ * See include/redsem/renew.h. */
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
