@@ -61,6 +61,8 @@ typedef struct cli_opts {
     bool tls_insecure;
     int sync_replicas;       /* --sync-replicas, 0: none */
     int64_t sync_timeout_ms; /* --sync-timeout */
+    int64_t retry_ms;        /* --retry, else $REDSEM_RETRY (retry_set); else the library's */
+    bool retry_set;
     bool lock;              /* the mutex NAME (lock, --lock) instead of a semaphore */
     redsem_strategy strategy;
     bool strategy_set;

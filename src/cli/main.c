@@ -62,6 +62,10 @@ static const char help_text[] =
     "  --tls-server-name NAME\n"
     "                       rediss://: the name to verify, if not the URL's host\n"
     "                       (default $REDSEM_TLS_SERVER_NAME)\n"
+    "  --retry DURATION     how long a call keeps reconnecting and resending after the\n"
+    "                       connection was lost or refused (a restart, a failover); make\n"
+    "                       it longer than your failovers take; 0 fails at once\n"
+    "                       (default $REDSEM_RETRY, else 1s; at most 24h)\n"
     "  --sync-replicas N    grants and refreshes must reach N replicas (WAIT N, in the\n"
     "                       same round trip); fewer in time: the permit is given back,\n"
     "                       exit 69 (default 0: no WAIT)\n"
@@ -108,6 +112,7 @@ static const char help_text[] =
 static const char help_env[] =
     "Environment:\n"
     "  REDSEM_URL    the default for --url\n"
+    "  REDSEM_RETRY  the default for --retry\n"
     "  REDSEM_TLS_CA, REDSEM_TLS_CA_DIR, REDSEM_TLS_CERT, REDSEM_TLS_KEY,\n"
     "  REDSEM_TLS_SERVER_NAME\n"
     "                the defaults for --tls-ca, --tls-ca-dir, --tls-cert, --tls-key and\n"
@@ -186,7 +191,8 @@ enum {
     OPT_TLS_INSECURE,
     OPT_SYNC_REPLICAS,
     OPT_SYNC_TIMEOUT,
-    OPT_RATE
+    OPT_RATE,
+    OPT_RETRY
 };
 
 #define CMDS_ALL                                                                               \
@@ -214,6 +220,7 @@ static const struct option long_options[] = {
     {"sync-replicas", required_argument, NULL, OPT_SYNC_REPLICAS},
     {"sync-timeout", required_argument, NULL, OPT_SYNC_TIMEOUT},
     {"rate", required_argument, NULL, OPT_RATE},
+    {"retry", required_argument, NULL, OPT_RETRY},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
@@ -412,6 +419,12 @@ static int parse(int argc, char **argv, cli_opts *o)
             o->sync_replicas = (int)n;
             break;
         }
+        case OPT_RETRY:
+            if (cli_parse_duration(optarg, REDSEM_TIMEOUT_MAX_MS, &o->retry_ms) != 0)
+                return usage_error(o, "--retry '%s': use 0 or a DURATION up to 24h, such as 30s",
+                                   optarg);
+            o->retry_set = true;
+            break;
         case OPT_SYNC_TIMEOUT:
             if (cli_parse_duration(optarg, 1999, &o->sync_timeout_ms) != 0 ||
                 o->sync_timeout_ms < 1)
@@ -528,6 +541,16 @@ static int parse(int argc, char **argv, cli_opts *o)
         const char *env = getenv("REDSEM_URL");
         o->url = env != NULL && *env ? env : REDSEM_DEFAULT_URL;
         o->url_source = env != NULL && *env ? "REDSEM_URL" : "the default URL";
+    }
+    if (!o->retry_set) {
+        const char *env = getenv("REDSEM_RETRY");
+        if (env != NULL && *env) {
+            if (cli_parse_duration(env, REDSEM_TIMEOUT_MAX_MS, &o->retry_ms) != 0)
+                return usage_error(o, "REDSEM_RETRY '%s': use 0 or a DURATION up to 24h, such "
+                                      "as 30s",
+                                   env);
+            o->retry_set = true;
+        }
     }
     const struct {
         const char **field, *var;

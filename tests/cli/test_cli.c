@@ -346,6 +346,67 @@ Test(cli, connection_refused)
     cli_proc_free(&p);
 }
 
+/* --retry (and REDSEM_RETRY) sets how long a call keeps reconnecting: a waiter whose server
+ * restarts under it gets its permit from the restarted server with --retry 30s, and exits 69
+ * at once with --retry 0. Bad values are usage errors. */
+static int waiter_across_restart(const char *retry_opt, const char *retry_env)
+{
+    ts_server srv;
+    int rc = ts_server_start(&srv, NULL, false);
+    if (rc == 77)
+        cr_skip_test("redis-server not installed");
+    cr_assert_eq(rc, 0);
+    char url[600], env_retry[64];
+    snprintf(url, sizeof url, "REDSEM_URL=%s", srv.url);
+    snprintf(env_retry, sizeof env_retry, "REDSEM_RETRY=%s", retry_env ? retry_env : "");
+    const char *const env[] = {url, retry_env ? env_retry : "REDSEM_RETRY", NULL};
+    cli_proc holder, waiter;
+    cr_assert_eq(CLI(&holder, env, "acquire", "--lease", "5m", "job"), 0, "%s", holder.err);
+    if (retry_opt != NULL)
+        cli_start(&waiter, env, CLI_ARGS("acquire", "--retry", retry_opt, "--wait", "60s", "job"));
+    else
+        cli_start(&waiter, env, CLI_ARGS("acquire", "--wait", "60s", "job"));
+    /* the waiter is queued (fair: its id in the queue) before the server goes away */
+    char n[32] = "0";
+    for (int i = 0; i < 400 && strcmp(n, "1") != 0; i++) {
+        usleep(50 * 1000);
+        ts_command(&srv, n, sizeof n, "ZCARD", "redsem:{job}:owners", NULL);
+    }
+    cr_assert_str_eq(n, "1", "the waiter never queued");
+    ts_server_kill(&srv);
+    usleep(300 * 1000);
+    cr_assert_eq(ts_server_restart(&srv), 0);
+    int code = cli_wait(&waiter, 60000);
+    ts_server_stop(&srv);
+    if (code != 0)
+        cr_assert(strstr(waiter.err, "redsem: acquire job:") != NULL, "%s", waiter.err);
+    cli_proc_free(&holder);
+    cli_proc_free(&waiter);
+    return code;
+}
+
+Test(cli, retry_window_option)
+{
+    cr_assert_eq(waiter_across_restart("30s", NULL), 0);
+    cr_assert_eq(waiter_across_restart("0", NULL), 69);
+    /* the environment variable, and --retry over it */
+    cr_assert_eq(waiter_across_restart(NULL, "30s"), 0);
+    cr_assert_eq(waiter_across_restart("0", "30s"), 69);
+
+    cli_proc p;
+    static const char *const bad[] = {"-1", "1.5s", "25h", "", "soon"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(CLI(&p, NULL, "acquire", "--retry", bad[i], "job"), 64, "--retry '%s'",
+                     bad[i]);
+        cr_assert(strstr(p.err, "--retry") != NULL, "%s", p.err);
+        cli_proc_free(&p);
+    }
+    const char *const env[] = {"REDSEM_RETRY=forever", NULL};
+    cr_assert_eq(CLI(&p, env, "acquire", "job"), 64);
+    cr_assert(strstr(p.err, "REDSEM_RETRY") != NULL, "%s", p.err);
+    cli_proc_free(&p);
+}
+
 /* REDSEM_URL is used when --url is absent; --url wins over it. */
 Test(cli, url_from_environment)
 {
