@@ -1,7 +1,9 @@
 /* redsem(1): reporting: messages on stderr and the exit code of each library status. Below
  * main.c, commands.c, run.c and session.c, which all report through it. */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cli.h"
 
@@ -69,14 +71,53 @@ void cli_msg(const cli_opts *o, const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+/* The library's detail for rc (its message, which carries the server's own text), on stderr:
+ * anything but printable ASCII becomes '?' (a server's or a peer's text must not write
+ * control sequences to a terminal), and the library calls it points to are named by the
+ * options that make them. */
+static void print_detail(const char *detail)
+{
+    static const struct {
+        const char *call, *flag;
+    } flags[] = {
+        {"redsem_options_set_tls_cert", "--tls-cert (REDSEM_TLS_CERT)"},
+        {"redsem_options_set_tls_ca", "--tls-ca (REDSEM_TLS_CA)"},
+        {"redsem_options_set_tls_server_name", "--tls-server-name (REDSEM_TLS_SERVER_NAME)"},
+        {"redsem_options_set_retry_ms", "--retry (REDSEM_RETRY)"},
+        {"redsem_options_set_allow_eviction", "--allow-eviction"},
+    };
+    for (const char *p = detail; *p != '\0';) {
+        bool named = false;
+        for (size_t i = 0; i < sizeof flags / sizeof *flags && !named; i++) {
+            size_t n = strlen(flags[i].call);
+            /* the whole identifier only: set_tls_ca is a prefix of no other entry's call,
+             * but a longer one may come */
+            if (strncmp(p, flags[i].call, n) == 0 &&
+                !(p[n] == '_' || (p[n] >= 'a' && p[n] <= 'z'))) {
+                fputs(flags[i].flag, stderr);
+                p += n;
+                if (strncmp(p, "()", 2) == 0)
+                    p += 2;
+                named = true;
+            }
+        }
+        if (!named) {
+            unsigned char ch = (unsigned char)*p++;
+            fputc(ch >= 0x20 && ch < 0x7f ? ch : '?', stderr);
+        }
+    }
+}
+
 int cli_fail(const cli_opts *o, const char *what, int rc, const char *detail)
 {
     prefix(o);
     if (what != NULL && *what)
         fprintf(stderr, "%s: ", what);
     fputs(redsem_strerror(rc), stderr);
-    if (detail != NULL && *detail)
-        fprintf(stderr, ": %s", detail);
+    if (detail != NULL && *detail) {
+        fputs(": ", stderr);
+        print_detail(detail);
+    }
     if (rc == REDSEM_ECONFLICT)
         fputs(o != NULL && o->rate_n > 0
                   ? " (every command on one NAME must use the same --strategy, --limit and --rate)"

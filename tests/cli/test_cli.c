@@ -15,6 +15,10 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <pthread.h>
 #include <termios.h>
 #include <unistd.h>
 
@@ -404,6 +408,89 @@ Test(cli, retry_window_option)
     const char *const env[] = {"REDSEM_RETRY=forever", NULL};
     cr_assert_eq(CLI(&p, env, "acquire", "job"), 64);
     cr_assert(strstr(p.err, "REDSEM_RETRY") != NULL, "%s", p.err);
+    cli_proc_free(&p);
+}
+
+/* A server that requires a client certificate drops a client without one: the message
+ * names the CLI's flag, not the library call behind it. */
+Test(cli, tls_messages_name_the_flags)
+{
+    const char *gen = getenv("REDSEM_GEN_CERTS");
+    cr_assert_not_null(gen, "REDSEM_GEN_CERTS is not set (run through meson test)");
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "%s %s", gen, cli_dir());
+    cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+    int port = ts_free_port();
+    cr_assert_gt(port, 0);
+    static char sport[16], cert[400], key[400], ca[400];
+    snprintf(sport, sizeof sport, "%d", port);
+    snprintf(cert, sizeof cert, "%s", cli_path("server.crt"));
+    snprintf(key, sizeof key, "%s", cli_path("server.key"));
+    snprintf(ca, sizeof ca, "%s", cli_path("ca.crt"));
+    const char *const args[] = {"--tls-port", sport, "--tls-cert-file", cert, "--tls-key-file",
+                                key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "yes",
+                                NULL};
+    ts_server srv;
+    int rc = ts_server_start(&srv, args, false);
+    if (rc == 77)
+        cr_skip_test("redis-server not installed");
+    cr_assert_eq(rc, 0, "redis-server --tls-port failed (built without TLS?)");
+    char url[64];
+    snprintf(url, sizeof url, "rediss://127.0.0.1:%d", port);
+    cli_proc p;
+    int code = CLI(&p, NULL, "acquire", "--url", url, "--tls-ca", ca, "--retry", "0", "job");
+    ts_server_stop(&srv);
+    cr_assert_neq(code, 0, "connected without a client certificate");
+    expect_one_error_line(&p);
+    cr_assert(strstr(p.err, "client certificate") != NULL, "%s", p.err);
+    cr_assert(strstr(p.err, "--tls-cert") != NULL, "%s", p.err);
+    cr_assert(strstr(p.err, "redsem_options") == NULL, "%s", p.err);
+    cli_proc_free(&p);
+}
+
+/* What a server says is printed without its control bytes: a listener that answers every
+ * request with an error full of terminal escape sequences. */
+static void *hostile_server(void *arg)
+{
+    int lfd = *(int *)arg;
+    for (int i = 0; i < 4; i++) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0)
+            break;
+        char buf[4096];
+        static const char reply[] = "-ERR \x1b]0;owned\x07\x1b[2J\x9b" "31mred\r\n";
+        while (read(fd, buf, sizeof buf) > 0)
+            if (write(fd, reply, sizeof reply - 1) < 0)
+                break;
+        close(fd);
+    }
+    return NULL;
+}
+
+Test(cli, server_text_is_sanitized)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(lfd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t alen = sizeof a;
+    cr_assert_eq(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+    cr_assert_eq(listen(lfd, 4), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, hostile_server, &lfd), 0);
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", ntohs(a.sin_port));
+    cli_proc p;
+    int code = CLI(&p, NULL, "acquire", "--url", url, "--retry", "0", "job");
+    shutdown(lfd, SHUT_RDWR);
+    close(lfd);
+    pthread_join(t, NULL);
+    cr_assert_neq(code, 0);
+    expect_one_error_line(&p);
+    cr_assert(strstr(p.err, "owned") != NULL, "the server's text is not shown: %s", p.err);
+    for (const char *c = p.err; *c; c++)
+        cr_assert(*c == '\n' || ((unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f),
+                  "byte 0x%02x printed raw: %s", (unsigned char)*c, p.err);
     cli_proc_free(&p);
 }
 
