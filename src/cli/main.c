@@ -123,6 +123,7 @@ static const char help_env[] =
     "  with --rate, REDSEM_RATE_TOKEN (the rate grant's fencing token) and\n"
     "  REDSEM_RATE_GRANTED_US (its server time, microseconds since the epoch), and\n"
     "  REDSEM_ID, REDSEM_FENCE and REDSEM_PERMITS only if a permit is held too.\n"
+    "  REDSEM_URL reaches CMD without its passwords (the user's and sentinel_password).\n"
     "\n"
     "Exit status:\n"
     "  0      success\n"

@@ -175,7 +175,57 @@ static bool own_var(const char *e)
     return false;
 }
 
-/* environ without our variables, plus ours: REDSEM_NAME; REDSEM_ID, REDSEM_FENCE and
+/* REDSEM_URL=... from environ without its passwords, as a new string (NULL if it has none,
+ * or out of memory: then the variable is left out): the data nodes' (":PASSWORD" of the
+ * userinfo, before the last '@' of the authority, which ends at the first '/' or '?') and the
+ * Sentinels' ("sentinel_password=P" of the query). CMD keeps the address and the user: it can
+ * reach the same Redis with a password of its own, but never reads ours from /proc. */
+static char *url_without_passwords(const char *var, bool *redacted)
+{
+    size_t len = strlen(var);
+    char *out = malloc(len + 1);
+    *redacted = false;
+    if (out == NULL) {
+        *redacted = true;
+        return NULL;
+    }
+    const char *scheme = strstr(var, "://");
+    const char *auth = scheme != NULL ? scheme + 3 : var + len;
+    size_t alen = strcspn(auth, "/?");
+    const char *at = NULL;
+    for (const char *q = auth; q < auth + alen; q++)
+        if (*q == '@')
+            at = q;
+    const char *colon = at != NULL ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+    size_t k = 0;
+    for (const char *q = var; *q != '\0';) {
+        if (colon != NULL && q == colon) {
+            q = colon == auth ? at + 1 : at; /* drop ":PASSWORD" (and an '@' after no user) */
+            *redacted = true;
+            continue;
+        }
+        bool param_start = q > auth + alen && (q[-1] == '?' || q[-1] == '&');
+        if (param_start && strncmp(q, "sentinel_password=", 18) == 0) {
+            q += strcspn(q, "&");
+            if (*q == '&')
+                q++;
+            else if (k > 0 && (out[k - 1] == '&' || out[k - 1] == '?'))
+                k--; /* the last parameter: drop its separator too */
+            *redacted = true;
+            continue;
+        }
+        out[k++] = *q++;
+    }
+    out[k] = '\0';
+    if (!*redacted) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* environ without our variables and with REDSEM_URL's passwords removed, plus ours:
+ * REDSEM_NAME; REDSEM_ID, REDSEM_FENCE and
  * REDSEM_PERMITS (its weight, --permits) of the permit p (if any); REDSEM_RATE_TOKEN and REDSEM_RATE_GRANTED_US of the rate grant g (if
  * any). Built before the spawn (no allocation happens between fork and exec). Free with
  * free_env(). */
@@ -184,14 +234,34 @@ static char **child_env(const cli_opts *o, const redsem_permit *p, const redsem_
     size_t n = 0;
     for (char **e = environ; e != NULL && *e != NULL; e++)
         n++;
-    char **env = calloc(n + N_OWN_VARS + 1, sizeof *env);
+    char **env = calloc(n + N_OWN_VARS + 2, sizeof *env);
     if (env == NULL)
         return NULL;
     size_t k = 0;
-    for (char **e = environ; e != NULL && *e != NULL; e++)
-        if (!own_var(*e))
-            env[k++] = *e;
+    char *url = NULL;
+    bool seen_url = false;
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+        if (own_var(*e))
+            continue;
+        if (starts_with(*e, "REDSEM_URL=")) {
+            if (seen_url)
+                continue; /* getenv() reads the first; a later one is nobody's */
+            seen_url = true;
+            bool redacted;
+            url = url_without_passwords(*e, &redacted);
+            if (redacted) {
+                if (url == NULL) { /* out of memory */
+                    free(env);
+                    return NULL;
+                }
+                continue; /* added below, with ours */
+            }
+        }
+        env[k++] = *e;
+    }
     size_t own = k;
+    if (url != NULL)
+        env[k++] = url;
     char fence[32] = "", permits[16] = "", rate_token[32] = "", rate_us[32] = "";
     if (p != NULL) {
         snprintf(fence, sizeof fence, "%" PRIu64, redsem_permit_token(p));
@@ -226,10 +296,15 @@ static void free_env(char **env)
 {
     if (env == NULL)
         return;
-    /* ours are the entries of our variables: child_env() dropped environ's own */
-    for (size_t i = 0; env[i] != NULL; i++)
-        if (own_var(env[i]))
+    /* ours are the entries of our variables (child_env() dropped environ's own) and a
+     * REDSEM_URL without passwords that is not environ's own */
+    for (size_t i = 0; env[i] != NULL; i++) {
+        bool from_environ = false;
+        for (char **e = environ; e != NULL && *e != NULL && !from_environ; e++)
+            from_environ = *e == env[i];
+        if (own_var(env[i]) || !from_environ)
             free(env[i]);
+    }
     free(env);
 }
 

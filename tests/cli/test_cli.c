@@ -738,6 +738,40 @@ Test(cli, run_environment)
     cr_assert_eq(holders_of(name, "2"), 0);
 }
 
+/* CMD gets REDSEM_URL without the password (it must not be readable from CMD's /proc
+ * environ or inherited by whatever CMD starts); the address and the user stay. */
+static void url_passed_on(const ts_server *srv, const char *userinfo, const char *want_userinfo)
+{
+    char url[700], want[200];
+    snprintf(url, sizeof url, "REDSEM_URL=redis://%s@127.0.0.1:%d", userinfo, srv->port);
+    snprintf(want, sizeof want, "redis://%s127.0.0.1:%d", want_userinfo, srv->port);
+    const char *const env[] = {url, NULL};
+    const char *seen = cli_path("url");
+    char script[600];
+    snprintf(script, sizeof script, "printf '%%s' \"$REDSEM_URL\" > '%s'", seen);
+    cli_proc p;
+    int code = CLI(&p, env, "run", copy_name("url"), "--", "sh", "-c", script);
+    cr_assert_eq(code, 0, "exited %d: %s", code, p.err);
+    cli_proc_free(&p);
+    char *got = cli_slurp(seen);
+    cr_assert(got != NULL);
+    cr_assert_str_eq(got, want);
+    free(got);
+}
+
+Test(cli, run_environment_has_no_password)
+{
+    static const char *const args[] = {"--requirepass", "s3cret:pw", NULL};
+    ts_server srv;
+    int rc = ts_server_start(&srv, args, true);
+    if (rc == 77)
+        cr_skip_test("redis-server not installed");
+    cr_assert_eq(rc, 0);
+    url_passed_on(&srv, ":s3cret%3Apw", "");
+    url_passed_on(&srv, "default:s3cret%3Apw", "default@");
+    ts_server_stop(&srv);
+}
+
 /* run --rate: a rate grant (its token and server time in CMD's environment), then with
  * --limit a permit; no grant within --wait: 75 and CMD is not run; another rate on the same
  * NAME: 78; status shows the window. */
