@@ -2,6 +2,7 @@
 #ifndef REDSEM_CLIENT_H
 #define REDSEM_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 

@@ -41,7 +41,7 @@ static const char help_commands[] =
     "        rate window if it has a rate limit\n"
     "  help  show this help\n"
     "\n";
-/* three literals: each stays under the 4095 bytes C11 compilers must support */
+/* four literals: each stays under the 4095 bytes C11 compilers must support */
 static const char help_text[] =
     "Options (before NAME):\n"
     "  --url URL            Redis to use: redis://[USER[:PASSWORD]@]HOST[:PORT][/DB],\n"
@@ -74,6 +74,8 @@ static const char help_text[] =
     "  --tls-insecure-skip-verify\n"
     "                       rediss://: accept ANY certificate (tests only: anyone on the\n"
     "                       path could impersonate the server)\n"
+    ;
+static const char help_text2[] =
     "  --strategy STRATEGY  semaphores: basic, fair or locked (default fair)\n"
     "  --limit N            semaphores: how many permits, 1..1000000 (default 1)\n"
     "  --rate N/DURATION    run: at most N grants per rolling window (100/1m), on the\n"
@@ -153,6 +155,7 @@ static void print_help(void)
 {
     fputs(help_commands, stdout);
     fputs(help_text, stdout);
+    fputs(help_text2, stdout);
     fputs(help_env, stdout);
 }
 

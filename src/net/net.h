@@ -71,7 +71,8 @@ typedef struct redsem__conn {
     int64_t io_timeout_ns; /* the SO_RCVTIMEO/SO_SNDTIMEO set on fd: the command timeout */
     /* hiredis' reply constructors with the array one capped (see redsem__conn_reader) */
     struct redisReplyObjectFunctions *fns;
-    void *(*create_array)(const struct redisReadTask *task, int elements);
+    void (*create_array)(void); /* hiredis' createArray, cast back in socket.c (its count
+                                 * is an int in hiredis 0.14, a size_t in 1.x) */
     long long oversized; /* the element count of a refused aggregate header */
     void *ssl;           /* SSL *: a TLS connection (tls.c); NULL: plain */
 } redsem__conn;

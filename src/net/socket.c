@@ -50,16 +50,27 @@ void redsem__conn_close(redsem__conn *c)
     c->fns = NULL;
 }
 
+/* The element count hiredis passes to createArray: an int up to 0.14, a size_t since 1.0. */
+#if defined(HIREDIS_MAJOR) && HIREDIS_MAJOR >= 1
+typedef size_t array_count;
+#define COUNT_NEGATIVE(n) ((void)(n), false)
+#else
+typedef int array_count;
+#define COUNT_NEGATIVE(n) ((n) < 0)
+#endif
+typedef void *(*create_array_fn)(const redisReadTask *task, array_count elements);
+
 /* hiredis 0.14 callocs an aggregate's element array from the count in its header: "*2000000000"
- * alone, from a broken or hostile peer, would reserve 16 GB. */
-static void *capped_array(const redisReadTask *task, int elements)
+ * alone, from a broken or hostile peer, would reserve 16 GB (1.x caps it at 2^32-1 elements,
+ * still 32 GB). */
+static void *capped_array(const redisReadTask *task, array_count elements)
 {
     redsem__conn *c = task->privdata;
-    if (elements < 0 || elements > REDSEM__MAX_REPLY_ELEMENTS) {
-        c->oversized = elements;
+    if (COUNT_NEGATIVE(elements) || elements > REDSEM__MAX_REPLY_ELEMENTS) {
+        c->oversized = (long long)elements;
         return NULL; /* the reader then fails: see redsem__conn_read */
     }
-    return c->create_array(task, elements);
+    return ((create_array_fn)c->create_array)(task, elements);
 }
 
 int redsem__conn_reader(redsem__conn *c)
@@ -73,7 +84,7 @@ int redsem__conn_reader(redsem__conn *c)
         return REDSEM_ENOMEM;
     }
     *fns = *rd->fn; /* hiredis' own constructors, but for arrays */
-    c->create_array = fns->createArray;
+    c->create_array = (void (*)(void))fns->createArray;
     fns->createArray = capped_array;
     rd->fn = fns;
     rd->privdata = c; /* hiredis hands it to every read task */
