@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "net/net.h"
 
 #define SUN_PATH_MAX 107 /* sizeof(sockaddr_un.sun_path) - 1 on Linux */
@@ -437,10 +439,12 @@ int redsem__endpoint_copy(redsem__endpoint *dst, const redsem__endpoint *src)
     return REDSEM_OK;
 }
 
+/* A password's bytes are zeroed before the memory goes back to the allocator (memset before
+ * free is a dead store the compiler may drop; sodium_memzero is not). */
 static void wipe(char *secret)
 {
     if (secret) {
-        memset(secret, 0, strlen(secret));
+        sodium_memzero(secret, strlen(secret));
         redsem__free(secret);
     }
 }

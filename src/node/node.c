@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <hiredis/hiredis.h>
+#include <sodium.h>
 
 #include "node/node.h"
 
@@ -191,6 +192,7 @@ static int handshake_cmd(redsem__node *n, const redsem__args *a, const char *wha
     redisReply *r = NULL;
     bool written;
     int rc = raw_roundtrip(n, cmd, (size_t)len, deadline_ns, &r, &written, err, errlen);
+    sodium_memzero(cmd, (size_t)len); /* AUTH's password */
     redisFreeCommand(cmd);
     if (rc != REDSEM_OK)
         return rc;
