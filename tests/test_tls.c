@@ -1,8 +1,9 @@
 /* TLS (rediss://) against a real redis-server --tls-port, with certificates that
  * support/gen-certs.sh makes with the openssl command for each test: verified connects by
  * address and by name, every strategy and the lock, waiting and automatic renewal over TLS,
- * mutual TLS, and each way it must refuse: unknown CA, wrong name, expired certificate,
- * plain TCP to a TLS port, TLS to a plain port, missing files. */
+ * mutual TLS, and each way it must refuse: unknown CA, wrong name (a name only in the CN, a
+ * partial wildcard), expired certificate, plain TCP to a TLS port, TLS to a plain port,
+ * missing files. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -283,6 +284,42 @@ Test(tls, an_expired_certificate_is_refused, TO)
     cr_assert_eq(rc, REDSEM_ETLS, "%s: %s", redsem_err_name(rc), err);
     cr_assert(strstr(err, "expired") != NULL, "%s", err);
     stop(&e);
+}
+
+/* The name is checked against the certificate's subject alternative names only: a
+ * certificate whose name is only in its subject's CN (no SAN) is refused, and so is a partial
+ * wildcard SAN ("r*.redsem.test" for redis.redsem.test); one with SANs and no CN is
+ * accepted, by name and by address. (OpenSSL's defaults accept the first two.) */
+Test(tls, names_are_checked_against_subject_alternative_names_only, TO)
+{
+    struct {
+        const char *cert, *host, *name;
+        int want;
+        const char *text;
+    } cases[] = {
+        {"cn-only.crt", "localhost", NULL, REDSEM_ETLS, "hostname mismatch"},
+        {"partial-wildcard.crt", "127.0.0.1", "redis.redsem.test", REDSEM_ETLS,
+         "hostname mismatch"},
+        {"san-only.crt", "localhost", NULL, REDSEM_OK, ""},
+        {"san-only.crt", "127.0.0.1", NULL, REDSEM_OK, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tls_env e;
+        start_tls_server(&e, cases[i].cert, "no");
+        char url[128], err[512] = "";
+        url_of(url, sizeof url, "rediss", cases[i].host, e.port);
+        redsem_client *c = NULL;
+        int rc = connect_tls(url, file(&e, 3, "ca.crt"), NULL, NULL, cases[i].name, false, &c,
+                             err, sizeof err);
+        cr_expect_eq(rc, cases[i].want, "%s as %s: %s (%s)", cases[i].cert,
+                     cases[i].name ? cases[i].name : cases[i].host, redsem_err_name(rc), err);
+        cr_expect(strstr(err, cases[i].text) != NULL, "%s: the message does not say '%s': %s",
+                  cases[i].cert, cases[i].text, err);
+        if (c != NULL)
+            OK(c, redsem_client_ping(c));
+        redsem_client_free(c);
+        stop(&e);
+    }
 }
 
 /* TLS to a port that speaks plain RESP. */
