@@ -118,6 +118,13 @@ void *redsem__tls_ctx_new(const redsem__tls_opts *o, char *err, size_t errlen)
     return ctx;
 }
 
+void *redsem__tls_ctx_ref(void *ctx)
+{
+    if (ctx != NULL)
+        (void)SSL_CTX_up_ref(ctx); /* an atomic increment: cannot fail in OpenSSL 3.0 */
+    return ctx;
+}
+
 void redsem__tls_ctx_free(void *ctx)
 {
     SSL_CTX_free(ctx);
