@@ -758,7 +758,12 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     c->sync_timeout_ms = o->sync_timeout_ms;
     c->max_connections = o->max_connections;
     c->cfg = (redsem__node_cfg){c->connect_timeout_ms, c->command_timeout_ms, c->retry_ms,
-                                &c->tls, c->sync_replicas, c->sync_timeout_ms};
+                                &c->tls, c->sync_replicas, c->sync_timeout_ms, NULL};
+    /* one TLS context for every connection of the client (its files read once, here) */
+    if (c->ep.tls && (c->cfg.tls_ctx = redsem__tls_ctx_new(&c->tls, err, errlen)) == NULL) {
+        redsem_client_free(c);
+        return REDSEM_EINVAL;
+    }
     /* the first request lane, connected now: client creation fails early and clearly */
     c->nreq = 1;
     redsem__lane *l = NULL;
@@ -842,6 +847,7 @@ void redsem_client_free(redsem_client *c)
     redsem__wake_free(c); /* in a forked child also the parent's parked waits (memory) */
     redsem__endpoint_clear(&c->ep);
     redsem__tls_opts_clear(&c->tls);
+    redsem__tls_ctx_free(c->cfg.tls_ctx); /* the lanes' nodes dropped theirs */
     redsem__free(c->prefix);
     redsem__free(c);
 }

@@ -1,8 +1,9 @@
 /* TLS (rediss://) against a real redis-server --tls-port, with certificates that
  * support/gen-certs.sh makes with the openssl command for each test: verified connects by
  * address and by name, every strategy and the lock, waiting and automatic renewal over TLS,
- * mutual TLS, and each way it must refuse: unknown CA, wrong name, expired certificate,
- * plain TCP to a TLS port, TLS to a plain port, missing files. */
+ * mutual TLS, and each way it must refuse: unknown CA, wrong name (a name only in the CN, a
+ * partial wildcard), expired certificate, plain TCP to a TLS port, TLS to a plain port,
+ * missing files. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -283,6 +284,112 @@ Test(tls, an_expired_certificate_is_refused, TO)
     cr_assert_eq(rc, REDSEM_ETLS, "%s: %s", redsem_err_name(rc), err);
     cr_assert(strstr(err, "expired") != NULL, "%s", err);
     stop(&e);
+}
+
+/* One TLS context per client, shared by all its connections: the CA file is read once, when
+ * the client is made, so a connection made later (here: the wait connection of a blocking
+ * acquire, and the request connections of threads calling at once) does not read it again
+ * and works after the file is gone (with a context per connection it failed with
+ * REDSEM_EINVAL, "cannot load the CA file"). The threads share the context (SSL_new from
+ * several threads at once: clean under ThreadSanitizer). */
+struct tls_pairs {
+    redsem_sem *s;
+    int rc;
+};
+
+static void *tls_pairs_main(void *arg)
+{
+    struct tls_pairs *t = arg;
+    for (int i = 0; i < 30 && t->rc == REDSEM_OK; i++) {
+        redsem_permit *p = NULL;
+        t->rc = redsem_sem_acquire(t->s, 5000, &p);
+        if (t->rc == REDSEM_OK)
+            t->rc = redsem_permit_release(p);
+        redsem_permit_free(p);
+    }
+    return NULL;
+}
+
+Test(tls, one_context_per_client_the_ca_file_is_read_once, TO)
+{
+    tls_env e;
+    start_tls_server(&e, "server.crt", "no");
+    char url[128], err[512] = "", ca[400], cmd[900];
+    url_of(url, sizeof url, "rediss", "127.0.0.1", e.port);
+    snprintf(ca, sizeof ca, "%s/ca-copy.crt", e.dir);
+    snprintf(cmd, sizeof cmd, "cp %s/ca.crt %s", e.dir, ca);
+    cr_assert_eq(system(cmd), 0);
+    redsem_client *c = NULL, *h = NULL;
+    cr_assert_eq(connect_tls(url, ca, NULL, NULL, NULL, false, &c, err, sizeof err), REDSEM_OK,
+                 "%s", err);
+    cr_assert_eq(connect_tls(url, file(&e, 3, "ca.crt"), NULL, NULL, NULL, false, &h, err,
+                             sizeof err),
+                 REDSEM_OK, "%s", err);
+    cr_assert_eq(unlink(ca), 0);
+    redsem_sem *sc = NULL, *sh = NULL;
+    OK(c, redsem_sem_open(c, "once", REDSEM_STRATEGY_FAIR, 1, 10000, &sc));
+    OK(h, redsem_sem_open(h, "once", REDSEM_STRATEGY_FAIR, 1, 10000, &sh));
+    redsem_permit *held = NULL, *p = NULL;
+    OK(h, redsem_sem_try_acquire(sh, &held));
+    /* a blocking acquire: c makes its wait connection now, after the CA file is gone */
+    EXPECT(c, REDSEM_EBUSY, redsem_sem_acquire(sc, 300, &p));
+    OK(h, redsem_permit_release(held));
+    redsem_permit_free(held);
+    struct tls_pairs t[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        t[i] = (struct tls_pairs){sc, REDSEM_OK};
+        cr_assert_eq(pthread_create(&th[i], NULL, tls_pairs_main, &t[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        cr_expect_eq(t[i].rc, REDSEM_OK, "thread %d: %s (%s)", i, redsem_err_name(t[i].rc),
+                     redsem_client_errmsg(c));
+    }
+    redsem_client_stats st;
+    OK(c, redsem_client_get_stats(c, &st));
+    cr_assert_geq(st.connects, 2, "no connection was made after the CA file was removed");
+    redsem_sem_free(sc);
+    redsem_sem_free(sh);
+    redsem_client_free(c);
+    redsem_client_free(h);
+    stop(&e);
+}
+
+/* The name is checked against the certificate's subject alternative names only: a
+ * certificate whose name is only in its subject's CN (no SAN) is refused, and so is a partial
+ * wildcard SAN ("r*.redsem.test" for redis.redsem.test); one with SANs and no CN is
+ * accepted, by name and by address. (OpenSSL's defaults accept the first two.) */
+Test(tls, names_are_checked_against_subject_alternative_names_only, TO)
+{
+    struct {
+        const char *cert, *host, *name;
+        int want;
+        const char *text;
+    } cases[] = {
+        {"cn-only.crt", "localhost", NULL, REDSEM_ETLS, "hostname mismatch"},
+        {"partial-wildcard.crt", "127.0.0.1", "redis.redsem.test", REDSEM_ETLS,
+         "hostname mismatch"},
+        {"san-only.crt", "localhost", NULL, REDSEM_OK, ""},
+        {"san-only.crt", "127.0.0.1", NULL, REDSEM_OK, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tls_env e;
+        start_tls_server(&e, cases[i].cert, "no");
+        char url[128], err[512] = "";
+        url_of(url, sizeof url, "rediss", cases[i].host, e.port);
+        redsem_client *c = NULL;
+        int rc = connect_tls(url, file(&e, 3, "ca.crt"), NULL, NULL, cases[i].name, false, &c,
+                             err, sizeof err);
+        cr_expect_eq(rc, cases[i].want, "%s as %s: %s (%s)", cases[i].cert,
+                     cases[i].name ? cases[i].name : cases[i].host, redsem_err_name(rc), err);
+        cr_expect(strstr(err, cases[i].text) != NULL, "%s: the message does not say '%s': %s",
+                  cases[i].cert, cases[i].text, err);
+        if (c != NULL)
+            OK(c, redsem_client_ping(c));
+        redsem_client_free(c);
+        stop(&e);
+    }
 }
 
 /* TLS to a port that speaks plain RESP. */

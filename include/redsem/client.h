@@ -41,11 +41,10 @@ extern "C" {
  * ERRORS. Every call that sends to the server may also return REDSEM_ENOMEM (no memory for a
  * new pooled connection, or to format a request) and, over TLS (rediss://), REDSEM_ETLS (a
  * reconnect, a new pooled connection and a Redis Cluster primary's first use each run a TLS
- * handshake, in which the server's certificate can be refused) and REDSEM_EINVAL (a new pooled
- * connection, and in a Redis Cluster each node it learns of, loads the files of
- * redsem_options_set_tls_ca() and redsem_options_set_tls_cert() again: one that became
- * unreadable, or a key that no longer matches its certificate), whether or not the call's own
- * list of returns names them. redsem_client_errmsg() gives the detail.
+ * handshake, in which the server's certificate can be refused), whether or not the call's own
+ * list of returns names them. redsem_client_errmsg() gives the detail. (The files of
+ * redsem_options_set_tls_ca() and redsem_options_set_tls_cert() are read once, by
+ * redsem_client_new(): every connection of the client shares what was read.)
  *
  * FORK. Handles belong to the process that created them. In a child after fork() every call
  * on an inherited handle returns REDSEM_EFORKED without touching the network, so a child can
@@ -117,7 +116,8 @@ REDSEM_API void redsem_options_free(redsem_options *options);
  *           is the same over TLS (OpenSSL), verified by default: the server's chain against
  *           the CA of redsem_options_set_tls_ca() (or the system's CA certificates) and its
  *           name, the URL's host or redsem_options_set_tls_server_name(), against the
- *           certificate's subject alternative names (as an IP address when it is one).
+ *           certificate's subject alternative names only (as an IP address when it is
+ *           one; never the subject's CN; a wildcard only as a whole leftmost label).
  *             redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/MASTER
  *                 [?db=N][&sentinel_user=U&sentinel_password=P]
  *           a primary managed by Sentinel: the Sentinels (1..16; port default 26379) are

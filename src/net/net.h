@@ -57,18 +57,26 @@ typedef struct redsem__tls_opts {
 void redsem__tls_opts_clear(redsem__tls_opts *t);
 int redsem__tls_opts_copy(redsem__tls_opts *dst, const redsem__tls_opts *src);
 /* An OpenSSL client context (SSL_CTX *) for o, or NULL with the reason in err (a file that
- * cannot be read, a key that does not match its certificate). */
+ * cannot be read, a key that does not match its certificate). Made once per client (reading
+ * the CA file or the system's CA bundle costs ~18 ms of CPU and ~0.9 MiB with Debian's
+ * bundle: bench -w tls, lanes) and shared by all its connections: after this setup it is only
+ * read (SSL_new), which OpenSSL 3 allows from any thread. */
 void *redsem__tls_ctx_new(const redsem__tls_opts *o, char *err, size_t errlen);
+/* Another reference to ctx (SSL_CTX_up_ref, atomic); ctx itself. NULL: NULL. */
+void *redsem__tls_ctx_ref(void *ctx);
+/* Drop a reference (the last frees it). NULL: nothing. */
 void redsem__tls_ctx_free(void *ctx);
 
 /* ---------------------------------------------------------------- transport (socket.c) */
 /* A socket plus a hiredis protocol reader. hiredis formats requests and parses replies;
- * the socket I/O is ours so that writes never raise SIGPIPE (MSG_NOSIGNAL) and every wait
- * has a precise deadline (poll), which hiredis 0.14's blocking context cannot give. */
+ * the socket I/O is ours so that writes never raise SIGPIPE (MSG_NOSIGNAL) and every call
+ * has one deadline, from its write to the last byte of its last reply, which hiredis 0.14's
+ * blocking context (a timeout per read) cannot give. */
 typedef struct redsem__conn {
     int fd; /* -1 when closed; a blocking socket with SO_RCVTIMEO/SO_SNDTIMEO */
     void *reader; /* redisReader* */
     int64_t io_timeout_ns; /* the SO_RCVTIMEO/SO_SNDTIMEO set on fd: the command timeout */
+    int64_t call_deadline_ns; /* the deadline of the call under way (set by conn_write) */
     /* hiredis' reply constructors with the array one capped (see redsem__conn_reader) */
     struct redisReplyObjectFunctions *fns;
     void (*create_array)(void); /* hiredis' createArray, cast back in socket.c (its count
@@ -110,12 +118,19 @@ void redsem__conn_close(redsem__conn *c);
  * abandoned after a failure can never be delivered later. */
 void redsem__conn_abort(redsem__conn *c);
 /* Write all of buf before deadline_ns (0: now + the command timeout); a full send buffer
- * waits in poll. REDSEM__IO_OK, _TIMEOUT (part may have been written) or _CLOSED. */
+ * waits in poll. The deadline becomes the call's: the reads that follow with deadline 0
+ * end at it. REDSEM__IO_OK, _TIMEOUT (part may have been written) or _CLOSED. */
 int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
                        int *err_no);
-/* deadline_ns == 0: an ordinary request, bounded by the socket's own receive timeout (one
- * blocking recv, no poll: the common path costs two system calls per request, as hiredis'
- * blocking context does); otherwise poll until deadline_ns. */
+/* Read one reply before deadline_ns; 0: the call's deadline, the one the last
+ * redsem__conn_write used (so a call's replies, however many and however slowly their bytes
+ * come, end within one command timeout of its write). On plain sockets a recv whose
+ * SO_RCVTIMEO (the command timeout) ends by the deadline, give or take
+ * REDSEM__RECV_SLACK_MS, blocks without a poll (an ordinary request's first recv: the common
+ * path costs two system calls per request, as hiredis' blocking context does); any other
+ * wait polls until the deadline. REDSEM__IO_OK (*ret set), _TIMEOUT, _CLOSED (*err_no),
+ * _PROTO (reason in err) or _NOMEM. */
+#define REDSEM__RECV_SLACK_MS 2
 int redsem__conn_read(redsem__conn *c, struct redisReply **ret, int64_t deadline_ns,
                       int *err_no, char *err, size_t errlen);
 /* A REDSEM__IO_* status as a REDSEM_* code, with the reason in err for a timeout or a lost

@@ -1,15 +1,19 @@
 /* redsem - the transport: one socket, hiredis' protocol reader, per-call deadlines.
  *
  * The socket is connected non-blocking (connect is bounded by poll), then switched to
- * blocking mode with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout: an ordinary
- * request's reply is read with one blocking recv. Every write, and every read that has a
- * deadline of its own (BLPOP, connect-time requests), uses MSG_DONTWAIT and polls until
- * that deadline, so no call outlives the deadline its caller gave.
+ * blocking mode with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout. A call has one
+ * deadline, set by its write (the caller's, or the write's start + the command timeout) and
+ * kept in the connection for its reads. An ordinary request's reply is read with one
+ * blocking recv, whose SO_RCVTIMEO ends at that deadline (within REDSEM__RECV_SLACK_MS);
+ * every other wait (a write, a reply that comes in pieces, BLPOP's long deadline) uses
+ * MSG_DONTWAIT and polls until the deadline, so no call outlives the deadline of its call,
+ * however slowly a server trickles its reply.
  *
  * Why not hiredis' blocking redisContext: hiredis 0.14 writes with write(2), which raises
  * SIGPIPE on a reset connection (a library must never kill its host process), and its
- * timeouts are per-socket SO_RCVTIMEO values rather than per-call deadlines. hiredis still
- * does the protocol: redisFormatCommandArgv() encodes and redisReader parses. */
+ * timeouts are per-socket SO_RCVTIMEO values, which bound each read rather than the call.
+ * hiredis still does the protocol: redisFormatCommandArgv() encodes and redisReader
+ * parses. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -34,6 +38,8 @@ void redsem__conn_init(redsem__conn *c)
     c->create_array = NULL;
     c->oversized = 0;
     c->ssl = NULL;
+    c->io_timeout_ns = 0;
+    c->call_deadline_ns = 0;
 }
 
 void redsem__conn_close(redsem__conn *c)
@@ -269,6 +275,7 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem_
         (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     }
     c->io_timeout_ns = io_timeout_ms * REDSEM__NS_PER_MS;
+    c->call_deadline_ns = 0;
     if (tls != NULL && tls->ctx != NULL) {
         /* TLS keeps the socket non-blocking: every read and write polls until its deadline */
         const char *name = tls->server_name ? tls->server_name
@@ -300,9 +307,11 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem_
 int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,
                        int *err_no)
 {
-    /* deadline 0: an ordinary request, bounded by the command timeout like its read */
+    /* deadline 0: an ordinary request, bounded by the command timeout from now; the reads
+     * of its replies end at the same deadline */
     if (deadline_ns == 0)
         deadline_ns = redsem__now_ns() + c->io_timeout_ns;
+    c->call_deadline_ns = deadline_ns;
     size_t off = 0;
     while (c->ssl != NULL && off < len) {
         short ev = 0;
@@ -344,9 +353,11 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
 {
     redisReader *rd = c->reader;
     char buf[16384];
-    /* TLS keeps the socket non-blocking: an ordinary request's read is bounded by the
-     * command timeout from now, as SO_RCVTIMEO bounds the plain one */
-    int64_t tls_deadline = deadline_ns ? deadline_ns : redsem__now_ns() + c->io_timeout_ns;
+    /* 0: the call's deadline, set by its write (a read without a write: the command timeout
+     * from now) */
+    if (deadline_ns == 0)
+        deadline_ns = c->call_deadline_ns ? c->call_deadline_ns
+                                          : redsem__now_ns() + c->io_timeout_ns;
     for (;;) {
         void *reply = NULL;
         if (redisReaderGetReply(rd, &reply) != REDIS_OK) {
@@ -368,29 +379,33 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
              * are read first; otherwise wait for the socket before reading (no EAGAIN read) */
             short ev = POLLIN;
             if (!redsem__tls_pending(c)) {
-                int w = wait_io(c->fd, ev, tls_deadline, err_no);
+                int w = wait_io(c->fd, ev, deadline_ns, err_no);
                 if (w != REDSEM__IO_OK)
                     return w;
             }
             n = redsem__tls_recv(c, buf, sizeof buf, &ev, err_no);
             if (n == -2) {
-                int w = wait_io(c->fd, ev, tls_deadline, err_no);
+                int w = wait_io(c->fd, ev, deadline_ns, err_no);
                 if (w != REDSEM__IO_OK)
                     return w;
                 continue;
             }
             if (n < 0)
                 return REDSEM__IO_CLOSED;
-        } else if (deadline_ns == 0) {
-            /* blocking, bounded by SO_RCVTIMEO (the command timeout) */
-            n = recv(c->fd, buf, sizeof buf, 0);
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return REDSEM__IO_TIMEOUT;
         } else {
-            int w = wait_io(c->fd, POLLIN, deadline_ns, err_no);
-            if (w != REDSEM__IO_OK)
-                return w;
-            n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+            int64_t now = redsem__now_ns();
+            if (now >= deadline_ns)
+                return REDSEM__IO_TIMEOUT;
+            if (now + c->io_timeout_ns <= deadline_ns + REDSEM__RECV_SLACK_MS * REDSEM__NS_PER_MS) {
+                /* blocking: SO_RCVTIMEO (the command timeout) ends by the deadline; if it
+                 * ends before it, the loop waits on for the rest */
+                n = recv(c->fd, buf, sizeof buf, 0);
+            } else {
+                int w = wait_io(c->fd, POLLIN, deadline_ns, err_no);
+                if (w != REDSEM__IO_OK)
+                    return w;
+                n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+            }
         }
         if (n > 0) {
             if (redisReaderFeed(rd, buf, (size_t)n) != REDIS_OK) {
@@ -404,7 +419,7 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
             return REDSEM__IO_CLOSED;
         }
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
-            continue;
+            continue; /* the deadline is checked above */
         *err_no = errno;
         return REDSEM__IO_CLOSED;
     }

@@ -6,7 +6,8 @@
  * The socket stays non-blocking; every wait (handshake, read, write) is a poll until the
  * call's deadline, in socket.c. Verification is on by default: the chain against the given CA
  * (or the system's), and the server's name (the URL's host, or the configured server name)
- * against the certificate's subject alternative names, as an IP address when it is one. */
+ * against the certificate's subject alternative names only (never the subject's CN; no
+ * partial wildcards), as an IP address when it is one. OpenSSL 3.0 calls only. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
@@ -117,6 +118,13 @@ void *redsem__tls_ctx_new(const redsem__tls_opts *o, char *err, size_t errlen)
     return ctx;
 }
 
+void *redsem__tls_ctx_ref(void *ctx)
+{
+    if (ctx != NULL)
+        (void)SSL_CTX_up_ref(ctx); /* an atomic increment: cannot fail in OpenSSL 3.0 */
+    return ctx;
+}
+
 void redsem__tls_ctx_free(void *ctx)
 {
     SSL_CTX_free(ctx);
@@ -217,7 +225,12 @@ int redsem__tls_connect(redsem__conn *c, int fd, void *ctx, const char *host, in
     if (!is_ip(host))
         (void)SSL_set_tlsext_host_name(ssl, host);
     if (SSL_get_verify_mode(ssl) != SSL_VERIFY_NONE) {
+        /* the subject alternative names only, as RFC 6125 and RFC 9110 ask: never the
+         * subject's CN (OpenSSL's fallback when there is no DNS name), and a wildcard only as
+         * a whole leftmost label ("*.example.com", not "r*.example.com") */
         X509_VERIFY_PARAM *vp = SSL_get0_param(ssl);
+        X509_VERIFY_PARAM_set_hostflags(vp, X509_CHECK_FLAG_NEVER_CHECK_SUBJECT |
+                                                X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
         int ok = is_ip(host) ? X509_VERIFY_PARAM_set1_ip_asc(vp, host)
                              : X509_VERIFY_PARAM_set1_host(vp, host, 0);
         if (ok != 1) {

@@ -34,7 +34,8 @@ int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint 
     if (ep->tls) {
         static const redsem__tls_opts defaults = {0};
         const redsem__tls_opts *t = cfg->tls ? cfg->tls : &defaults;
-        n->tls_ctx = redsem__tls_ctx_new(t, err, errlen);
+        n->tls_ctx = cfg->tls_ctx ? redsem__tls_ctx_ref(cfg->tls_ctx)
+                                  : redsem__tls_ctx_new(t, err, errlen);
         if (n->tls_ctx == NULL)
             return REDSEM_EINVAL;
         if (t->server_name && (n->tls_server_name = redsem__strdup(t->server_name)) == NULL) {

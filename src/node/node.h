@@ -19,6 +19,9 @@ typedef struct redsem__node_cfg {
     const redsem__tls_opts *tls; /* used for rediss:// endpoints; NULL: defaults */
     int sync_replicas;           /* > 0: WAIT for this many replicas after REQ_SYNC requests */
     int64_t sync_timeout_ms;     /* WAIT's timeout (< command timeout) */
+    /* The client's TLS context (SSL_CTX *, made from tls), shared by every node of every
+     * lane: each holds a reference. NULL: a rediss:// node makes its own from tls. */
+    void *tls_ctx;
 } redsem__node_cfg;
 
 /* A Redis Cluster redirection or refusal, read from an error reply by a cluster node. */
@@ -99,9 +102,9 @@ struct redsem__node {
     redsem__redirect redirect;
 };
 
-/* Set up n for ep (copied) without connecting; for rediss:// the TLS context is made now
- * (its files read). REDSEM_OK, REDSEM_EINVAL (a TLS file, with the reason in err) or
- * REDSEM_ENOMEM. */
+/* Set up n for ep (copied) without connecting; for rediss:// it takes a reference to
+ * cfg->tls_ctx, or makes a TLS context now (its files read) when there is none. REDSEM_OK,
+ * REDSEM_EINVAL (a TLS file, with the reason in err) or REDSEM_ENOMEM. */
 int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint *ep,
                       const redsem__node_cfg *cfg, char *err, size_t errlen);
 void redsem__node_close(redsem__node *n);
