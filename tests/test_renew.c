@@ -652,14 +652,17 @@ static void calls_from_the_lost_callback(int what)
         cr_assert_eq(atomic_load(&run.refresh_rc), REDSEM_ESTATE, "refresh: %s",
                      redsem_err_name(atomic_load(&run.refresh_rc)));
         cr_assert_eq(atomic_load(&run.stop_rc), REDSEM_OK);
-        cr_assert_eq(atomic_load(&run.release_rc), REDSEM_ELOST, "release: %s",
-                     redsem_err_name(atomic_load(&run.release_rc)));
+        /* the entry's token was removed; its membership may remain, which the release takes */
+        int rel = atomic_load(&run.release_rc);
+        cr_assert(rel == REDSEM_ELOST || rel == REDSEM_OK, "release: %s", redsem_err_name(rel));
         cr_assert_eq(atomic_load(&run.other_release_rc), REDSEM_OK, "other release: %s",
                      redsem_err_name(atomic_load(&run.other_release_rc)));
         cr_assert_not(redsem_permit_held(run.other));
     }
-    if (what == CB_FREE)
-        cr_assert_eq(atomic_load(&run.release_rc), REDSEM_ELOST);
+    if (what == CB_FREE) {
+        int rel = atomic_load(&run.release_rc);
+        cr_assert(rel == REDSEM_ELOST || rel == REDSEM_OK, "release: %s", redsem_err_name(rel));
+    }
     if (what == CB_RELEASE || what == CB_FREE) {
         /* the renewer goes on renewing the others */
         uint64_t done = renewer_work(run.c);
