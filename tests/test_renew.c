@@ -528,6 +528,38 @@ Test(renew, freeing_the_lock_handle_stops_its_renewals, TO)
     free_handle_while_renewed(true);
 }
 
+/* A handle freed while a renewal of its permit is in flight (stuck in a stalled server) waits
+ * for that renewal to end (it reads the handle's keys, and its outcome is the permit's): when
+ * the free returns, the renewal has ended (counted), and the renewer does nothing more. */
+Test(renew, freeing_a_handle_waits_for_its_renewal_in_flight, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = tf_client_for(srv.url, 1000, 2000);
+    redsem_sem *s = NULL;
+    int64_t lease = 600;
+    OK(c, redsem_sem_open(c, "inflight", REDSEM_STRATEGY_BASIC, 1, lease, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_permit_auto_renew(p, 50, NULL, NULL));
+    for (int i = 0; i < 400 && renewer_work(c) < 2; i++)
+        tf_sleep_ms(5);
+    ts_server_pause(&srv, true);
+    /* the next renewal, due within 50 ms, goes out into the stall and waits there until the
+     * permit's lost time (about half a second after the pause) */
+    tf_sleep_ms(250);
+    uint64_t before = renewer_work(c);
+    redsem_sem_free(s);
+    uint64_t at_free = renewer_work(c);
+    ts_server_pause(&srv, false);
+    tf_sleep_ms(3 * lease);
+    cr_assert_gt(at_free, before, "the free returned before the renewal in flight ended");
+    cr_assert_eq(renewer_work(c), at_free, "the renewer worked on after the free");
+    redsem_permit_free(p);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
 /* Freeing the client while its permits are renewed, one of them already found lost, stops
  * the renewer and lets go of every permit, the lost one too: its permits and handles may
  * then still be freed (found by review: the lost permit kept its renewal, and its free
