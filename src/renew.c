@@ -500,7 +500,8 @@ static void renewal_detach(redsem_permit *p)
      * renewal is then over but for its outcome, which drop() tells the renewer to skip). The
      * entry is read anew after each wait: another thread may have let go of it. */
     renew_entry *e;
-    while ((e = p->renewal) != NULL && e->in_flight && this_renewer != r)
+    while ((e = __atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE)) != NULL && e->in_flight &&
+           this_renewer != r)
         pthread_cond_wait(&r->idle, &r->mu);
     if (e != NULL)
         drop(r, e);

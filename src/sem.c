@@ -27,8 +27,9 @@ void redsem_sem_free(redsem_sem *s)
     if (s == NULL)
         return;
     /* Its permits still renewed stop being renewed first, waiting for a renewal in flight,
-     * which reads the keys (found by review: a use after free on the renewer thread). Only
-     * then is the client touched: a handle with none is freed as before, even after it. */
+     * which reads the keys (found by review: a use after free on the renewer thread). Only a
+     * handle with such permits touches its client here: one with none may be freed after
+     * the client (which lets go of them all). */
     if (atomic_load(&s->renewed) > 0)
         s->client->renew_ops->forget(s->client, s);
     redsem__free(s->name);
