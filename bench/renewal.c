@@ -12,7 +12,12 @@
  *    ended the holder learned) and with the earliest moment the server could grant the permit
  *    to someone else (validity deadline + drift). Needs DEBUG (private servers allow it).
  * 3. takeover: the holder's entry is removed behind its back (HDEL of its token); time until
- *    the callback (bounded by one interval plus a round trip). */
+ *    the callback (bounded by one interval plus a round trip).
+ * 4. lifetimes (issue 29): a semaphore handle freed while its 16 permits are renewed every
+ *    20 ms (how long the free takes: it waits for a renewal in flight; the renewer must do no
+ *    more work after it), and lost callbacks that, on the renewer thread, release and free
+ *    their permit, free its handle, or free the client. Under ThreadSanitizer (.ci/run) this
+ *    is what checks those paths for races: the criterion tests cannot run there. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -260,11 +265,130 @@ static void run_takeover(bench_ctx *ctx, json_t *out)
     json_object_set_new(out, "takeover", o);
 }
 
+static uint64_t renewer_work(redsem_client *c)
+{
+    redsem_renew_stats st;
+    redsem_client_renew_stats(c, &st);
+    return st.renewals + st.failures + st.lost_expired + st.lost_deadline;
+}
+
+enum { LIFE_RELEASE, LIFE_FREE_HANDLE, LIFE_FREE_CLIENT, LIFE_KINDS };
+static const char *const life_names[LIFE_KINDS] = {"release and free the permit",
+                                                   "free the handle", "free the client"};
+
+typedef struct life_cb {
+    int what;
+    redsem_client *c;
+    redsem_sem *s;
+    redsem_permit *other;
+    atomic_int done;
+} life_cb;
+
+/* The lost callback of section 4: calls on the renewer thread that must neither deadlock
+ * nor leave the renewer on freed memory. */
+static void on_lost_calls(redsem_permit *p, redsem_lost_reason why, void *arg)
+{
+    (void)why;
+    life_cb *l = arg;
+    (void)redsem_permit_release(p);
+    redsem_permit_free(p);
+    if (l->what >= LIFE_FREE_HANDLE) {
+        redsem_permit_free(l->other);
+        redsem_sem_free(l->s);
+    }
+    if (l->what == LIFE_FREE_CLIENT)
+        redsem_client_free(l->c);
+    atomic_store(&l->done, 1);
+}
+
+static void run_lifetimes(bench_ctx *ctx, json_t *out)
+{
+    const int64_t lease = 300, interval = 20;
+    bench_progress(ctx, "renewal: %d handles freed under renewal, %d lost callbacks", TRIALS,
+                   LIFE_KINDS);
+    double free_ms[TRIALS];
+    int renewed_after = 0;
+    for (int t = 0; t < TRIALS; t++) {
+        redsem_client *c = bench_client(ctx);
+        redsem_sem *s = open_fair(ctx, c, "lifetime", RENEW_PERMITS, lease);
+        redsem_permit *p[RENEW_PERMITS];
+        for (int i = 0; i < RENEW_PERMITS; i++) {
+            p[i] = take(c, s);
+            if (redsem_permit_auto_renew(p[i], interval, NULL, NULL) != REDSEM_OK)
+                bench_die("renewal: auto_renew: %s", redsem_client_errmsg(c));
+        }
+        bench_sleep_ns((60 + 7 * t) * 1000000LL);
+        int64_t t0 = bench_now_ns();
+        redsem_sem_free(s); /* its permits are still renewed */
+        free_ms[t] = (double)(bench_now_ns() - t0) / 1e6;
+        uint64_t work = renewer_work(c);
+        bench_sleep_ns(3 * interval * 1000000LL); /* past the next renewals */
+        renewed_after += renewer_work(c) != work;
+        for (int i = 0; i < RENEW_PERMITS; i++)
+            redsem_permit_free(p[i]);
+        redsem_client_free(c);
+    }
+    redisContext *raw = bench_raw_connect(ctx);
+    int returned = 0;
+    for (int what = 0; what < LIFE_KINDS; what++) {
+        life_cb l = {.what = what, .c = bench_client(ctx)};
+        char name[64];
+        bench_name(ctx, "lostcalls", name, sizeof name);
+        if (redsem_sem_open(l.c, name, REDSEM_STRATEGY_FAIR, 3, lease, &l.s) != REDSEM_OK)
+            bench_die("renewal: open: %s", redsem_client_errmsg(l.c));
+        redsem_permit *p = take(l.c, l.s), *third = take(l.c, l.s);
+        l.other = take(l.c, l.s);
+        if (redsem_permit_auto_renew(p, interval, on_lost_calls, &l) != REDSEM_OK ||
+            redsem_permit_auto_renew(l.other, interval, NULL, NULL) != REDSEM_OK ||
+            redsem_permit_auto_renew(third, interval, NULL, NULL) != REDSEM_OK)
+            bench_die("renewal: auto_renew: %s", redsem_client_errmsg(l.c));
+        redisReply *r = redisCommand(raw, "HDEL %s{%s}:meta t:%s", ctx->prefix, name,
+                                     redsem_permit_id(p));
+        if (r)
+            freeReplyObject(r);
+        int64_t until = bench_now_ns() + 2000000000LL;
+        while (!atomic_load(&l.done) && bench_now_ns() < until)
+            bench_sleep_ns(200000);
+        if (!atomic_load(&l.done))
+            bench_die("renewal: the lost callback that must %s did not return", life_names[what]);
+        returned++;
+        bench_sleep_ns(3 * interval * 1000000LL); /* the renewer runs on */
+        if (what < LIFE_FREE_CLIENT)
+            (void)redsem_permit_stop_renewal(third);
+        redsem_permit_free(third);
+        if (what == LIFE_RELEASE) {
+            redsem_permit_free(l.other);
+            redsem_sem_free(l.s);
+        }
+        if (what < LIFE_FREE_CLIENT)
+            redsem_client_free(l.c);
+    }
+    redisFree(raw);
+    double med = bench_median(free_ms, TRIALS), max = 0;
+    for (int i = 0; i < TRIALS; i++)
+        max = free_ms[i] > max ? free_ms[i] : max;
+    printf("\n== lifetimes: a semaphore handle freed while its %d permits are renewed every "
+           "%lld ms, %d trials\n",
+           RENEW_PERMITS, (long long)interval, TRIALS);
+    printf("redsem_sem_free: median %.3f ms, max %.3f ms | renewer worked after the free: %d "
+           "of %d | lost callbacks that released/freed on the renewer thread and returned: %d "
+           "of %d\n",
+           med, max, renewed_after, TRIALS, returned, LIFE_KINDS);
+    json_t *o = json_object();
+    json_object_set_new(o, "trials", json_integer(TRIALS));
+    json_object_set_new(o, "free_handle_ms_median", json_real(med));
+    json_object_set_new(o, "free_handle_ms_max", json_real(max));
+    json_object_set_new(o, "renewer_worked_after_free", json_integer(renewed_after));
+    json_object_set_new(o, "lost_callbacks_returned", json_integer(returned));
+    json_object_set_new(out, "lifetimes", o);
+}
+
 void bench_run_renewal(bench_ctx *ctx)
 {
     json_t *out = json_object();
     run_intervals(ctx, out);
     run_stall(ctx, out);
     run_takeover(ctx, out);
+    run_lifetimes(ctx, out);
     json_object_set_new(ctx->json, "renewal", out);
 }

@@ -84,6 +84,8 @@ typedef struct redsem__renewer redsem__renewer;
 typedef struct redsem__renew_ops {
     void (*stop)(redsem_client *c);      /* stop and free the renewer (client_free) */
     void (*detach)(redsem_permit *p);    /* stop renewing p, waiting for one in flight */
+    /* stop renewing the permits of a semaphore or lock handle (sem_free, lock_free) */
+    void (*forget)(redsem_client *c, const void *handle);
 } redsem__renew_ops;
 
 
@@ -200,6 +202,8 @@ typedef struct redsem__kind {
     int (*refresh_lost)(redsem_client *c, void *handle, const redsem_permit *p);
     /* Server-side release of one permit through client c, without touching renewal. */
     int (*release)(redsem_client *c, void *handle, redsem_permit *p);
+    /* The handle's count of its permits that the renewer holds on to (renew.c). */
+    _Atomic uint32_t *(*renewed)(void *handle);
 } redsem__kind;
 
 enum {
@@ -367,7 +371,8 @@ struct redsem_permit {
     _Atomic int state;           /* REDSEM__HELD / RELEASED / LOST */
     uint32_t limit_seen;         /* semaphore limit when granted (fair release hint) */
     uint32_t weight;             /* permits this permit object stands for (1 for a lock) */
-    void *renewal;               /* renewer entry, NULL if not renewed */
+    void *renewal; /* renewer entry, NULL if not renewed (__atomic access; written under the
+                    * renewer's lock) */
 };
 
 /* Refresh p on the server through client c (the renewer passes its own), without touching
@@ -399,6 +404,7 @@ struct redsem_sem {
     char *k_meta, *k_holders, *k_waiters, *k_signal; /* basic */
     char *k_owners, *k_timeouts, *k_sigprefix, *k_guard; /* fair / locked */
     size_t sigprefix_len;
+    _Atomic uint32_t renewed; /* its permits the renewer holds on to: sem_free lets go */
 };
 
 struct redsem_lock {
@@ -408,6 +414,7 @@ struct redsem_lock {
     bool reentrant;
     char owner[REDSEM_ID_BUFSIZE]; /* reentrant owner identity */
     char *k_mutex, *k_meta, *k_waiters, *k_signal;
+    _Atomic uint32_t renewed; /* its permits the renewer holds on to: lock_free lets go */
 };
 
 

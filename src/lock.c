@@ -9,13 +9,20 @@
 static int lock_refresh_call(void *h, const redsem_permit *p, redsem__args *a, int *nkeys);
 static int lock_refresh_lost(redsem_client *c, void *h, const redsem_permit *p);
 static int lock_release(redsem_client *c, void *h, redsem_permit *p);
+static _Atomic uint32_t *lock_renewed(void *h)
+{
+    return &((redsem_lock *)h)->renewed;
+}
 static const redsem__kind lock_kind = {"lock", lock_refresh_call, lock_refresh_lost,
-                                        lock_release};
+                                        lock_release, lock_renewed};
 
 void redsem_lock_free(redsem_lock *l)
 {
     if (l == NULL)
         return;
+    /* as redsem_sem_free(): its renewals stop before its keys go */
+    if (atomic_load(&l->renewed) > 0)
+        l->client->renew_ops->forget(l->client, l);
     redsem__free(l->name);
     redsem__free(l->k_mutex);
     redsem__free(l->k_meta);

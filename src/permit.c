@@ -151,8 +151,9 @@ int redsem_permit_release(redsem_permit *p)
     if (atomic_load(&p->state) == REDSEM__RELEASED)
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s was already released", p->id);
     /* Stop renewal first, waiting for a renewal in flight: a lease is never extended after
-     * it was released. */
-    if (p->renewal != NULL)
+     * it was released (from the permit's own lost callback, nothing is in flight any more:
+     * the renewer thread does not wait for itself). */
+    if (__atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE) != NULL)
         c->renew_ops->detach(p);
     rc = p->kind->release(c, p->handle, p);
     if (rc == REDSEM_OK || rc == REDSEM_ELOST)
@@ -164,7 +165,9 @@ void redsem_permit_free(redsem_permit *p)
 {
     if (p == NULL)
         return;
-    if (p->renewal != NULL)
+    /* No longer renewed once its handle or its client was freed: then the client is not
+     * touched (it may be gone). */
+    if (__atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE) != NULL)
         p->client->renew_ops->detach(p);
     redsem__free(p);
 }

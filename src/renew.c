@@ -32,7 +32,13 @@ typedef struct renew_entry {
      * queued, so they are lower bounds of the live values: heap_top() re-keys a stale top,
      * which keeps both heaps in order (a key changed in place would break it). */
     int64_t wake_key, lost_key;
-    bool in_flight;    /* the renewer is working on it outside the lock */
+    /* In the renewer's list of the entries its permits point to (queued, in flight, or
+     * found lost), which freeing a handle or the client walks. */
+    struct renew_entry *prev, *next;
+    bool in_flight; /* the renewer is working on it (outside the lock, or in a callback) */
+    /* Let go of by its permit while in flight, from a lost callback on the renewer thread
+     * (which cannot wait for itself): permit is NULL, and the renewer frees it once done. */
+    bool detached;
 } renew_entry;
 
 /* A binary min-heap of entries: the timer queue (by next wake-up: renewal or lost time), or
@@ -50,6 +56,9 @@ struct redsem__renewer {
     pthread_cond_t wake; /* the queue changed, or stop */
     pthread_cond_t idle; /* an entry stopped being in flight */
     bool stop;
+    /* its client was freed from a lost callback: the thread frees the renewer as it ends */
+    bool orphaned;
+    renew_entry *attached; /* every entry a permit points to (see renew_entry.prev) */
     renew_heap q;  /* queued entries by next wake-up */
     renew_heap lq; /* the same by lost time */
     redsem_renew_stats stats;
@@ -181,11 +190,64 @@ static void dequeue(redsem__renewer *r, renew_entry *e)
     heap_remove(&r->lq, e);
 }
 
+/* ------------------------------------------------------------------ entries and permits */
+
+/* The renewer whose thread this is (NULL on other threads): a call from its lost callback
+ * must not wait for the renewer, itself. */
+static _Thread_local const redsem__renewer *this_renewer;
+
+/* Point e's permit at e (with r->mu held): e joins the renewer's list and its handle's count. */
+static void attach(redsem__renewer *r, renew_entry *e)
+{
+    e->prev = NULL;
+    e->next = r->attached;
+    if (r->attached != NULL)
+        r->attached->prev = e;
+    r->attached = e;
+    redsem_permit *p = e->permit;
+    atomic_fetch_add(p->kind->renewed(p->handle), 1);
+    __atomic_store_n(&p->renewal, e, __ATOMIC_RELEASE);
+}
+
+/* Let go of e (with r->mu held, e not in flight on another thread): its permit is no longer
+ * renewed. Freed now, or, in flight on this thread (a lost callback's call), marked detached
+ * for the renewer to free when it is done with it. */
+static void drop(redsem__renewer *r, renew_entry *e)
+{
+    if (e->prev != NULL)
+        e->prev->next = e->next;
+    else
+        r->attached = e->next;
+    if (e->next != NULL)
+        e->next->prev = e->prev;
+    redsem_permit *p = e->permit;
+    atomic_fetch_sub(p->kind->renewed(p->handle), 1);
+    __atomic_store_n(&p->renewal, NULL, __ATOMIC_RELEASE);
+    if (e->in_flight) {
+        e->detached = true;
+        e->permit = NULL;
+    } else {
+        dequeue(r, e);
+        redsem__free(e);
+    }
+}
+
+/* The renewer is done with e for now (with r->mu held): one let go of meanwhile is freed. */
+static void settle(renew_entry *e)
+{
+    if (e->detached)
+        redsem__free(e);
+    else
+        e->in_flight = false;
+}
+
 /* ------------------------------------------------------------------ the thread */
 
 static void declare_lost(redsem__renewer *r, renew_entry *e, redsem_lost_reason why)
 {
-    /* called with the lock held and e in flight (so detach waits); unlocks for the callback */
+    /* Called with the lock held and e in flight (so detach waits); unlocks for the callback,
+     * which may let go of e or of others in flight (drop), or free the client (orphaned):
+     * the caller then touches none of their permits, nor the client. */
     atomic_store(&e->permit->state, REDSEM__LOST);
     if (why == REDSEM_LOST_EXPIRED)
         r->stats.lost_expired++;
@@ -218,7 +280,9 @@ static void requeue(redsem__renewer *r, renew_entry *e)
 static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
 {
     redsem_permit *p = e->permit;
-    if (rc == REDSEM_OK) {
+    if (e->detached) {
+        /* let go of by an earlier lost callback of this round: its permit may be gone */
+    } else if (rc == REDSEM_OK) {
         r->stats.renewals++;
         int64_t d = redsem__validity_deadline(sent, p->lease_ms);
         int64_t cur = atomic_load(&p->deadline_ns);
@@ -239,16 +303,19 @@ static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
         e->next_ns = redsem__now_ns() + redsem__rand_between(e->backoff_ns / 2, e->backoff_ns);
         requeue(r, e);
     }
-    e->in_flight = false;
+    settle(e);
 }
 
 /* Renewals due within this much of the first one go in the same round trip (early by at
  * most this: harmless, a lease is extended from when its refresh is sent). */
 #define RENEW_TOGETHER_NS (10 * REDSEM__NS_PER_MS)
 
+static void renewer_free(redsem__renewer *r);
+
 static void *renewer_main(void *arg)
 {
     redsem__renewer *r = arg;
+    this_renewer = r;
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         renew_entry *top = heap_top(&r->q);
@@ -277,7 +344,7 @@ static void *renewer_main(void *arg)
             int64_t lost = lost_at(e);
             if (now >= lost) {
                 declare_lost(r, e, REDSEM_LOST_DEADLINE); /* may unlock for the callback */
-                e->in_flight = false;
+                settle(e);
                 pthread_cond_broadcast(&r->idle);
                 continue;
             }
@@ -289,8 +356,22 @@ static void *renewer_main(void *arg)
             ps[k] = p;
             batch[k++] = e;
         }
-        if (k == 0)
+        /* A lost callback above may have let go of entries of this batch (their permits may be
+         * gone), or freed the client (then all of them, and r->stop is set): not sent. */
+        int kept = 0;
+        for (int i = 0; i < k; i++) {
+            if (batch[i]->detached || r->orphaned) {
+                settle(batch[i]);
+                continue;
+            }
+            batch[kept] = batch[i];
+            ps[kept++] = ps[i];
+        }
+        k = kept;
+        if (k == 0) {
+            pthread_cond_broadcast(&r->idle);
             continue;
+        }
         /* Never wait for a connection or a reply past the moment the first holder must be
          * told: of this round, or of the permits left in the queue, whose lost notices wait
          * for this round's end (found by review: a 30 s lease's renewal to a stalled server
@@ -320,7 +401,10 @@ static void *renewer_main(void *arg)
             renewed(r, batch[i], rcs[i], sent[i]);
         pthread_cond_broadcast(&r->idle);
     }
+    bool orphaned = r->orphaned;
     pthread_mutex_unlock(&r->mu);
+    if (orphaned)
+        renewer_free(r); /* its client is gone, and nobody joins this thread */
     return NULL;
 }
 
@@ -328,7 +412,8 @@ static void *renewer_main(void *arg)
 
 static void renewer_stop(redsem_client *c);
 static void renewal_detach(redsem_permit *p);
-static const redsem__renew_ops renew_ops = {renewer_stop, renewal_detach};
+static void renewal_forget(redsem_client *c, const void *handle);
+static const redsem__renew_ops renew_ops = {renewer_stop, renewal_detach, renewal_forget};
 
 static int renewer_start(redsem_client *c)
 {
@@ -363,22 +448,37 @@ static int renewer_start(redsem_client *c)
     return REDSEM_OK;
 }
 
+/* Stop the renewer of c and let go of every permit it still renews (queued, or found lost:
+ * found by review, a lost one kept its entry, and its free then reached into the freed
+ * client): they may then be freed after the client. */
 static void renewer_stop(redsem_client *c)
 {
     redsem__renewer *r = c->renewer;
-    c->renewer = NULL;
+    __atomic_store_n(&c->renewer, NULL, __ATOMIC_RELEASE);
     if (r == NULL || c->pid != getpid())
         return; /* in a forked child the thread does not exist: leave its memory alone */
     pthread_mutex_lock(&r->mu);
     r->stop = true;
+    if (this_renewer == r) {
+        /* From one of its own lost callbacks: it cannot join itself. The entries in flight
+         * are freed by the thread when the callback returns, and the renewer as it ends. */
+        while (r->attached != NULL)
+            drop(r, r->attached);
+        r->orphaned = true;
+        pthread_detach(pthread_self());
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
     pthread_cond_broadcast(&r->wake);
     pthread_mutex_unlock(&r->mu);
-    pthread_join(r->thread, NULL);
-    /* Entries still queued belong to permits that were not freed: detach them. */
-    for (size_t i = 0; i < r->q.n; i++) {
-        r->q.v[i]->permit->renewal = NULL;
-        redsem__free(r->q.v[i]);
-    }
+    pthread_join(r->thread, NULL); /* it finishes its round, callbacks included */
+    while (r->attached != NULL)
+        drop(r, r->attached);
+    renewer_free(r);
+}
+
+static void renewer_free(redsem__renewer *r)
+{
     redsem__free(r->q.v);
     redsem__free(r->lq.v);
     pthread_mutex_destroy(&r->mu);
@@ -389,18 +489,51 @@ static void renewer_stop(redsem_client *c)
 
 static void renewal_detach(redsem_permit *p)
 {
-    renew_entry *e = p->renewal;
     redsem__renewer *r = redsem__renewer_of(p->client);
-    p->renewal = NULL;
-    if (e == NULL || r == NULL || p->client->pid != getpid())
-        return; /* forked child: the parent's renewer is not ours to touch */
+    if (r == NULL || p->client->pid != getpid()) {
+        /* forked child: the parent's renewer is not ours to touch */
+        __atomic_store_n(&p->renewal, NULL, __ATOMIC_RELEASE);
+        return;
+    }
     pthread_mutex_lock(&r->mu);
-    while (e->in_flight)
+    /* Wait for a renewal in flight, except on the renewer thread (a lost callback: its
+     * renewal is then over but for its outcome, which drop() tells the renewer to skip). The
+     * entry is read anew after each wait: another thread may have let go of it. */
+    renew_entry *e;
+    while ((e = __atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE)) != NULL && e->in_flight &&
+           this_renewer != r)
         pthread_cond_wait(&r->idle, &r->mu);
-    dequeue(r, e);
+    if (e != NULL)
+        drop(r, e);
     /* not woken: it wakes when it planned to and finds the next entry due then, or none */
     pthread_mutex_unlock(&r->mu);
-    redsem__free(e);
+}
+
+/* Stop renewing every permit of a handle that is being freed, waiting for their renewals in
+ * flight (which read the handle's keys), except on the renewer thread (as renewal_detach). */
+static void renewal_forget(redsem_client *c, const void *handle)
+{
+    redsem__renewer *r = redsem__renewer_of(c);
+    if (r == NULL || c->pid != getpid())
+        return;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        bool busy = false;
+        renew_entry *next;
+        for (renew_entry *e = r->attached; e != NULL; e = next) {
+            next = e->next;
+            if (e->permit->handle != handle)
+                continue;
+            if (e->in_flight && this_renewer != r)
+                busy = true;
+            else
+                drop(r, e);
+        }
+        if (!busy)
+            break;
+        pthread_cond_wait(&r->idle, &r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* ------------------------------------------------------------------ public API */
@@ -431,7 +564,7 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
                                "renewal interval %lld ms: use 0 (a third of the lease) or "
                                "1..%lld ms (the lease less its refresh margin)",
                                (long long)interval_ms, (long long)max_ms);
-    if (p->renewal != NULL)
+    if (__atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE) != NULL)
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s is already renewed", p->id);
     if (!redsem_permit_held(p))
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s is not held", p->id);
@@ -459,6 +592,8 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
     redsem__renewer *r = redsem__renewer_of(c);
     pthread_mutex_lock(&r->mu);
     rc = enqueue(r, e);
+    if (rc == REDSEM_OK)
+        attach(r, e); /* before the lock is let go: its lost callback may come at once */
     /* Wake the renewer only if it must wake earlier than it planned (or had nothing to do):
      * a thread switch per renewed permit costs the application's threads more than the
      * renewal itself (bench -w threads --shared --renew). */
@@ -469,7 +604,6 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
         redsem__free(e);
         return redsem__set_err(c, rc, "out of memory");
     }
-    p->renewal = e;
     return REDSEM_OK;
 }
 
@@ -480,7 +614,7 @@ int redsem_permit_stop_renewal(redsem_permit *p)
     int rc = redsem__check_owner(p->client);
     if (rc != REDSEM_OK)
         return rc;
-    if (p->renewal != NULL)
+    if (__atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE) != NULL)
         renewal_detach(p);
     return REDSEM_OK;
 }

@@ -26,6 +26,12 @@ void redsem_sem_free(redsem_sem *s)
 {
     if (s == NULL)
         return;
+    /* Its permits still renewed stop being renewed first, waiting for a renewal in flight,
+     * which reads the keys (found by review: a use after free on the renewer thread). Only a
+     * handle with such permits touches its client here: one with none may be freed after
+     * the client (which lets go of them all). */
+    if (atomic_load(&s->renewed) > 0)
+        s->client->renew_ops->forget(s->client, s);
     redsem__free(s->name);
     redsem_sem_free_keys(s);
     redsem__free(s);
@@ -35,7 +41,12 @@ void redsem_sem_free(redsem_sem *s)
 static int sem_refresh_call(void *h, const redsem_permit *p, redsem__args *a, int *nkeys);
 static int sem_refresh_lost(redsem_client *c, void *h, const redsem_permit *p);
 static int sem_release(redsem_client *c, void *h, redsem_permit *p);
-static const redsem__kind sem_kind = {"sem", sem_refresh_call, sem_refresh_lost, sem_release};
+static _Atomic uint32_t *sem_renewed(void *h)
+{
+    return &((redsem_sem *)h)->renewed;
+}
+static const redsem__kind sem_kind = {"sem", sem_refresh_call, sem_refresh_lost, sem_release,
+                                      sem_renewed};
 
 /* -------------------------------------------------------------- per-strategy attempts */
 

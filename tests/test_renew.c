@@ -456,3 +456,288 @@ STRATEGY_TEST(renew, a_refresh_too_close_to_the_end_is_refused, TO)
     redsem_sem_free(s);
     redsem_client_free(c);
 }
+
+/* ---------------------------------------------------------------- lifetimes (issue 29) */
+
+/* What the renewer has done so far: its counters summed. */
+static uint64_t renewer_work(redsem_client *c)
+{
+    redsem_renew_stats st;
+    OK(c, redsem_client_renew_stats(c, &st));
+    return st.renewals + st.failures + st.lost_expired + st.lost_deadline;
+}
+
+/* Freeing a semaphore or lock handle while one of its permits is renewed stops that renewal
+ * (found by review: the renewer kept refreshing through the freed handle's keys, a use after
+ * free, shown under ASan). The renewer is then let run past several renewals: it does no
+ * more work, the permit runs out, and another holder gets it. */
+static void free_handle_while_renewed(bool lock)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name(lock ? "freelock" : "freesem");
+    int64_t lease = 300;
+    redsem_sem *s = NULL;
+    redsem_lock *l = NULL;
+    redsem_permit *p = NULL;
+    if (lock) {
+        OK(c, redsem_lock_open(c, name, lease, &l));
+        OK(c, redsem_lock_try_acquire(l, &p));
+    } else {
+        OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, lease, &s));
+        OK(c, redsem_sem_try_acquire(s, &p));
+    }
+    struct lost_record rec = {0};
+    OK(c, redsem_permit_auto_renew(p, 50, on_lost, &rec));
+    /* a few renewals go through */
+    for (int i = 0; i < 400 && renewer_work(c) < 2; i++)
+        tf_sleep_ms(5);
+    cr_assert_geq(renewer_work(c), 2, "no renewal happened");
+    if (lock)
+        redsem_lock_free(l);
+    else
+        redsem_sem_free(s);
+    uint64_t done = renewer_work(c);
+    tf_sleep_ms(3 * lease); /* past several renewals, and the end of the lease */
+    cr_assert_eq(renewer_work(c), done, "the renewer went on renewing a permit of a freed handle");
+    cr_assert_eq(atomic_load(&rec.calls), 0, "a stopped renewal reported a loss");
+    cr_assert_not(redsem_permit_held(p));
+    /* the lease ran out on the server too: a new handle's acquire gets it */
+    redsem_permit *q = NULL;
+    if (lock) {
+        OK(c, redsem_lock_open(c, name, lease, &l));
+        OK(c, redsem_lock_try_acquire(l, &q));
+    } else {
+        OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, lease, &s));
+        OK(c, redsem_sem_try_acquire(s, &q));
+    }
+    OK(c, redsem_permit_release(q));
+    redsem_permit_free(q);
+    redsem_permit_free(p); /* after its handle: only reading and freeing remain allowed */
+    redsem_sem_free(s);
+    redsem_lock_free(l);
+    redsem_client_free(c);
+}
+
+Test(renew, freeing_the_semaphore_handle_stops_its_renewals, TO)
+{
+    free_handle_while_renewed(false);
+}
+
+Test(renew, freeing_the_lock_handle_stops_its_renewals, TO)
+{
+    free_handle_while_renewed(true);
+}
+
+/* A handle freed while a renewal of its permit is in flight (stuck in a stalled server) waits
+ * for that renewal to end (it reads the handle's keys, and its outcome is the permit's): when
+ * the free returns, the renewal has ended (counted), and the renewer does nothing more. */
+Test(renew, freeing_a_handle_waits_for_its_renewal_in_flight, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = tf_client_for(srv.url, 1000, 2000);
+    redsem_sem *s = NULL;
+    int64_t lease = 600;
+    OK(c, redsem_sem_open(c, "inflight", REDSEM_STRATEGY_BASIC, 1, lease, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_permit_auto_renew(p, 50, NULL, NULL));
+    for (int i = 0; i < 400 && renewer_work(c) < 2; i++)
+        tf_sleep_ms(5);
+    ts_server_pause(&srv, true);
+    /* the next renewal, due within 50 ms, goes out into the stall and waits there until the
+     * permit's lost time (about half a second after the pause) */
+    tf_sleep_ms(250);
+    uint64_t before = renewer_work(c);
+    redsem_sem_free(s);
+    uint64_t at_free = renewer_work(c);
+    ts_server_pause(&srv, false);
+    tf_sleep_ms(3 * lease);
+    cr_assert_gt(at_free, before, "the free returned before the renewal in flight ended");
+    cr_assert_eq(renewer_work(c), at_free, "the renewer worked on after the free");
+    redsem_permit_free(p);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
+/* Freeing the client while its permits are renewed, one of them already found lost, stops
+ * the renewer and lets go of every permit, the lost one too: its permits and handles may
+ * then still be freed (found by review: the lost permit kept its renewal, and its free
+ * reached into the freed client, a use after free shown under ASan). */
+Test(renew, freeing_the_client_stops_its_renewals, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("freeclient");
+    redsem_sem *s = NULL;
+    redsem_lock *l = NULL;
+    OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_BASIC, 2, 300, &s));
+    OK(c, redsem_lock_open(c, name, 300, &l));
+    redsem_permit *p = NULL, *gone = NULL, *lp = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_sem_try_acquire(s, &gone));
+    OK(c, redsem_lock_try_acquire(l, &lp));
+    struct lost_record rec = {0}, rgone = {0};
+    OK(c, redsem_permit_auto_renew(p, 50, on_lost, &rec));
+    OK(c, redsem_permit_auto_renew(lp, 50, on_lost, &rec));
+    OK(c, redsem_permit_auto_renew(gone, 50, on_lost, &rgone));
+    char key[256], field[64];
+    snprintf(key, sizeof key, "redsem:{%s}:meta", name);
+    snprintf(field, sizeof field, "t:%s", redsem_permit_id(gone));
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "HDEL", key, field, NULL), 0);
+    for (int i = 0; i < 1000 && atomic_load(&rgone.calls) == 0; i++)
+        tf_sleep_ms(5);
+    cr_assert_eq(atomic_load(&rgone.calls), 1, "the removed entry was never found lost");
+    redsem_client_free(c); /* stops the renewer, waiting for a renewal in flight */
+    tf_sleep_ms(400);      /* past several renewals and the end of the leases */
+    cr_assert_eq(atomic_load(&rec.calls), 0, "a stopped renewal reported a loss");
+    cr_assert_not(redsem_permit_held(p));
+    cr_assert_not(redsem_permit_held(lp));
+    redsem_permit_free(p);
+    redsem_permit_free(gone);
+    redsem_permit_free(lp);
+    redsem_sem_free(s);
+    redsem_lock_free(l);
+    /* nothing renewed them: their leases ran out on the server */
+    redsem_client *o = tf_client();
+    redsem_sem *so = NULL;
+    redsem_lock *lo = NULL;
+    redsem_permit *q1 = NULL, *q2 = NULL, *q3 = NULL;
+    OK(o, redsem_sem_open(o, name, REDSEM_STRATEGY_BASIC, 2, 300, &so));
+    OK(o, redsem_lock_open(o, name, 300, &lo));
+    OK(o, redsem_sem_try_acquire(so, &q1));
+    OK(o, redsem_sem_try_acquire(so, &q2));
+    OK(o, redsem_lock_try_acquire(lo, &q3));
+    redsem_permit_free(q1);
+    redsem_permit_free(q2);
+    redsem_permit_free(q3);
+    redsem_sem_free(so);
+    redsem_lock_free(lo);
+    redsem_client_free(o);
+}
+
+/* What a lost-lease callback does: calls on its own permit, its handle, or its client, from
+ * the renewer thread (found by review: a release there waited for the renewer, itself: a
+ * deadlock). */
+enum { CB_RELEASE, CB_FREE, CB_FREE_HANDLE, CB_FREE_CLIENT };
+
+typedef struct cb_run {
+    int what;
+    redsem_client *c;
+    redsem_sem *s;
+    redsem_permit *other; /* renewed too, by the same renewer */
+    atomic_int refresh_rc, release_rc, stop_rc, other_release_rc;
+    atomic_int calls;
+} cb_run;
+
+static void on_lost_calls(redsem_permit *p, redsem_lost_reason why, void *arg)
+{
+    (void)why;
+    cb_run *r = arg;
+    switch (r->what) {
+    case CB_RELEASE:
+        atomic_store(&r->refresh_rc, redsem_permit_refresh(p));
+        atomic_store(&r->stop_rc, redsem_permit_stop_renewal(p));
+        atomic_store(&r->release_rc, redsem_permit_release(p));
+        /* another permit of the same renewer, renewed too: released from here as well */
+        atomic_store(&r->other_release_rc, redsem_permit_release(r->other));
+        break;
+    case CB_FREE:
+        atomic_store(&r->release_rc, redsem_permit_release(p));
+        redsem_permit_free(p);
+        break;
+    case CB_FREE_HANDLE:
+        redsem_permit_free(p);
+        redsem_permit_free(r->other);
+        redsem_sem_free(r->s); /* its other permits stop being renewed */
+        break;
+    case CB_FREE_CLIENT:
+        redsem_permit_free(p);
+        redsem_permit_free(r->other);
+        redsem_sem_free(r->s);
+        redsem_client_free(r->c); /* from its own renewer thread */
+        break;
+    }
+    atomic_fetch_add(&r->calls, 1);
+}
+
+static void calls_from_the_lost_callback(int what)
+{
+    cb_run run = {.what = what};
+    run.c = tf_client();
+    const char *name = tf_name("cbcalls");
+    OK(run.c, redsem_sem_open(run.c, name, REDSEM_STRATEGY_BASIC, 3, 300, &run.s));
+    redsem_permit *p = NULL, *third = NULL;
+    OK(run.c, redsem_sem_try_acquire(run.s, &p));
+    OK(run.c, redsem_sem_try_acquire(run.s, &run.other));
+    OK(run.c, redsem_sem_try_acquire(run.s, &third));
+    OK(run.c, redsem_permit_auto_renew(p, 50, on_lost_calls, &run));
+    OK(run.c, redsem_permit_auto_renew(run.other, 50, NULL, NULL));
+    OK(run.c, redsem_permit_auto_renew(third, 50, NULL, NULL));
+    char key[256], field[64];
+    snprintf(key, sizeof key, "redsem:{%s}:meta", name);
+    snprintf(field, sizeof field, "t:%s", redsem_permit_id(p));
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "HDEL", key, field, NULL), 0);
+    for (int i = 0; i < 1000 && atomic_load(&run.calls) == 0; i++)
+        tf_sleep_ms(5);
+    cr_assert_eq(atomic_load(&run.calls), 1, "the lost callback did not return (a deadlock?)");
+    if (what == CB_RELEASE) {
+        cr_assert_eq(atomic_load(&run.refresh_rc), REDSEM_ESTATE, "refresh: %s",
+                     redsem_err_name(atomic_load(&run.refresh_rc)));
+        cr_assert_eq(atomic_load(&run.stop_rc), REDSEM_OK);
+        /* the entry's token was removed; its membership may remain, which the release takes */
+        int rel = atomic_load(&run.release_rc);
+        cr_assert(rel == REDSEM_ELOST || rel == REDSEM_OK, "release: %s", redsem_err_name(rel));
+        cr_assert_eq(atomic_load(&run.other_release_rc), REDSEM_OK, "other release: %s",
+                     redsem_err_name(atomic_load(&run.other_release_rc)));
+        cr_assert_not(redsem_permit_held(run.other));
+    }
+    if (what == CB_FREE) {
+        int rel = atomic_load(&run.release_rc);
+        cr_assert(rel == REDSEM_ELOST || rel == REDSEM_OK, "release: %s", redsem_err_name(rel));
+    }
+    if (what == CB_RELEASE || what == CB_FREE) {
+        /* the renewer goes on renewing the others */
+        uint64_t done = renewer_work(run.c);
+        for (int i = 0; i < 400 && renewer_work(run.c) < done + 2; i++)
+            tf_sleep_ms(5);
+        cr_assert_geq(renewer_work(run.c), done + 2, "the renewer stopped");
+        cr_assert(redsem_permit_held(third));
+    }
+    if (what == CB_FREE_HANDLE || what == CB_FREE_CLIENT) {
+        tf_sleep_ms(400); /* nothing renews the third permit any more: its lease runs out */
+        cr_assert_not(redsem_permit_held(third));
+    }
+    if (what == CB_RELEASE) {
+        redsem_permit_free(p);
+        redsem_permit_free(run.other);
+    }
+    if (what == CB_FREE)
+        redsem_permit_free(run.other);
+    if (what != CB_FREE_CLIENT)
+        OK(run.c, redsem_permit_stop_renewal(third));
+    redsem_permit_free(third);
+    if (what == CB_RELEASE || what == CB_FREE)
+        redsem_sem_free(run.s);
+    if (what != CB_FREE_CLIENT)
+        redsem_client_free(run.c);
+}
+
+Test(renew, release_and_refresh_from_the_lost_callback, TO)
+{
+    calls_from_the_lost_callback(CB_RELEASE);
+}
+
+Test(renew, freeing_the_permit_from_the_lost_callback, TO)
+{
+    calls_from_the_lost_callback(CB_FREE);
+}
+
+Test(renew, freeing_the_handle_from_the_lost_callback, TO)
+{
+    calls_from_the_lost_callback(CB_FREE_HANDLE);
+}
+
+Test(renew, freeing_the_client_from_the_lost_callback, TO)
+{
+    calls_from_the_lost_callback(CB_FREE_CLIENT);
+}

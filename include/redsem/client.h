@@ -308,7 +308,8 @@ REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
  * one. A thread's wait for a connection and its round trip share one
  * command timeout. Blocking acquires waiting for a wake-up do not hold request connections:
  * they share one wait connection (one BLPOP on all their lists; in a Redis Cluster one per
- * waiting acquire); automatic renewal has one more of its own.
+ * waiting acquire); automatic renewal sends on the request connections (ahead of the threads
+ * queued for one; since 0.4.6, before which it had one more of its own).
  *
  * @n  1 .. REDSEM_MAX_CONNECTIONS_MAX. Default REDSEM_DEFAULT_MAX_CONNECTIONS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or n out of range (options unchanged).
@@ -390,12 +391,21 @@ REDSEM_API REDSEM_WUR int redsem_client_new_verbose(const redsem_options *option
 REDSEM_API REDSEM_WUR int redsem_client_connect(const char *url, redsem_client **ret_client);
 
 /**
- * redsem_client_free - close the connection and free the client. NULL is a no-op.
+ * redsem_client_free - close the client's connections and free it. NULL is a no-op.
  *
  * Does not release permits: free every semaphore, lock and permit made from the client
  * first (their leases then simply expire on the server). Stops the renewer thread, if any,
- * and waits for it. In a child after fork() it closes the inherited socket without sending
- * anything. Since: 0.1
+ * and waits for it to finish its round of renewals (at most until a permit's lost deadline
+ * or one command timeout) and a lost-lease callback running. Permits it still renews stop
+ * being renewed, as by redsem_permit_stop_renewal() (no lost callback; their leases run
+ * out). Semaphores, locks and permits of the client left over may afterwards still be freed
+ * (redsem_sem_free(), redsem_lock_free(), redsem_permit_free(); but in a child after fork()
+ * only before the client), and permits read (id, token, validity ...), but nothing else may
+ * be called on them. May be called from a lost-lease callback of its own renewer (renew.h):
+ * the renewer thread then ends by itself once the callback returns. In a child after fork()
+ * it closes the inherited sockets without sending anything.
+ * Thread safety: any thread, once no call on the client or on anything made from it is
+ * running or can start. Since: 0.1
  */
 REDSEM_API void redsem_client_free(redsem_client *client);
 

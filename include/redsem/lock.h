@@ -39,9 +39,13 @@ REDSEM_API REDSEM_WUR int redsem_lock_open(redsem_client *client, const char *na
                                            int64_t lease_ms, redsem_lock **ret_lock);
 
 /**
- * redsem_lock_free - free the handle; NULL is a no-op. Permits from it must be freed first
- * (a held lock is not released: its lease expires on the server). Server: none.
- * Thread safety: any thread, once no call on the handle is running or can start. Since: 0.1
+ * redsem_lock_free - free the handle; NULL is a no-op. Permits from it should be freed first
+ * (a held lock is not released: its lease expires on the server). A permit of it still under
+ * automatic renewal stops being renewed, exactly as in redsem_sem_free() (waits for a renewal
+ * in flight; no lost callback; then only reading and redsem_permit_free()). May be called
+ * from a lost-lease callback (renew.h). Server: none.
+ * Thread safety: any thread, once no call on the handle, or on a permit of it, is running or
+ * can start. Since: 0.1
  */
 REDSEM_API void redsem_lock_free(redsem_lock *lock);
 

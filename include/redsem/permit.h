@@ -26,11 +26,17 @@ extern "C" {
  *     minus a drift margin of lease/100 + 2 ms (the Redis distributed-lock page). The server
  *     keeps the permit at least that long unless the server itself loses data.
  *
- * A permit belongs to the semaphore or lock handle it came from, which must outlive it, and
- * to that handle's client. Since 0.4 any thread may use it (see THREADS in client.h). Its use
- * by two threads at once is the caller's to order: a refresh and a release then race on the
- * server, which decides (redsem never corrupts memory, but the loser gets REDSEM_ELOST or
- * REDSEM_ESTATE).
+ * LIFETIME. A permit belongs to the semaphore or lock handle it came from and to that
+ * handle's client: free the permit first, then the handle, then the client. Refresh, release,
+ * auto_renew and stop_renewal need both alive. If the handle or the client is freed first,
+ * the permit's automatic renewal, if any, stops there (waiting for a renewal in flight; no
+ * lost callback), and the permit may afterwards only be read (id, token, weight, deadline,
+ * validity, held) and freed with redsem_permit_free(). A permit's lost-lease callback may
+ * release, refresh, stop renewing or free it, and free its handle or client (renew.h).
+ *
+ * Since 0.4 any thread may use a permit (see THREADS in client.h). Its use by two threads at
+ * once is the caller's to order: a refresh and a release then race on the server, which
+ * decides (redsem never corrupts memory, but the loser gets REDSEM_ELOST or REDSEM_ESTATE).
  */
 typedef struct redsem_permit redsem_permit;
 
@@ -118,9 +124,10 @@ REDSEM_API bool redsem_permit_held(const redsem_permit *permit);
  * Server: one EVALSHA (refresh.lua or lock_extend.lua; EVAL with the body on the client's
  *         first call of that script) on the permit's client.
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
- * redsem/client.h). Since: 0.1
+ * redsem/client.h); also from the permit's own lost-lease callback (where it returns
+ * REDSEM_ESTATE at once: the permit was found lost). Since: 0.1
  */
-REDSEM_API int redsem_permit_refresh(redsem_permit *permit);
+REDSEM_API REDSEM_WUR int redsem_permit_refresh(redsem_permit *permit);
 
 /**
  * redsem_permit_release - give the permit back.
@@ -129,6 +136,9 @@ REDSEM_API int redsem_permit_refresh(redsem_permit *permit);
  * lock that was taken n times decrements the server-side hold count; the n-th release frees
  * it. Wakes one waiter if any is registered. Stops automatic renewal of this permit first,
  * waiting for a renewal in flight, so a lease is never extended after it was released.
+ * From a lost-lease callback (of this permit or another of the client) it does not wait: the
+ * renewer thread, which runs the callback, is not renewing anything then (the release's own
+ * round trip delays the client's other renewals, as any call from a callback does).
  *
  * @permit  borrowed; must not be NULL. Still needs redsem_permit_free() afterwards.
  * Returns: REDSEM_OK; REDSEM_ELOST (the lease had run out, judged by this holder's validity
@@ -141,7 +151,7 @@ REDSEM_API int redsem_permit_refresh(redsem_permit *permit);
  *          it is never released, the lease expires on the server by itself.
  * Server: one EVALSHA (basic_release.lua, fair_release.lua or lock_release.lua).
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
- * redsem/client.h). Since: 0.1
+ * redsem/client.h), lost-lease callbacks included. Since: 0.1
  */
 REDSEM_API int redsem_permit_release(redsem_permit *permit);
 
@@ -149,9 +159,12 @@ REDSEM_API int redsem_permit_release(redsem_permit *permit);
  * redsem_permit_free - free the local permit object. NULL is a no-op.
  *
  * Does NOT release it on the server (call redsem_permit_release() first, or let the lease
- * expire). Stops its automatic renewal, if any, waiting for a renewal in flight.
- * Thread safety: any thread, once no call on the permit is running or can start; never from a
- * lost-lease callback. Since: 0.1
+ * expire). Stops its automatic renewal, if any, waiting for a renewal in flight (not from a
+ * lost-lease callback, where none is). Needs neither its handle nor its client once they
+ * were freed (see LIFETIME above).
+ * Thread safety: any thread, once no call on the permit is running or can start; also from
+ * its own lost-lease callback (the permit passed to the callback is then gone when the
+ * callback returns; the renewer does not touch it again). Since: 0.1
  */
 REDSEM_API void redsem_permit_free(redsem_permit *permit);
 

@@ -39,14 +39,22 @@ extern "C" {
  * cheap, lock-free and callable from any thread, so a worker can poll them between steps.
  *
  * WHAT THE CALLBACK MAY DO: read the permit (id, token, held, validity), set a flag, signal a
- * condition variable, write to a pipe, kill() a child process. It MUST NOT call
- * redsem_permit_release(), _refresh(), _free(), _auto_renew(), _stop_renewal() or any other
- * call on the client or its handles (they belong to the caller's thread, and release waits
- * for the renewer: a deadlock), and must return quickly (it delays other renewals).
+ * condition variable, write to a pipe, kill() a child process. It may also call
+ * redsem_permit_release(), _refresh(), _stop_renewal(), _free() and _auto_renew() on its own
+ * permit or on other permits of the client, and free its semaphore or lock handle
+ * (redsem_sem_free(), redsem_lock_free()) or the client itself (redsem_client_free(): the
+ * renewer thread then ends once the callback returns). Those that wait for a renewal in
+ * flight do not wait there (the renewer thread runs the callback: nothing is in flight); a
+ * permit freed there is not touched again by the renewer. It must return quickly: it delays
+ * every other renewal of the client, and each call that goes to the server (a release, a
+ * refresh) by a round trip or more. It must not wait for another thread that is itself
+ * waiting in redsem_permit_release(), _free(), _stop_renewal(), redsem_sem_free(),
+ * redsem_lock_free() or redsem_client_free() for this client's renewer (they may wait for
+ * the round the callback is part of).
  *
  * RELEASE AND FREE stop renewal first and wait for a renewal in flight, so a lease is never
- * extended after redsem_permit_release() returned. The semaphore or lock handle must outlive
- * the permit, as always.
+ * extended after redsem_permit_release() returned. Freeing the semaphore or lock handle, or
+ * the client, stops the renewal of their permits the same way (see LIFETIME in permit.h).
  *
  * FORK: the renewer thread does not exist in a child process; a child's calls on inherited
  * handles return REDSEM_EFORKED, so it can neither renew nor release its parent's permits.
@@ -79,7 +87,8 @@ typedef void (*redsem_lost_fn)(redsem_permit *permit, redsem_lost_reason reason,
  *               - 1 were accepted, and those in the last margin lost the permit).
  * @on_lost      may be NULL (then poll redsem_permit_held()).
  * @user_data    passed to on_lost; kept (not copied) until the renewal ends (release, free,
- *               stop_renewal, lost): it must stay valid until then. May be NULL.
+ *               stop_renewal, lost, the free of its handle or client): it must stay valid
+ *               until then. May be NULL.
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL permit, interval out of range); REDSEM_ESTATE
  *          (released, lost, or already under renewal); REDSEM_ENOMEM (also: the renewer
  *          thread could not be started; nothing started); REDSEM_EFORKED. Nothing is sent
@@ -100,7 +109,7 @@ REDSEM_API int redsem_permit_auto_renew(redsem_permit *permit, int64_t interval_
  *
  * Returns: REDSEM_OK (also if it was not renewed); REDSEM_EINVAL; REDSEM_EFORKED.
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
- * redsem/client.h); never from the callback. Since: 0.1
+ * redsem/client.h), lost-lease callbacks included (there it does not wait). Since: 0.1
  */
 REDSEM_API int redsem_permit_stop_renewal(redsem_permit *permit);
 

@@ -106,9 +106,15 @@ REDSEM_API REDSEM_WUR int redsem_sem_open(redsem_client *client, const char *nam
                                           int64_t lease_ms, redsem_sem **ret_sem);
 
 /**
- * redsem_sem_free - free the handle. NULL is a no-op. Permits from it must be freed first
- * (their leases are not released; they expire on the server). Server: none.
- * Thread safety: any thread, once no call on the handle is running or can start. Since: 0.1
+ * redsem_sem_free - free the handle. NULL is a no-op. Permits from it should be freed first
+ * (their leases are not released; they expire on the server). A permit of it still under
+ * automatic renewal stops being renewed, as by redsem_permit_stop_renewal(): this waits for
+ * a renewal of it in flight (at most until its lost deadline or one command timeout), and no
+ * lost callback fires for it; its lease then runs out. Such a permit may afterwards only be
+ * read (id, token, validity ...) and freed. May be called from a lost-lease callback
+ * (renew.h). Server: none.
+ * Thread safety: any thread, once no call on the handle, or on a permit of it, is running or
+ * can start. Since: 0.1
  */
 REDSEM_API void redsem_sem_free(redsem_sem *sem);
 
