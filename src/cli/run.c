@@ -11,8 +11,8 @@
  *    group of its own. posix_spawn needs nothing unsafe between fork and exec, which matters
  *    in a process that has a second thread, and reports exec failures (127, 126).
  * 4. Unblock the signals in the main thread and supervise: poll a self-pipe written by the
- *    signal handlers and by the lost-lease callback (which runs on the renewer thread and may
- *    only write a byte, never call the library), forward signals, reap CMD, and on a lost
+ *    signal handlers and by the lost-lease callback (which runs on the renewer thread and
+ *    only writes a byte: the main thread does the rest), forward signals, reap CMD, and on a lost
  *    lease SIGTERM CMD, then SIGKILL it after --kill-after.
  * 5. Block the signals again, release the permit (whatever happened) and exit with CMD's
  *    status, 128+N if a signal N killed it, or 79 if the lease was lost.
