@@ -10,6 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
 #include "cluster.h"
 #include "fixture.h"
 
@@ -150,10 +155,12 @@ struct load {
     int nsem, limit, threads, rounds; /* rounds: per thread over all nsem; 0: until stop */
     redsem_strategy strategy;
     int64_t retry_ms, lease_ms, hold_us;
+    int64_t command_timeout_ms; /* 0: the default */
     atomic_int inside[NAMES_MAX];
     atomic_int over, errors, release_errors, grants;
     atomic_bool stop;
     atomic_llong last_grant_ms;
+    atomic_llong longest_acquire_ms; /* the longest successful acquire call */
     char first_error[256];
     pthread_mutex_t mu;
     pthread_t tid[16];
@@ -179,7 +186,19 @@ static void *load_thread(void *arg)
     const int *idx = &w->i;
     int rc;
     char err[512];
-    redsem_client *cl = tf_client_try(L->c->url, L->retry_ms, &rc, err, sizeof err);
+    redsem_client *cl = NULL;
+    if (L->command_timeout_ms > 0) {
+        redsem_options *o = NULL;
+        cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+        cr_assert_eq(redsem_options_set_url(o, L->c->url), REDSEM_OK);
+        cr_assert_eq(redsem_options_set_retry_ms(o, L->retry_ms), REDSEM_OK);
+        cr_assert_eq(redsem_options_set_connect_timeout_ms(o, 1000), REDSEM_OK);
+        cr_assert_eq(redsem_options_set_command_timeout_ms(o, L->command_timeout_ms), REDSEM_OK);
+        rc = redsem_client_new_verbose(o, &cl, err, sizeof err);
+        redsem_options_free(o);
+    } else {
+        cl = tf_client_try(L->c->url, L->retry_ms, &rc, err, sizeof err);
+    }
     if (rc != REDSEM_OK) {
         atomic_fetch_add(&L->errors, 1);
         return NULL;
@@ -200,12 +219,16 @@ static void *load_thread(void *arg)
                 }
             }
             redsem_permit *p = NULL;
+            int64_t t0 = tf_now_ms();
             rc = redsem_sem_acquire(sems[i], 30000, &p);
             if (rc != REDSEM_OK) {
                 note_error(L, cl, "acquire", rc);
                 atomic_fetch_add(&L->errors, 1);
                 continue;
             }
+            long long took = tf_now_ms() - t0, was = atomic_load(&L->longest_acquire_ms);
+            while (took > was && !atomic_compare_exchange_weak(&L->longest_acquire_ms, &was, took))
+                ;
             if (atomic_fetch_add(&L->inside[i], 1) + 1 > L->limit)
                 atomic_fetch_add(&L->over, 1);
             atomic_fetch_add(&L->grants, 1);
@@ -234,6 +257,7 @@ typedef struct load_cfg {
     int nsem, limit, threads, rounds;
     redsem_strategy strategy;
     int64_t retry_ms, lease_ms, hold_us;
+    int64_t command_timeout_ms; /* 0: the default */
 } load_cfg;
 
 static void load_start(load *L, const ts_cluster *c, load_cfg cfg)
@@ -249,6 +273,7 @@ static void load_start(load *L, const ts_cluster *c, load_cfg cfg)
     L->retry_ms = cfg.retry_ms;
     L->lease_ms = cfg.lease_ms;
     L->hold_us = cfg.hold_us;
+    L->command_timeout_ms = cfg.command_timeout_ms;
     pthread_mutex_init(&L->mu, NULL);
     for (int t = 0; t < L->threads; t++) {
         L->w[t].L = L;
@@ -420,6 +445,66 @@ Test(cluster_failover, unplanned_sigkill, TO)
     failover_under_load(false);
 }
 
+/* A primary that stops answering: SIGSTOP, so its port still accepts connections (the kernel
+ * completes them) and nothing answers, as a host gone down, a partition or a black-holed
+ * address look to a client; nothing refuses or resets, so no ECONN drives the client. Under
+ * contended load (4 threads, a fair semaphore of limit 2, command timeout 500 ms, retry window
+ * 20 s) the replica is promoted after cluster-node-timeout (1 s) plus the election, and the
+ * calls waiting on the silent primary time out, re-read the map from the other nodes and
+ * are granted by the promoted replica: the first grant comes soon after the promotion, no
+ * acquire fails, none takes much longer than the failover, and nobody is over the limit.
+ * Before timeouts drove a map refresh, every call timed out on the silent primary for good. */
+Test(cluster_failover, a_primary_that_stops_answering, TO)
+{
+    ts_cluster c;
+    start(&c, 1);
+    static load L;
+    load_start(&L, &c,
+               (load_cfg){.base = "silent", .nsem = 1, .limit = 2, .threads = 4,
+                          .strategy = REDSEM_STRATEGY_FAIR, .retry_ms = 20000,
+                          .lease_ms = 3000, .hold_us = 2000, .command_timeout_ms = 500});
+    wait_grants(&L, 50, 20000);
+    int slot = slot_of(&c, "silent-0");
+    int primary = ts_cluster_owner(&c, 0, slot), replica = primary + 3;
+    cr_assert(primary >= 0 && primary < 3);
+    int64_t at = tf_now_ms();
+    kill(c.node[primary].pid, SIGSTOP);
+    int64_t until = tf_now_ms() + 30000;
+    while (ts_cluster_owner(&c, replica, slot) != replica && tf_now_ms() < until)
+        tf_sleep_ms(10);
+    int64_t promoted = tf_now_ms();
+    bool was_promoted = ts_cluster_owner(&c, replica, slot) == replica;
+    int before = atomic_load(&L.grants);
+    while (was_promoted && atomic_load(&L.grants) == before && tf_now_ms() < until)
+        tf_sleep_ms(1);
+    int64_t first = tf_now_ms();
+    if (was_promoted)
+        wait_grants(&L, 100, 20000);
+    load_join(&L);
+    kill(c.node[primary].pid, SIGKILL);
+    waitpid(c.node[primary].pid, NULL, 0);
+    c.node[primary].pid = 0;
+    long long longest = atomic_load(&L.longest_acquire_ms);
+    fprintf(stderr,
+            "silent primary: promoted %lld ms after SIGSTOP, first grant %lld ms after the "
+            "promotion; longest acquire %lld ms; %d grants, %d over the limit, %d errors, %d "
+            "release errors%s%s\n",
+            (long long)(promoted - at), (long long)(first - promoted), longest,
+            atomic_load(&L.grants), atomic_load(&L.over), atomic_load(&L.errors),
+            atomic_load(&L.release_errors), L.first_error[0] ? "; first: " : "", L.first_error);
+    cr_assert(was_promoted, "the replica was not promoted");
+    cr_expect(atomic_load(&L.grants) > before, "no grant after the failover");
+    /* expected within a command timeout and a map read of the promotion; generous bounds:
+     * the machine may be loaded */
+    cr_expect(first - promoted <= 3000, "first grant %lld ms after the promotion",
+              (long long)(first - promoted));
+    cr_expect(longest <= promoted - at + 5000, "an acquire took %lld ms (failover %lld ms)",
+              longest, (long long)(promoted - at));
+    cr_expect_eq(atomic_load(&L.errors), 0, "acquire errors: first %s", L.first_error);
+    cr_expect_eq(atomic_load(&L.over), 0, "holders over the limit");
+    ts_cluster_stop(&c);
+}
+
 /* ================================================================ bad topologies */
 
 Test(cluster, every_seed_down_is_econn_within_the_connect_timeout, TO)
@@ -436,6 +521,59 @@ Test(cluster, every_seed_down_is_econn_within_the_connect_timeout, TO)
     cr_expect(strstr(err, "slot map") != NULL, "%s", err);
     /* refused at once: this only checks that nothing waits past the timeouts (a hang) */
     cr_expect(took < 5000, "took %lld ms (connect timeout 1000 ms)", (long long)took);
+}
+
+/* A listening socket that never accepts nor answers (the kernel completes connections into
+ * its backlog): a seed on a host that hangs. Its port; close *fd after. */
+static int silent_port(int *fd)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    *fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(*fd >= 0);
+    cr_assert_eq(bind(*fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(*fd, 64), 0);
+    cr_assert_eq(getsockname(*fd, (struct sockaddr *)&a, &len), 0);
+    return ntohs(a.sin_port);
+}
+
+/* The first seed hangs (connects, never answers), the second is a healthy node: the client is
+ * made (each seed gets a share of the connect timeout) and works; before, the first seed used
+ * the whole connect timeout and the client failed with a healthy seed in its URL. Then the
+ * same with the silent seed second and third (both orders of a bad and a good seed). */
+Test(cluster, a_seed_that_hangs_does_not_keep_the_others_from_being_asked, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    int fd, fd2;
+    int silent = silent_port(&fd), silent2 = silent_port(&fd2);
+    char urls[2][256];
+    snprintf(urls[0], sizeof urls[0], "redis+cluster://127.0.0.1:%d,127.0.0.1:%d", silent,
+             c.node[1].port);
+    snprintf(urls[1], sizeof urls[1], "redis+cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
+             silent, silent2, c.node[2].port);
+    for (int u = 0; u < 2; u++) {
+        char err[512] = "";
+        int rc;
+        int64_t t0 = tf_now_ms();
+        redsem_client *cl = tf_client_try(urls[u], -1, &rc, err, sizeof err);
+        int64_t took = tf_now_ms() - t0;
+        cr_assert_eq(rc, REDSEM_OK, "%s: %s: %s", urls[u], redsem_err_name(rc), err);
+        /* the silent seeds' shares of the 1 s connect timeout, and no more */
+        cr_expect(took < 5000, "took %lld ms", (long long)took);
+        redsem_sem *s = NULL;
+        redsem_permit *p = NULL;
+        OK(cl, redsem_sem_open(cl, "past-a-silent-seed", REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+        OK(cl, redsem_sem_acquire(s, 1000, &p));
+        OK(cl, redsem_permit_release(p));
+        redsem_permit_free(p);
+        redsem_sem_free(s);
+        redsem_client_free(cl);
+    }
+    close(fd);
+    close(fd2);
+    ts_cluster_stop(&c);
 }
 
 Test(cluster, a_standalone_server_behind_a_cluster_url_is_refused, TO)
