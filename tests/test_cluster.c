@@ -15,8 +15,11 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <hiredis/hiredis.h>
+
 #include "cluster.h"
 #include "fixture.h"
+#include "internal.h"
 
 #define TO .timeout = 300
 
@@ -838,6 +841,117 @@ Test(cluster, renewal_follows_a_moved_slot, TO)
     OK(cl, redsem_permit_release(p));
     redsem_permit_free(p);
     redsem_sem_free(s);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
+/* ================================================================ the node table */
+
+/* GET key on n, for redsem__topo_route: a keyed command, so a node that does not serve the
+ * key's slot answers MOVED. */
+static int call_get(redsem__node *n, void *arg)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, "GET");
+    redsem__args_str(&a, arg);
+    redisReply *r = NULL;
+    int rc = redsem__node_request(n, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = redsem__node_error_reply(n, r, "GET");
+    freeReplyObject(r);
+    return rc;
+}
+
+/* A primary whose address changes 1,000 times in a lane's life (a pod that moves): white-box
+ * on a lane of a real client (the internal API, as test_wake does). Each change is the
+ * cluster's real CLUSTER SLOTS reply with that primary's host replaced by a new loopback
+ * address where nothing listens (127.0.x.y: the nodes listen on 127.0.0.1 only), read into
+ * the lane's map; every 100 changes a real call on the key meets the dead address (refused),
+ * re-reads the map from the other nodes and is served by the real primary. The table drops
+ * the addresses that left the map: every change is taken (before, the 256th new address
+ * failed with "more than 256 nodes" and the lane stayed on a dead address for good:
+ * checked), and at the end, the real map read and a second gone by, the lane holds just the
+ * three primaries (the seeds are two of them). */
+Test(cluster, a_thousand_address_changes_keep_the_node_table_small, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_client *cl = client(&c, 5000);
+    /* a key on the primary that is not a seed (the URL names nodes 0 and 1) */
+    char key[64];
+    int k0 = 0;
+    do
+        snprintf(key, sizeof key, "{moving-%d}", k0++);
+    while (ts_cluster_owner(&c, 0, keyslot(&c, key)) != 2);
+    int slot = keyslot(&c, key);
+    redsem__lane *l = NULL;
+    cr_assert_eq(redsem__lane_get(cl, false, &l), REDSEM_OK);
+    l->ctx.deadline_cap_ns = 0;
+    redsem__topo *t = &l->topo;
+    cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL, call_get, key),
+                 REDSEM_OK, "%s", l->ctx.errmsg);
+    /* the node asked for the map: node 0, a seed */
+    redsem__node *asked = NULL;
+    for (size_t i = 0; i < t->nnodes && asked == NULL; i++)
+        if (t->nodes[i] != NULL && t->nodes[i]->ep.port == c.node[0].port)
+            asked = t->nodes[i];
+    cr_assert_not_null(asked);
+    struct timeval tv = {5, 0};
+    redisContext *rc0 = redisConnectUnixWithTimeout(c.node[0].sock, tv);
+    cr_assert(rc0 != NULL && rc0->err == 0);
+    redisReply *map = redisCommand(rc0, "CLUSTER SLOTS");
+    cr_assert(map != NULL && map->type == REDIS_REPLY_ARRAY);
+    redisReply *host = NULL;
+    for (size_t i = 0; i < map->elements; i++) {
+        redisReply *e = map->element[i];
+        if (e->element[0]->integer <= slot && slot <= e->element[1]->integer)
+            host = e->element[2]->element[0];
+    }
+    cr_assert_not_null(host);
+    char *real_host = host->str;
+    size_t real_len = host->len, most = 0;
+    char fake[32];
+    for (int k = 0; k < 1000; k++) {
+        snprintf(fake, sizeof fake, "127.0.%d.%d", 1 + k / 250, 2 + k % 250);
+        host->str = fake;
+        host->len = strlen(fake);
+        char err[256] = "";
+        cr_assert_eq(redsem__cluster_read_map(t, asked, map, err, sizeof err), REDSEM_OK,
+                     "address change %d: %s", k + 1, err);
+        redsem__node *n = redsem__topo_node(t, key, strlen(key));
+        cr_assert(n != NULL && strcmp(n->ep.host, fake) == 0 && n->ep.port == c.node[2].port,
+                  "change %d: the map names %s", k + 1, n ? n->ep.host : "nothing");
+        size_t live = redsem__cluster_live_nodes(t);
+        most = live > most ? live : most;
+        if (k % 100 == 99) {
+            /* a call meets the dead address, and finds the primary again */
+            cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL,
+                                            call_get, key),
+                         REDSEM_OK, "after change %d: %s", k + 1, l->ctx.errmsg);
+            n = redsem__topo_node(t, key, strlen(key));
+            cr_assert(n != NULL && strcmp(n->ep.host, "127.0.0.1") == 0 &&
+                      n->ep.port == c.node[2].port);
+        }
+    }
+    host->str = real_host;
+    host->len = real_len;
+    char err[256] = "";
+    cr_assert_eq(redsem__cluster_read_map(t, asked, map, err, sizeof err), REDSEM_OK, "%s", err);
+    freeReplyObject(map);
+    redisFree(rc0);
+    /* once the dead addresses have been idle for REDSEM__CLUSTER_DROP_MS, a call drops them */
+    tf_sleep_ms(REDSEM__CLUSTER_DROP_MS + 100);
+    cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL, call_get, key),
+                 REDSEM_OK, "%s", l->ctx.errmsg);
+    fprintf(stderr, "1,000 address changes: at most %zu nodes held at once, %zu at the end\n",
+            most, redsem__cluster_live_nodes(t));
+    cr_expect_eq(redsem__cluster_live_nodes(t), 3, "%zu nodes held",
+                 redsem__cluster_live_nodes(t));
+    cr_expect(most <= REDSEM__CLUSTER_NODES_MAX);
+    redsem__lane_put(cl, l, REDSEM_OK);
     redsem_client_free(cl);
     ts_cluster_stop(&c);
 }
