@@ -563,6 +563,8 @@ Test(cluster, a_seed_that_hangs_does_not_keep_the_others_from_being_asked, TO)
         redsem_client *cl = tf_client_try(urls[u], -1, &rc, err, sizeof err);
         int64_t took = tf_now_ms() - t0;
         cr_assert_eq(rc, REDSEM_OK, "%s: %s: %s", urls[u], redsem_err_name(rc), err);
+        fprintf(stderr, "%d silent seed(s) first: the client made in %lld ms\n", u + 1,
+                (long long)took);
         /* the silent seeds' shares of the 1 s connect timeout, and no more */
         cr_expect(took < 5000, "took %lld ms", (long long)took);
         redsem_sem *s = NULL;
