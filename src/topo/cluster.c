@@ -378,7 +378,9 @@ static int refresh(redsem__topo *t, const redsem__node *avoid, char *err, size_t
         if (now >= deadline)
             break;
         int64_t share = (deadline - now) / (int64_t)(m - j);
-        int64_t dl = share < 100 * REDSEM__NS_PER_MS ? deadline : now + share;
+        if (share < 100 * REDSEM__NS_PER_MS)
+            share = 100 * REDSEM__NS_PER_MS; /* a round trip's worth, even over a WAN */
+        int64_t dl = deadline - now > share ? now + share : deadline;
         t->ctx->deadline_cap_ns = dl; /* bounds the connect too */
         rc = ask_map(t, n, dl, one, sizeof one);
         t->ctx->deadline_cap_ns = saved_cap;
