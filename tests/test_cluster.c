@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -526,6 +527,8 @@ Test(cluster, every_seed_down_is_econn_within_the_connect_timeout, TO)
     cr_expect(took < 5000, "took %lld ms (connect timeout 1000 ms)", (long long)took);
 }
 
+static int call_get(redsem__node *n, void *arg);
+
 /* A listening socket that never accepts nor answers (the kernel completes connections into
  * its backlog): a seed on a host that hangs. Its port; close *fd after. */
 static int silent_port(int *fd)
@@ -537,14 +540,28 @@ static int silent_port(int *fd)
     cr_assert(*fd >= 0);
     cr_assert_eq(bind(*fd, (struct sockaddr *)&a, sizeof a), 0);
     cr_assert_eq(listen(*fd, 64), 0);
+    cr_assert_eq(fcntl(*fd, F_SETFL, O_NONBLOCK), 0); /* for accepted(): listen() ignores it */
     cr_assert_eq(getsockname(*fd, (struct sockaddr *)&a, &len), 0);
     return ntohs(a.sin_port);
+}
+
+/* How many connections the silent socket fd holds in its queue, taken (and closed) now. */
+static int accepted(int fd)
+{
+    int n = 0, one;
+    while ((one = accept4(fd, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
+        close(one);
+        n++;
+    }
+    return n;
 }
 
 /* The first seed hangs (connects, never answers), the second is a healthy node: the client is
  * made (each seed gets a share of the connect timeout) and works; before, the first seed used
  * the whole connect timeout and the client failed with a healthy seed in its URL. Then the
- * same with the silent seed second and third (both orders of a bad and a good seed). */
+ * same with two silent seeds before the healthy one. A second lane of the client (its second
+ * connection to each node) asks the seed that answered first, and no silent one: a seed that
+ * hangs costs the client's first lane only. */
 Test(cluster, a_seed_that_hangs_does_not_keep_the_others_from_being_asked, TO)
 {
     ts_cluster c;
@@ -567,6 +584,23 @@ Test(cluster, a_seed_that_hangs_does_not_keep_the_others_from_being_asked, TO)
                 (long long)took);
         /* the silent seeds' shares of the 1 s connect timeout, and no more */
         cr_expect(took < 5000, "took %lld ms", (long long)took);
+        /* a second lane (a second connection to each node: white-box) asks the healthy seed
+         * first: no new connection to the silent ones */
+        int before = accepted(fd) + accepted(fd2);
+        cr_expect(before >= u + 1, "%d connections to the silent seeds", before);
+        redsem__lane *l1 = NULL, *l2 = NULL;
+        cr_assert_eq(redsem__lane_get(cl, false, &l1), REDSEM_OK);
+        cr_assert_eq(redsem__lane_get(cl, false, &l2), REDSEM_OK);
+        cr_assert(l1 != l2);
+        l2->ctx.deadline_cap_ns = 0;
+        int64_t t1 = tf_now_ms();
+        cr_assert_eq(redsem__topo_route(&l2->topo, "{x}", 3, REDSEM__REQ_RETRY, NULL, call_get,
+                                        "{x}"),
+                     REDSEM_OK, "%s", l2->ctx.errmsg);
+        fprintf(stderr, "a second lane's first call: %lld ms\n", (long long)(tf_now_ms() - t1));
+        cr_expect_eq(accepted(fd) + accepted(fd2), 0, "a new lane asked a silent seed again");
+        redsem__lane_put(cl, l2, REDSEM_OK);
+        redsem__lane_put(cl, l1, REDSEM_OK);
         redsem_sem *s = NULL;
         redsem_permit *p = NULL;
         OK(cl, redsem_sem_open(cl, "past-a-silent-seed", REDSEM_STRATEGY_FAIR, 1, 5000, &s));

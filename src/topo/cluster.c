@@ -344,7 +344,10 @@ static int refresh(redsem__topo *t, const redsem__node *avoid, char *err, size_t
     if (saved_cap != 0 && saved_cap < deadline)
         deadline = saved_cap;
     t->refreshed_ns = redsem__now_ns();
-    /* the seeds join the known nodes (as nodes: a seed is usually a primary) */
+    /* the seeds join the known nodes (as nodes: a seed is usually a primary); a lane that
+     * knows no node yet starts with the seed that gave another lane the map */
+    if (t->nnodes == 0 && t->seed_first != NULL && t->given.nhosts > 0)
+        t->first = atomic_load_explicit(t->seed_first, memory_order_relaxed) % t->given.nhosts;
     for (size_t i = 0; i < t->given.nhosts; i++) {
         size_t idx;
         int rc = node_at(t, t->given.hosts[i].host, t->given.hosts[i].port, NULL, NULL, &idx);
@@ -386,6 +389,10 @@ static int refresh(redsem__topo *t, const redsem__node *avoid, char *err, size_t
         t->ctx->deadline_cap_ns = saved_cap;
         if (rc == REDSEM_OK) {
             t->first = i;
+            for (size_t s = 0; s < t->given.nhosts && t->seed_first != NULL; s++)
+                if (t->given.hosts[s].port == n->ep.port &&
+                    strcmp(t->given.hosts[s].host, n->ep.host) == 0)
+                    atomic_store_explicit(t->seed_first, s, memory_order_relaxed);
             break;
         }
         if (rc == REDSEM_ENOMEM)
