@@ -46,6 +46,7 @@ typedef struct cnode {
     int64_t used_ns;   /* when a call or a map request last went to it */
     int64_t failed_ns; /* when it last did not answer (refused, reset, timed out); 0: it has
                         * answered since */
+    int64_t silent_ns; /* when it last timed out; 0: it has answered since */
 } cnode;
 
 static cnode *cn(redsem__node *n)
@@ -298,10 +299,13 @@ static int ask_map(redsem__topo *t, redsem__node *n, int64_t deadline_ns, char *
     if (rc != REDSEM_OK) {
         if (rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT)
             cn(n)->failed_ns = redsem__now_ns();
+        if (rc == REDSEM_ETIMEDOUT)
+            cn(n)->silent_ns = cn(n)->failed_ns;
         snprintf(err, errlen, "%s:%d: %.200s", n->ep.host, n->ep.port, t->ctx->errmsg);
         return rc;
     }
     cn(n)->failed_ns = 0;
+    cn(n)->silent_ns = 0;
     if (r->type == REDIS_REPLY_ERROR) {
         if (strstr(r->str, "cluster support disabled") != NULL) {
             snprintf(err, errlen, "%s:%d is not a cluster node (cluster support disabled): use "
@@ -435,7 +439,7 @@ int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flag
 {
     int slot = key != NULL ? redsem__key_slot(key, len) : -1;
     redsem__node *next = NULL; /* the node a redirection named, for the next try only */
-    bool asking = false, maybe_applied = false;
+    bool asking = false, maybe_applied = false, timed_out = false;
     int64_t retry_until = 0, backoff = 5 * REDSEM__NS_PER_MS;
     /* no node is held here yet: drop the ones that left the map, once they are idle */
     int64_t start = redsem__now_ns();
@@ -453,12 +457,23 @@ int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flag
         if (n == NULL) {
             rc = redsem__ctx_err(t->ctx, REDSEM_ESERVER, "no cluster node serves hash slot %d",
                                  slot);
+        } else if (timed_out && next == NULL && cn(n)->silent_ns != 0 &&
+                   redsem__now_ns() - cn(n)->silent_ns <
+                       t->cfg.command_timeout_ms * REDSEM__NS_PER_MS) {
+            /* This call timed out, and the map still names a node that timed out less than a
+             * command timeout ago: the cluster has not failed it over yet (that takes
+             * cluster-node-timeout and an election). Read the map again (rate-limited)
+             * rather than wait out another timeout there; send to it again after that. */
+            refresh_soon(t, n);
+            rc = REDSEM_ETIMEDOUT; /* the timeout's text stays in errmsg */
         } else {
             n->asking = asking;
             cn(n)->used_ns = redsem__now_ns();
             rc = call(n, arg);
             n->asking = false;
             cn(n)->failed_ns = rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT ? redsem__now_ns() : 0;
+            cn(n)->silent_ns = rc == REDSEM_ETIMEDOUT ? cn(n)->failed_ns : 0;
+            timed_out = timed_out || rc == REDSEM_ETIMEDOUT;
             if (info != NULL) {
                 maybe_applied = maybe_applied || info->maybe_applied;
                 info->maybe_applied = maybe_applied;
