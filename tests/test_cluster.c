@@ -509,6 +509,55 @@ Test(cluster_failover, a_primary_that_stops_answering, TO)
     ts_cluster_stop(&c);
 }
 
+/* A primary with no replica stops answering (SIGSTOP): nothing can take its slots over. A
+ * call on one of its names (command timeout 300 ms, retry window 1 s) times out, re-reads the
+ * map, polls it while the node is silent, sends again, and ends within its bounds
+ * (REDSEM_EUNKNOWN: the acquire may have reached the stopped server), not in a loop or a
+ * hang; after SIGCONT the same client's next acquire there is granted (the requests the
+ * stopped server ran late granted nothing: their not-after time had passed). */
+Test(cluster, a_silent_primary_without_a_replica_fails_calls_in_bounded_time, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, c.url), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_command_timeout_ms(o, 300), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, 1000), REDSEM_OK);
+    redsem_client *cl = NULL;
+    cr_assert_eq(redsem_client_new(o, &cl), REDSEM_OK);
+    redsem_options_free(o);
+    char name[32];
+    int k = 0;
+    do
+        snprintf(name, sizeof name, "stopped-%d", k++);
+    while (ts_cluster_owner(&c, 0, slot_of(&c, name)) != 2);
+    redsem_sem *s = NULL;
+    redsem_permit *p = NULL;
+    OK(cl, redsem_sem_open(cl, name, REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+    OK(cl, redsem_sem_acquire(s, 1000, &p));
+    OK(cl, redsem_permit_release(p));
+    redsem_permit_free(p);
+    p = NULL;
+    kill(c.node[2].pid, SIGSTOP);
+    int64_t t0 = tf_now_ms();
+    int rc = redsem_sem_acquire(s, 200, &p);
+    int64_t took = tf_now_ms() - t0;
+    fprintf(stderr, "an acquire on a silent primary without a replica: %s after %lld ms (%s)\n",
+            redsem_err_name(rc), (long long)took, redsem_client_errmsg(cl));
+    kill(c.node[2].pid, SIGCONT);
+    cr_expect_eq(rc, REDSEM_EUNKNOWN, "%s: %s", redsem_err_name(rc), redsem_client_errmsg(cl));
+    /* the first timeout (300 ms), the window (1 s) and the last try's timeout; generous */
+    cr_expect(took <= 6000, "took %lld ms", (long long)took);
+    cr_assert_eq(ts_cluster_wait_ok(&c, slot_of(&c, name), 20000), 0);
+    OK(cl, redsem_sem_acquire(s, 5000, &p));
+    OK(cl, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
 /* ================================================================ bad topologies */
 
 Test(cluster, every_seed_down_is_econn_within_the_connect_timeout, TO)
