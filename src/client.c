@@ -140,7 +140,9 @@ static int lane_new(redsem_client *c, bool for_wait, redsem__lane **ret)
         return redsem__set_err(c, rc, "%s", err);
     }
     l->for_wait = for_wait;
-    if (l->topo.kind != REDSEM__TOPO_CLUSTER) {
+    if (l->topo.kind == REDSEM__TOPO_CLUSTER) {
+        l->topo.seed_first = &c->seed_first; /* a new lane asks first the seed that answered */
+    } else {
         l->topo.single.clock = &c->clock; /* one server: one clock for every lane */
         l->topo.single.scripts = &c->scripts; /* and one script cache */
     }

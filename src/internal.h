@@ -113,6 +113,7 @@ struct redsem_client {
     int max_connections; /* request lanes at most */
     redsem__node_cfg cfg;
     redsem__clock clock; /* the server's, shared by the lanes (not in a cluster) */
+    _Atomic size_t seed_first; /* a cluster's seed that last gave a lane the map (topo.h) */
     redsem__script_cache scripts; /* what the server has cached, shared the same way */
     char *prefix;
     size_t prefix_len;

@@ -10,8 +10,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <hiredis/hiredis.h>
+
 #include "cluster.h"
 #include "fixture.h"
+#include "internal.h"
 
 #define TO .timeout = 300
 
@@ -150,10 +159,12 @@ struct load {
     int nsem, limit, threads, rounds; /* rounds: per thread over all nsem; 0: until stop */
     redsem_strategy strategy;
     int64_t retry_ms, lease_ms, hold_us;
+    int64_t command_timeout_ms; /* 0: the default */
     atomic_int inside[NAMES_MAX];
     atomic_int over, errors, release_errors, grants;
     atomic_bool stop;
     atomic_llong last_grant_ms;
+    atomic_llong longest_acquire_ms; /* the longest successful acquire call */
     char first_error[256];
     pthread_mutex_t mu;
     pthread_t tid[16];
@@ -179,7 +190,19 @@ static void *load_thread(void *arg)
     const int *idx = &w->i;
     int rc;
     char err[512];
-    redsem_client *cl = tf_client_try(L->c->url, L->retry_ms, &rc, err, sizeof err);
+    redsem_client *cl = NULL;
+    if (L->command_timeout_ms > 0) {
+        redsem_options *o = NULL;
+        cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+        cr_assert_eq(redsem_options_set_url(o, L->c->url), REDSEM_OK);
+        cr_assert_eq(redsem_options_set_retry_ms(o, L->retry_ms), REDSEM_OK);
+        cr_assert_eq(redsem_options_set_connect_timeout_ms(o, 1000), REDSEM_OK);
+        cr_assert_eq(redsem_options_set_command_timeout_ms(o, L->command_timeout_ms), REDSEM_OK);
+        rc = redsem_client_new_verbose(o, &cl, err, sizeof err);
+        redsem_options_free(o);
+    } else {
+        cl = tf_client_try(L->c->url, L->retry_ms, &rc, err, sizeof err);
+    }
     if (rc != REDSEM_OK) {
         atomic_fetch_add(&L->errors, 1);
         return NULL;
@@ -200,12 +223,16 @@ static void *load_thread(void *arg)
                 }
             }
             redsem_permit *p = NULL;
+            int64_t t0 = tf_now_ms();
             rc = redsem_sem_acquire(sems[i], 30000, &p);
             if (rc != REDSEM_OK) {
                 note_error(L, cl, "acquire", rc);
                 atomic_fetch_add(&L->errors, 1);
                 continue;
             }
+            long long took = tf_now_ms() - t0, was = atomic_load(&L->longest_acquire_ms);
+            while (took > was && !atomic_compare_exchange_weak(&L->longest_acquire_ms, &was, took))
+                ;
             if (atomic_fetch_add(&L->inside[i], 1) + 1 > L->limit)
                 atomic_fetch_add(&L->over, 1);
             atomic_fetch_add(&L->grants, 1);
@@ -234,6 +261,7 @@ typedef struct load_cfg {
     int nsem, limit, threads, rounds;
     redsem_strategy strategy;
     int64_t retry_ms, lease_ms, hold_us;
+    int64_t command_timeout_ms; /* 0: the default */
 } load_cfg;
 
 static void load_start(load *L, const ts_cluster *c, load_cfg cfg)
@@ -249,6 +277,7 @@ static void load_start(load *L, const ts_cluster *c, load_cfg cfg)
     L->retry_ms = cfg.retry_ms;
     L->lease_ms = cfg.lease_ms;
     L->hold_us = cfg.hold_us;
+    L->command_timeout_ms = cfg.command_timeout_ms;
     pthread_mutex_init(&L->mu, NULL);
     for (int t = 0; t < L->threads; t++) {
         L->w[t].L = L;
@@ -420,6 +449,115 @@ Test(cluster_failover, unplanned_sigkill, TO)
     failover_under_load(false);
 }
 
+/* A primary that stops answering: SIGSTOP, so its port still accepts connections (the kernel
+ * completes them) and nothing answers, as a host gone down, a partition or a black-holed
+ * address look to a client; nothing refuses or resets, so no ECONN drives the client. Under
+ * contended load (4 threads, a fair semaphore of limit 2, command timeout 500 ms, retry window
+ * 20 s) the replica is promoted after cluster-node-timeout (1 s) plus the election, and the
+ * calls waiting on the silent primary time out, re-read the map from the other nodes and
+ * are granted by the promoted replica: the first grant comes soon after the promotion, no
+ * acquire fails, none takes much longer than the failover, and nobody is over the limit.
+ * Before timeouts drove a map refresh, every call timed out on the silent primary for good. */
+Test(cluster_failover, a_primary_that_stops_answering, TO)
+{
+    ts_cluster c;
+    start(&c, 1);
+    static load L;
+    load_start(&L, &c,
+               (load_cfg){.base = "silent", .nsem = 1, .limit = 2, .threads = 4,
+                          .strategy = REDSEM_STRATEGY_FAIR, .retry_ms = 20000,
+                          .lease_ms = 3000, .hold_us = 2000, .command_timeout_ms = 500});
+    wait_grants(&L, 50, 20000);
+    int slot = slot_of(&c, "silent-0");
+    int primary = ts_cluster_owner(&c, 0, slot), replica = primary + 3;
+    cr_assert(primary >= 0 && primary < 3);
+    int64_t at = tf_now_ms();
+    kill(c.node[primary].pid, SIGSTOP);
+    int64_t until = tf_now_ms() + 30000;
+    while (ts_cluster_owner(&c, replica, slot) != replica && tf_now_ms() < until)
+        tf_sleep_ms(10);
+    int64_t promoted = tf_now_ms();
+    bool was_promoted = ts_cluster_owner(&c, replica, slot) == replica;
+    int before = atomic_load(&L.grants);
+    while (was_promoted && atomic_load(&L.grants) == before && tf_now_ms() < until)
+        tf_sleep_ms(1);
+    int64_t first = tf_now_ms();
+    if (was_promoted)
+        wait_grants(&L, 100, 20000);
+    load_join(&L);
+    kill(c.node[primary].pid, SIGKILL);
+    waitpid(c.node[primary].pid, NULL, 0);
+    c.node[primary].pid = 0;
+    long long longest = atomic_load(&L.longest_acquire_ms);
+    fprintf(stderr,
+            "silent primary: promoted %lld ms after SIGSTOP, first grant %lld ms after the "
+            "promotion; longest acquire %lld ms; %d grants, %d over the limit, %d errors, %d "
+            "release errors%s%s\n",
+            (long long)(promoted - at), (long long)(first - promoted), longest,
+            atomic_load(&L.grants), atomic_load(&L.over), atomic_load(&L.errors),
+            atomic_load(&L.release_errors), L.first_error[0] ? "; first: " : "", L.first_error);
+    cr_assert(was_promoted, "the replica was not promoted");
+    cr_expect(atomic_load(&L.grants) > before, "no grant after the failover");
+    /* expected within a command timeout and a map read of the promotion; generous bounds:
+     * the machine may be loaded */
+    cr_expect(first - promoted <= 3000, "first grant %lld ms after the promotion",
+              (long long)(first - promoted));
+    cr_expect(longest <= promoted - at + 5000, "an acquire took %lld ms (failover %lld ms)",
+              longest, (long long)(promoted - at));
+    cr_expect_eq(atomic_load(&L.errors), 0, "acquire errors: first %s", L.first_error);
+    cr_expect_eq(atomic_load(&L.over), 0, "holders over the limit");
+    ts_cluster_stop(&c);
+}
+
+/* A primary with no replica stops answering (SIGSTOP): nothing can take its slots over. A
+ * call on one of its names (command timeout 300 ms, retry window 1 s) times out, re-reads the
+ * map, polls it while the node is silent, sends again, and ends within its bounds
+ * (REDSEM_EUNKNOWN: the acquire may have reached the stopped server), not in a loop or a
+ * hang; after SIGCONT the same client's next acquire there is granted (the requests the
+ * stopped server ran late granted nothing: their not-after time had passed). */
+Test(cluster, a_silent_primary_without_a_replica_fails_calls_in_bounded_time, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, c.url), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_command_timeout_ms(o, 300), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, 1000), REDSEM_OK);
+    redsem_client *cl = NULL;
+    cr_assert_eq(redsem_client_new(o, &cl), REDSEM_OK);
+    redsem_options_free(o);
+    char name[32];
+    int k = 0;
+    do
+        snprintf(name, sizeof name, "stopped-%d", k++);
+    while (ts_cluster_owner(&c, 0, slot_of(&c, name)) != 2);
+    redsem_sem *s = NULL;
+    redsem_permit *p = NULL;
+    OK(cl, redsem_sem_open(cl, name, REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+    OK(cl, redsem_sem_acquire(s, 1000, &p));
+    OK(cl, redsem_permit_release(p));
+    redsem_permit_free(p);
+    p = NULL;
+    kill(c.node[2].pid, SIGSTOP);
+    int64_t t0 = tf_now_ms();
+    int rc = redsem_sem_acquire(s, 200, &p);
+    int64_t took = tf_now_ms() - t0;
+    fprintf(stderr, "an acquire on a silent primary without a replica: %s after %lld ms (%s)\n",
+            redsem_err_name(rc), (long long)took, redsem_client_errmsg(cl));
+    kill(c.node[2].pid, SIGCONT);
+    cr_expect_eq(rc, REDSEM_EUNKNOWN, "%s: %s", redsem_err_name(rc), redsem_client_errmsg(cl));
+    /* the first timeout (300 ms), the window (1 s) and the last try's timeout; generous */
+    cr_expect(took <= 6000, "took %lld ms", (long long)took);
+    cr_assert_eq(ts_cluster_wait_ok(&c, slot_of(&c, name), 20000), 0);
+    OK(cl, redsem_sem_acquire(s, 5000, &p));
+    OK(cl, redsem_permit_release(p));
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
 /* ================================================================ bad topologies */
 
 Test(cluster, every_seed_down_is_econn_within_the_connect_timeout, TO)
@@ -436,6 +574,94 @@ Test(cluster, every_seed_down_is_econn_within_the_connect_timeout, TO)
     cr_expect(strstr(err, "slot map") != NULL, "%s", err);
     /* refused at once: this only checks that nothing waits past the timeouts (a hang) */
     cr_expect(took < 5000, "took %lld ms (connect timeout 1000 ms)", (long long)took);
+}
+
+static int call_get(redsem__node *n, void *arg);
+
+/* A listening socket that never accepts nor answers (the kernel completes connections into
+ * its backlog): a seed on a host that hangs. Its port; close *fd after. */
+static int silent_port(int *fd)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    *fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(*fd >= 0);
+    cr_assert_eq(bind(*fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(*fd, 64), 0);
+    cr_assert_eq(fcntl(*fd, F_SETFL, O_NONBLOCK), 0); /* for accepted(): listen() ignores it */
+    cr_assert_eq(getsockname(*fd, (struct sockaddr *)&a, &len), 0);
+    return ntohs(a.sin_port);
+}
+
+/* How many connections the silent socket fd holds in its queue, taken (and closed) now. */
+static int accepted(int fd)
+{
+    int n = 0, one;
+    while ((one = accept4(fd, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
+        close(one);
+        n++;
+    }
+    return n;
+}
+
+/* The first seed hangs (connects, never answers), the second is a healthy node: the client is
+ * made (each seed gets a share of the connect timeout) and works; before, the first seed used
+ * the whole connect timeout and the client failed with a healthy seed in its URL. Then the
+ * same with two silent seeds before the healthy one. A second lane of the client (its second
+ * connection to each node) asks the seed that answered first, and no silent one: a seed that
+ * hangs costs the client's first lane only. */
+Test(cluster, a_seed_that_hangs_does_not_keep_the_others_from_being_asked, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    int fd, fd2;
+    int silent = silent_port(&fd), silent2 = silent_port(&fd2);
+    char urls[2][256];
+    snprintf(urls[0], sizeof urls[0], "redis+cluster://127.0.0.1:%d,127.0.0.1:%d", silent,
+             c.node[1].port);
+    snprintf(urls[1], sizeof urls[1], "redis+cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
+             silent, silent2, c.node[2].port);
+    for (int u = 0; u < 2; u++) {
+        char err[512] = "";
+        int rc;
+        int64_t t0 = tf_now_ms();
+        redsem_client *cl = tf_client_try(urls[u], -1, &rc, err, sizeof err);
+        int64_t took = tf_now_ms() - t0;
+        cr_assert_eq(rc, REDSEM_OK, "%s: %s: %s", urls[u], redsem_err_name(rc), err);
+        fprintf(stderr, "%d silent seed(s) first: the client made in %lld ms\n", u + 1,
+                (long long)took);
+        /* the silent seeds' shares of the 1 s connect timeout, and no more */
+        cr_expect(took < 5000, "took %lld ms", (long long)took);
+        /* a second lane (a second connection to each node: white-box) asks the healthy seed
+         * first: no new connection to the silent ones */
+        int before = accepted(fd) + accepted(fd2);
+        cr_expect(before >= u + 1, "%d connections to the silent seeds", before);
+        redsem__lane *l1 = NULL, *l2 = NULL;
+        cr_assert_eq(redsem__lane_get(cl, false, &l1), REDSEM_OK);
+        cr_assert_eq(redsem__lane_get(cl, false, &l2), REDSEM_OK);
+        cr_assert(l1 != l2);
+        l2->ctx.deadline_cap_ns = 0;
+        int64_t t1 = tf_now_ms();
+        cr_assert_eq(redsem__topo_route(&l2->topo, "{x}", 3, REDSEM__REQ_RETRY, NULL, call_get,
+                                        "{x}"),
+                     REDSEM_OK, "%s", l2->ctx.errmsg);
+        fprintf(stderr, "a second lane's first call: %lld ms\n", (long long)(tf_now_ms() - t1));
+        cr_expect_eq(accepted(fd) + accepted(fd2), 0, "a new lane asked a silent seed again");
+        redsem__lane_put(cl, l2, REDSEM_OK);
+        redsem__lane_put(cl, l1, REDSEM_OK);
+        redsem_sem *s = NULL;
+        redsem_permit *p = NULL;
+        OK(cl, redsem_sem_open(cl, "past-a-silent-seed", REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+        OK(cl, redsem_sem_acquire(s, 1000, &p));
+        OK(cl, redsem_permit_release(p));
+        redsem_permit_free(p);
+        redsem_sem_free(s);
+        redsem_client_free(cl);
+    }
+    close(fd);
+    close(fd2);
+    ts_cluster_stop(&c);
 }
 
 Test(cluster, a_standalone_server_behind_a_cluster_url_is_refused, TO)
@@ -700,6 +926,117 @@ Test(cluster, renewal_follows_a_moved_slot, TO)
     OK(cl, redsem_permit_release(p));
     redsem_permit_free(p);
     redsem_sem_free(s);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
+/* ================================================================ the node table */
+
+/* GET key on n, for redsem__topo_route: a keyed command, so a node that does not serve the
+ * key's slot answers MOVED. */
+static int call_get(redsem__node *n, void *arg)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, "GET");
+    redsem__args_str(&a, arg);
+    redisReply *r = NULL;
+    int rc = redsem__node_request(n, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (r->type == REDIS_REPLY_ERROR)
+        rc = redsem__node_error_reply(n, r, "GET");
+    freeReplyObject(r);
+    return rc;
+}
+
+/* A primary whose address changes 1,000 times in a lane's life (a pod that moves): white-box
+ * on a lane of a real client (the internal API, as test_wake does). Each change is the
+ * cluster's real CLUSTER SLOTS reply with that primary's host replaced by a new loopback
+ * address where nothing listens (127.0.x.y: the nodes listen on 127.0.0.1 only), read into
+ * the lane's map; every 100 changes a real call on the key meets the dead address (refused),
+ * re-reads the map from the other nodes and is served by the real primary. The table drops
+ * the addresses that left the map: every change is taken (before, the 256th new address
+ * failed with "more than 256 nodes" and the lane stayed on a dead address for good:
+ * checked), and at the end, the real map read and a second gone by, the lane holds just the
+ * three primaries (the seeds are two of them). */
+Test(cluster, a_thousand_address_changes_keep_the_node_table_small, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_client *cl = client(&c, 5000);
+    /* a key on the primary that is not a seed (the URL names nodes 0 and 1) */
+    char key[64];
+    int k0 = 0;
+    do
+        snprintf(key, sizeof key, "{moving-%d}", k0++);
+    while (ts_cluster_owner(&c, 0, keyslot(&c, key)) != 2);
+    int slot = keyslot(&c, key);
+    redsem__lane *l = NULL;
+    cr_assert_eq(redsem__lane_get(cl, false, &l), REDSEM_OK);
+    l->ctx.deadline_cap_ns = 0;
+    redsem__topo *t = &l->topo;
+    cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL, call_get, key),
+                 REDSEM_OK, "%s", l->ctx.errmsg);
+    /* the node asked for the map: node 0, a seed */
+    redsem__node *asked = NULL;
+    for (size_t i = 0; i < t->nnodes && asked == NULL; i++)
+        if (t->nodes[i] != NULL && t->nodes[i]->ep.port == c.node[0].port)
+            asked = t->nodes[i];
+    cr_assert_not_null(asked);
+    struct timeval tv = {5, 0};
+    redisContext *rc0 = redisConnectUnixWithTimeout(c.node[0].sock, tv);
+    cr_assert(rc0 != NULL && rc0->err == 0);
+    redisReply *map = redisCommand(rc0, "CLUSTER SLOTS");
+    cr_assert(map != NULL && map->type == REDIS_REPLY_ARRAY);
+    redisReply *host = NULL;
+    for (size_t i = 0; i < map->elements; i++) {
+        redisReply *e = map->element[i];
+        if (e->element[0]->integer <= slot && slot <= e->element[1]->integer)
+            host = e->element[2]->element[0];
+    }
+    cr_assert_not_null(host);
+    char *real_host = host->str;
+    size_t real_len = host->len, most = 0;
+    char fake[32];
+    for (int k = 0; k < 1000; k++) {
+        snprintf(fake, sizeof fake, "127.0.%d.%d", 1 + k / 250, 2 + k % 250);
+        host->str = fake;
+        host->len = strlen(fake);
+        char err[256] = "";
+        cr_assert_eq(redsem__cluster_read_map(t, asked, map, err, sizeof err), REDSEM_OK,
+                     "address change %d: %s", k + 1, err);
+        redsem__node *n = redsem__topo_node(t, key, strlen(key));
+        cr_assert(n != NULL && strcmp(n->ep.host, fake) == 0 && n->ep.port == c.node[2].port,
+                  "change %d: the map names %s", k + 1, n ? n->ep.host : "nothing");
+        size_t live = redsem__cluster_live_nodes(t);
+        most = live > most ? live : most;
+        if (k % 100 == 99) {
+            /* a call meets the dead address, and finds the primary again */
+            cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL,
+                                            call_get, key),
+                         REDSEM_OK, "after change %d: %s", k + 1, l->ctx.errmsg);
+            n = redsem__topo_node(t, key, strlen(key));
+            cr_assert(n != NULL && strcmp(n->ep.host, "127.0.0.1") == 0 &&
+                      n->ep.port == c.node[2].port);
+        }
+    }
+    host->str = real_host;
+    host->len = real_len;
+    char err[256] = "";
+    cr_assert_eq(redsem__cluster_read_map(t, asked, map, err, sizeof err), REDSEM_OK, "%s", err);
+    freeReplyObject(map);
+    redisFree(rc0);
+    /* once the dead addresses have been idle for REDSEM__CLUSTER_DROP_MS, a call drops them */
+    tf_sleep_ms(REDSEM__CLUSTER_DROP_MS + 100);
+    cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL, call_get, key),
+                 REDSEM_OK, "%s", l->ctx.errmsg);
+    fprintf(stderr, "1,000 address changes: at most %zu nodes held at once, %zu at the end\n",
+            most, redsem__cluster_live_nodes(t));
+    cr_expect_eq(redsem__cluster_live_nodes(t), 3, "%zu nodes held",
+                 redsem__cluster_live_nodes(t));
+    cr_expect(most <= REDSEM__CLUSTER_NODES_MAX);
+    redsem__lane_put(cl, l, REDSEM_OK);
     redsem_client_free(cl);
     ts_cluster_stop(&c);
 }

@@ -281,7 +281,10 @@ REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, in
  * many ms after the first failure; then it returns REDSEM_ECONN (REDSEM_EUNKNOWN for an
  * acquire that may have reached the server; REDSEM_ESERVER with the LOADING text if the
  * server was still loading). Every redsem request is idempotent for its holder identifier, so a
- * resend never takes a second permit. Timeouts (a stalled server) are not retried.
+ * resend never takes a second permit. Timeouts (a stalled server) are not retried, except in
+ * a Redis Cluster (redis+cluster://), where a node that times out, connecting or waiting for
+ * a reply, may have failed over: the slot map is read again (from the other nodes first)
+ * and the request re-sent within this window.
  *
  * @ms  0 (never retry: fail on the first connection error) .. REDSEM_TIMEOUT_MAX_MS.
  *      Default REDSEM_DEFAULT_RETRY_MS.

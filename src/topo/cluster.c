@@ -39,6 +39,21 @@ int redsem__key_slot(const char *key, size_t len)
 
 /* ================================================================ nodes */
 
+/* A node of the table and what the topology knows of it. n first: a cnode * is the
+ * redsem__node * that the table, the map and the calls use. */
+typedef struct cnode {
+    redsem__node n;
+    int64_t used_ns;   /* when a call or a map request last went to it */
+    int64_t failed_ns; /* when it last did not answer (refused, reset, timed out); 0: it has
+                        * answered since */
+    int64_t silent_ns; /* when it last timed out; 0: it has answered since */
+} cnode;
+
+static cnode *cn(redsem__node *n)
+{
+    return (cnode *)n;
+}
+
 int redsem__cluster_init(redsem__topo *t, const redsem__endpoint *ep, const redsem__node_cfg *cfg,
                          char *err, size_t errlen)
 {
@@ -53,12 +68,17 @@ int redsem__cluster_init(redsem__topo *t, const redsem__endpoint *ep, const reds
     return REDSEM_OK;
 }
 
+static void node_free(redsem__node *n)
+{
+    redsem__node_close(n);
+    redsem__free(cn(n));
+}
+
 void redsem__cluster_close(redsem__topo *t)
 {
-    for (size_t i = 0; i < t->nnodes; i++) {
-        redsem__node_close(t->nodes[i]);
-        redsem__free(t->nodes[i]);
-    }
+    for (size_t i = 0; i < t->nnodes; i++)
+        if (t->nodes[i] != NULL)
+            node_free(t->nodes[i]);
     redsem__free(t->nodes);
     redsem__free(t->slots);
     redsem__endpoint_clear(&t->given);
@@ -67,46 +87,128 @@ void redsem__cluster_close(redsem__topo *t)
     t->nnodes = 0;
 }
 
-/* The node at host:port, made (not connected) if new: the URL's credentials and TLS. Its index
- * in *ret_index. REDSEM_OK, REDSEM_ENOMEM, REDSEM_EINVAL (a TLS file) or REDSEM_ESERVER (more
- * than REDSEM__CLUSTER_NODES_MAX nodes), with the reason in the context. */
-static int node_at(redsem__topo *t, const char *host, int port, size_t *ret_index)
+size_t redsem__cluster_live_nodes(const redsem__topo *t)
 {
+    size_t live = 0;
     for (size_t i = 0; i < t->nnodes; i++)
-        if (t->nodes[i]->ep.port == port && strcmp(t->nodes[i]->ep.host, host) == 0) {
+        live += t->nodes[i] != NULL;
+    return live;
+}
+
+static bool is_seed(const redsem__topo *t, const redsem__node *n)
+{
+    for (size_t i = 0; i < t->given.nhosts; i++)
+        if (t->given.hosts[i].port == n->ep.port && strcmp(t->given.hosts[i].host, n->ep.host) == 0)
+            return true;
+    return false;
+}
+
+/* Which entries of the table serve a slot in the map (or in pending, a map being built:
+ * NULL or REDSEM__SLOTS entries). */
+static void mapped(const redsem__topo *t, const uint16_t *pending,
+                   bool in_map[REDSEM__CLUSTER_NODES_MAX])
+{
+    memset(in_map, 0, REDSEM__CLUSTER_NODES_MAX * sizeof *in_map);
+    for (int s = 0; s < REDSEM__SLOTS; s++) {
+        if (t->slots[s] != 0)
+            in_map[t->slots[s] - 1] = true;
+        if (pending != NULL && pending[s] != 0)
+            in_map[pending[s] - 1] = true;
+    }
+}
+
+/* Drop (close and free) the nodes that serve no slot of the map (nor of pending), are not
+ * seeds (always kept: the way back into the cluster), are not keep (a node the caller holds)
+ * and, unless force, have had no call for REDSEM__CLUSTER_DROP_MS (an ASK target in use
+ * stays). Their entries become free; the other nodes keep their indices, so the map stays
+ * right. Returns how many such nodes were kept for being in use (to look again later). */
+static size_t sweep(redsem__topo *t, const redsem__node *keep, const uint16_t *pending,
+                    bool force)
+{
+    bool in_map[REDSEM__CLUSTER_NODES_MAX];
+    mapped(t, pending, in_map);
+    int64_t now = redsem__now_ns();
+    size_t kept = 0;
+    for (size_t i = 0; i < t->nnodes; i++) {
+        redsem__node *n = t->nodes[i];
+        if (n == NULL || in_map[i] || n == keep || is_seed(t, n))
+            continue;
+        if (!force && now - cn(n)->used_ns < REDSEM__CLUSTER_DROP_MS * REDSEM__NS_PER_MS) {
+            kept++;
+            continue;
+        }
+        node_free(n);
+        t->nodes[i] = NULL;
+    }
+    while (t->nnodes > 0 && t->nodes[t->nnodes - 1] == NULL)
+        t->nnodes--;
+    return kept;
+}
+
+/* The node at host:port, made (not connected) if new: the URL's credentials and TLS; in a
+ * free entry, or a new one, or, the table being full, one freed by dropping the nodes out of
+ * the map (keep and pending as for sweep). Its index in *ret_index. REDSEM_OK, REDSEM_ENOMEM,
+ * REDSEM_EINVAL (a TLS file) or REDSEM_ESERVER (REDSEM__CLUSTER_NODES_MAX nodes in use), with
+ * the reason in the context. */
+static int node_at(redsem__topo *t, const char *host, int port, const redsem__node *keep,
+                   const uint16_t *pending, size_t *ret_index)
+{
+    size_t at = SIZE_MAX;
+    for (size_t i = 0; i < t->nnodes; i++) {
+        redsem__node *n = t->nodes[i];
+        if (n == NULL) {
+            if (at == SIZE_MAX)
+                at = i;
+        } else if (n->ep.port == port && strcmp(n->ep.host, host) == 0) {
             *ret_index = i;
             return REDSEM_OK;
         }
-    if (t->nnodes == REDSEM__CLUSTER_NODES_MAX)
-        return redsem__ctx_err(t->ctx, REDSEM_ESERVER, "the cluster named more than %d nodes",
-                               REDSEM__CLUSTER_NODES_MAX);
-    redsem__node *n = redsem__calloc(1, sizeof *n);
-    if (n == NULL)
+    }
+    if (at == SIZE_MAX && t->nnodes == REDSEM__CLUSTER_NODES_MAX) {
+        (void)sweep(t, keep, pending, true);
+        for (size_t i = 0; i < t->nnodes && at == SIZE_MAX; i++)
+            if (t->nodes[i] == NULL)
+                at = i;
+        if (at == SIZE_MAX && t->nnodes == REDSEM__CLUSTER_NODES_MAX)
+            return redsem__ctx_err(t->ctx, REDSEM_ESERVER, "the cluster named more than %d "
+                                   "nodes in use at once", REDSEM__CLUSTER_NODES_MAX);
+    }
+    if (at == SIZE_MAX)
+        at = t->nnodes;
+    cnode *c = redsem__calloc(1, sizeof *c);
+    if (c == NULL)
         return redsem__ctx_err(t->ctx, REDSEM_ENOMEM, "out of memory");
+    redsem__node *n = &c->n;
     redsem__endpoint ep = {.kind = REDSEM__EP_TCP, .host = (char *)host, .port = port,
                            .user = t->given.user, .password = t->given.password,
                            .tls = t->given.tls};
     char err[256] = "";
     int rc = redsem__node_init(n, t->ctx, &ep, &t->cfg, err, sizeof err);
     if (rc != REDSEM_OK) {
-        redsem__node_close(n);
-        redsem__free(n);
+        node_free(n);
         return redsem__ctx_err(t->ctx, rc, "%s", err);
     }
     n->cluster = true;
-    t->nodes[t->nnodes] = n;
-    *ret_index = t->nnodes++;
+    c->used_ns = redsem__now_ns();
+    t->nodes[at] = n;
+    if (at == t->nnodes)
+        t->nnodes++;
+    t->sweep_due = true;
+    *ret_index = at;
     return REDSEM_OK;
 }
 
 static redsem__node *slot_node(redsem__topo *t, int slot)
 {
     if (slot < 0) {
-        /* a call that names no key: any node that serves a slot */
+        /* a call that names no key: any node that serves a slot, else any node */
         for (int s = 0; s < REDSEM__SLOTS; s++)
             if (t->slots[s] != 0)
                 return t->nodes[t->slots[s] - 1];
-        return t->nnodes > 0 ? t->nodes[0] : NULL;
+        for (size_t i = 0; i < t->nnodes; i++)
+            if (t->nodes[i] != NULL)
+                return t->nodes[i];
+        return NULL;
     }
     return t->slots[slot] != 0 ? t->nodes[t->slots[slot] - 1] : NULL;
 }
@@ -130,8 +232,8 @@ static bool reply_port(const redisReply *r, int *port)
 /* CLUSTER SLOTS (Redis 3.0 to 7.x): an array of [start, end, [host, port, id, ...] (the
  * primary), [replica]...]. A host that is "" or "?" (unknown endpoint) is the asked node's
  * own. Builds the whole map first, then replaces the old one. */
-static int read_map(redsem__topo *t, redsem__node *asked, const redisReply *r, char *err,
-                    size_t errlen)
+int redsem__cluster_read_map(redsem__topo *t, redsem__node *asked, const redisReply *r,
+                             char *err, size_t errlen)
 {
     if (r->type != REDIS_REPLY_ARRAY) {
         snprintf(err, errlen, "%s:%d: CLUSTER SLOTS: unexpected reply", asked->ep.host,
@@ -161,7 +263,7 @@ static int read_map(redsem__topo *t, redsem__node *asked, const redisReply *r, c
         if (host[0] == '\0' || strcmp(host, "?") == 0)
             host = asked->ep.host;
         size_t idx;
-        int rc = node_at(t, host, port, &idx);
+        int rc = node_at(t, host, port, asked, map, &idx);
         if (rc != REDSEM_OK) {
             redsem__free(map);
             snprintf(err, errlen, "%.200s", t->ctx->errmsg);
@@ -179,6 +281,7 @@ static int read_map(redsem__topo *t, redsem__node *asked, const redisReply *r, c
     }
     redsem__free(t->slots);
     t->slots = map;
+    t->sweep_due = true; /* nodes may have left it */
     return REDSEM_OK;
 }
 
@@ -191,11 +294,18 @@ static int ask_map(redsem__topo *t, redsem__node *n, int64_t deadline_ns, char *
     redsem__args_str(&a, "CLUSTER");
     redsem__args_str(&a, "SLOTS");
     redisReply *r = NULL;
+    cn(n)->used_ns = redsem__now_ns();
     int rc = redsem__node_request(n, &a, 0, deadline_ns, &r, NULL);
     if (rc != REDSEM_OK) {
+        if (rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT)
+            cn(n)->failed_ns = redsem__now_ns();
+        if (rc == REDSEM_ETIMEDOUT)
+            cn(n)->silent_ns = cn(n)->failed_ns;
         snprintf(err, errlen, "%s:%d: %.200s", n->ep.host, n->ep.port, t->ctx->errmsg);
         return rc;
     }
+    cn(n)->failed_ns = 0;
+    cn(n)->silent_ns = 0;
     if (r->type == REDIS_REPLY_ERROR) {
         if (strstr(r->str, "cluster support disabled") != NULL) {
             snprintf(err, errlen, "%s:%d is not a cluster node (cluster support disabled): use "
@@ -208,7 +318,7 @@ static int ask_map(redsem__topo *t, redsem__node *n, int64_t deadline_ns, char *
             snprintf(err, errlen, "%s:%d: %.200s", n->ep.host, n->ep.port, t->ctx->errmsg);
         }
     } else {
-        rc = read_map(t, n, r, err, errlen);
+        rc = redsem__cluster_read_map(t, n, r, err, errlen);
     }
     freeReplyObject(r);
     return rc;
@@ -224,39 +334,69 @@ static int severity(int rc)
                                                           : 2;
 }
 
-/* Read the map from the known nodes (the ones serving slots first, starting after the last
- * that answered, skipping avoid), then the seeds, within timeout_ms overall. */
+/* Read the map from the known nodes and the seeds, within the connect timeout (and the
+ * context's deadline cap) overall. The order: the primaries of the map (starting at the node
+ * that answered last), then the other nodes (the seeds), then the nodes that did not answer
+ * their last call or map request, and avoid (the node whose call just failed) last of all.
+ * Each is given a fair share of the time left (at least 100 ms), so that one that hangs (a
+ * host down, a partition, a stopped process: connects and never answers) does not use up
+ * the time the others need, and a failure moves on to the next. */
 static int refresh(redsem__topo *t, const redsem__node *avoid, char *err, size_t errlen)
 {
-    int64_t deadline = redsem__deadline_after_ms(t->cfg.connect_timeout_ms);
     int64_t saved_cap = t->ctx->deadline_cap_ns;
-    if (saved_cap == 0 || deadline < saved_cap)
-        t->ctx->deadline_cap_ns = deadline; /* bounds the connects too */
+    int64_t deadline = redsem__deadline_after_ms(t->cfg.connect_timeout_ms);
+    if (saved_cap != 0 && saved_cap < deadline)
+        deadline = saved_cap;
     t->refreshed_ns = redsem__now_ns();
-    /* the seeds join the known nodes at the end (as nodes: a seed is usually a primary) */
+    /* the seeds join the known nodes (as nodes: a seed is usually a primary); a lane that
+     * knows no node yet starts with the seed that gave another lane the map */
+    if (t->nnodes == 0 && t->seed_first != NULL && t->given.nhosts > 0)
+        t->first = atomic_load_explicit(t->seed_first, memory_order_relaxed) % t->given.nhosts;
     for (size_t i = 0; i < t->given.nhosts; i++) {
         size_t idx;
-        int rc = node_at(t, t->given.hosts[i].host, t->given.hosts[i].port, &idx);
+        int rc = node_at(t, t->given.hosts[i].host, t->given.hosts[i].port, NULL, NULL, &idx);
         if (rc != REDSEM_OK) {
-            t->ctx->deadline_cap_ns = saved_cap;
             snprintf(err, errlen, "%.200s", t->ctx->errmsg);
             return rc;
         }
     }
+    bool in_map[REDSEM__CLUSTER_NODES_MAX];
+    mapped(t, NULL, in_map);
+    size_t order[REDSEM__CLUSTER_NODES_MAX], m = 0, count = t->nnodes;
+    for (int pass = 0; pass < 4; pass++)
+        for (size_t k = 0; k < count; k++) {
+            size_t i = (t->first + k) % count;
+            redsem__node *n = t->nodes[i];
+            if (n == NULL)
+                continue;
+            int p = n == avoid ? 3 : cn(n)->failed_ns != 0 ? 2 : in_map[i] ? 0 : 1;
+            if (p == pass)
+                order[m++] = i;
+        }
     int worst = REDSEM_ECONN;
     char why[512] = "", one[256];
-    size_t count = t->nnodes;
     int rc = REDSEM_ECONN;
-    for (size_t k = 0; k < count; k++) {
-        size_t i = (t->first + k) % count;
+    for (size_t j = 0; j < m; j++) {
+        size_t i = order[j];
         redsem__node *n = t->nodes[i];
-        if (n == avoid && count > 1)
-            continue;
-        if (redsem__now_ns() >= deadline)
+        if (n == NULL)
+            continue; /* dropped by a map that failed half-read (a full table) */
+        int64_t now = redsem__now_ns();
+        if (now >= deadline)
             break;
-        rc = ask_map(t, n, deadline, one, sizeof one);
+        int64_t share = (deadline - now) / (int64_t)(m - j);
+        if (share < 100 * REDSEM__NS_PER_MS)
+            share = 100 * REDSEM__NS_PER_MS; /* a round trip's worth, even over a WAN */
+        int64_t dl = deadline - now > share ? now + share : deadline;
+        t->ctx->deadline_cap_ns = dl; /* bounds the connect too */
+        rc = ask_map(t, n, dl, one, sizeof one);
+        t->ctx->deadline_cap_ns = saved_cap;
         if (rc == REDSEM_OK) {
             t->first = i;
+            for (size_t s = 0; s < t->given.nhosts && t->seed_first != NULL; s++)
+                if (t->given.hosts[s].port == n->ep.port &&
+                    strcmp(t->given.hosts[s].host, n->ep.host) == 0)
+                    atomic_store_explicit(t->seed_first, s, memory_order_relaxed);
             break;
         }
         if (rc == REDSEM_ENOMEM)
@@ -266,7 +406,6 @@ static int refresh(redsem__topo *t, const redsem__node *avoid, char *err, size_t
         size_t l = strlen(why);
         snprintf(why + l, sizeof why - l, "%s%s", l ? "; " : "", one);
     }
-    t->ctx->deadline_cap_ns = saved_cap;
     if (rc == REDSEM_OK || rc == REDSEM_ENOMEM)
         return rc;
     snprintf(err, errlen, "no cluster node gave the slot map: %s",
@@ -279,8 +418,8 @@ int redsem__cluster_connect(redsem__topo *t, char *err, size_t errlen)
     return refresh(t, NULL, err, errlen);
 }
 
-/* Re-read the map unless that was done less than REDSEM__CLUSTER_REFRESH_MS ago. A failure
- * leaves the old map (the caller's retries find out). */
+/* Re-read the map (avoid last) unless that was done less than REDSEM__CLUSTER_REFRESH_MS
+ * ago. A failure leaves the old map (the caller's retries find out). */
 static void refresh_soon(redsem__topo *t, const redsem__node *avoid)
 {
     if (redsem__now_ns() - t->refreshed_ns < REDSEM__CLUSTER_REFRESH_MS * REDSEM__NS_PER_MS)
@@ -300,8 +439,14 @@ int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flag
 {
     int slot = key != NULL ? redsem__key_slot(key, len) : -1;
     redsem__node *next = NULL; /* the node a redirection named, for the next try only */
-    bool asking = false, maybe_applied = false;
+    bool asking = false, maybe_applied = false, timed_out = false;
     int64_t retry_until = 0, backoff = 5 * REDSEM__NS_PER_MS;
+    /* no node is held here yet: drop the ones that left the map, once they are idle */
+    int64_t start = redsem__now_ns();
+    if (t->sweep_due && start - t->swept_ns >= REDSEM__CLUSTER_DROP_MS * REDSEM__NS_PER_MS) {
+        t->swept_ns = start;
+        t->sweep_due = sweep(t, NULL, NULL, false) > 0;
+    }
     for (int hops = 0;;) {
         redsem__node *n = next != NULL ? next : slot_node(t, slot);
         int rc;
@@ -312,10 +457,23 @@ int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flag
         if (n == NULL) {
             rc = redsem__ctx_err(t->ctx, REDSEM_ESERVER, "no cluster node serves hash slot %d",
                                  slot);
+        } else if (timed_out && next == NULL && cn(n)->silent_ns != 0 &&
+                   redsem__now_ns() - cn(n)->silent_ns <
+                       t->cfg.command_timeout_ms * REDSEM__NS_PER_MS) {
+            /* This call timed out, and the map still names a node that timed out less than a
+             * command timeout ago: the cluster has not failed it over yet (that takes
+             * cluster-node-timeout and an election). Read the map again (rate-limited)
+             * rather than wait out another timeout there; send to it again after that. */
+            refresh_soon(t, n);
+            rc = REDSEM_ETIMEDOUT; /* the timeout's text stays in errmsg */
         } else {
             n->asking = asking;
+            cn(n)->used_ns = redsem__now_ns();
             rc = call(n, arg);
             n->asking = false;
+            cn(n)->failed_ns = rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT ? redsem__now_ns() : 0;
+            cn(n)->silent_ns = rc == REDSEM_ETIMEDOUT ? cn(n)->failed_ns : 0;
+            timed_out = timed_out || rc == REDSEM_ETIMEDOUT;
             if (info != NULL) {
                 maybe_applied = maybe_applied || info->maybe_applied;
                 info->maybe_applied = maybe_applied;
@@ -325,7 +483,7 @@ int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flag
             if (rc == REDSEM__EREDIRECT && n->redirect.kind != REDSEM__REDIR_TRYAGAIN) {
                 redsem__redirect d = n->redirect;
                 size_t idx;
-                rc = node_at(t, d.host, d.port, &idx);
+                rc = node_at(t, d.host, d.port, NULL, NULL, &idx);
                 if (rc != REDSEM_OK)
                     return rc;
                 REDSEM__COUNT(t->ctx, redirects, 1);
@@ -353,9 +511,16 @@ int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flag
                  * moved, or a failover under way; the map may have changed */
                 rc = REDSEM_ESERVER;
                 refresh_soon(t, NULL);
-            } else if (rc == REDSEM_ECONN && (flags & REDSEM__REQ_RETRY))
-                refresh_soon(t, n); /* a failover may have moved its slots */
-            else
+            } else if (rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) {
+                /* The node did not answer: refused or reset (a process gone), or timed out
+                 * connecting or waiting for the reply (a host down, a partition, a stopped
+                 * process). A failover may have moved its slots: re-read the map, asking the
+                 * other nodes first. A request that timed out may have run (info's
+                 * maybe_applied): resent only if it is idempotent. */
+                refresh_soon(t, n);
+                if (!(flags & REDSEM__REQ_RETRY))
+                    return rc;
+            } else
                 return rc;
         }
         /* nothing ran (a redirection or refusal), or with REDSEM__REQ_RETRY running it again

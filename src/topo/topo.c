@@ -45,8 +45,10 @@ void redsem__topo_close(redsem__topo *t)
 void redsem__topo_disconnect(redsem__topo *t)
 {
     if (t->kind == REDSEM__TOPO_CLUSTER)
-        for (size_t i = 0; i < t->nnodes; i++)
-            redsem__node_disconnect(t->nodes[i]);
+        for (size_t i = 0; i < t->nnodes; i++) {
+            if (t->nodes[i] != NULL) /* NULL: a dropped node's entry */
+                redsem__node_disconnect(t->nodes[i]);
+        }
     else
         redsem__node_disconnect(&t->single);
 }

@@ -11,7 +11,14 @@
 enum { REDSEM__TOPO_SINGLE = 1, REDSEM__TOPO_SENTINEL = 2, REDSEM__TOPO_CLUSTER = 3 };
 
 #define REDSEM__SLOTS 16384
+/* CLUSTER: the nodes a lane's topology holds at once (primaries of the map, seeds, nodes in
+ * use); a node that left the map is dropped (redsem__cluster_route), so addresses may change
+ * any number of times over a client's life. */
 #define REDSEM__CLUSTER_NODES_MAX 256
+/* CLUSTER: a node out of the slot map (an old address, a demoted primary, an ASK target) that
+ * is not a seed and has had no call for this long is dropped (its connection closed) at the
+ * next routed call; a full table drops such nodes at once, however recently used. */
+#define REDSEM__CLUSTER_DROP_MS 1000
 
 typedef struct redsem__topo {
     int kind;
@@ -22,14 +29,24 @@ typedef struct redsem__topo {
     redsem__endpoint given;
     size_t first;
     redsem__ctx *ctx;
-    /* CLUSTER: every node seen (primaries of the slot map, seeds, ASK targets), each with its
-     * own connection and script cache, connected on first use, freed with the topology;
-     * slots[s] is 1 + the index in nodes of the primary serving slot s, 0 if not known. */
+    /* CLUSTER: the nodes known (primaries of the slot map, seeds, ASK targets, nodes that
+     * left the map and are not dropped yet), each with its own connection and script cache,
+     * connected on first use; nodes has REDSEM__CLUSTER_NODES_MAX entries, of which the
+     * first nnodes are used, NULL marking a dropped node's free entry (indices never move);
+     * slots[s] is 1 + the index in nodes of the primary serving slot s, 0 if not known. The
+     * topology belongs to one lane, used by one thread at a time: a node pointer is only
+     * held within one call (redsem__cluster_route, a caller of redsem__topo_node). */
     redsem__node_cfg cfg;
     redsem__node **nodes;
     size_t nnodes;
     uint16_t *slots;
     int64_t refreshed_ns; /* when the slot map was last read (CLUSTER SLOTS) */
+    int64_t swept_ns;     /* when nodes out of the map were last dropped */
+    /* the index in given.hosts of the seed that last gave a lane of the client the map: a
+     * lane without a map yet asks it first (a seed that hangs costs one lane only); shared
+     * by the client's lanes (client.c), NULL: none */
+    _Atomic size_t *seed_first;
+    bool sweep_due;       /* a node was added or the map changed since */
 } redsem__topo;
 
 /* One request on one node (a node_eval, node_request or node_blpop with its arguments). */
@@ -47,9 +64,10 @@ void redsem__topo_disconnect(redsem__topo *t);
 redsem__node *redsem__topo_node(redsem__topo *t, const char *key, size_t len);
 /* Run call on the node serving key. In a cluster, follow its answers: MOVED (update the map,
  * re-read it at most every REDSEM__CLUSTER_REFRESH_MS, retry there), ASK (the same call with
- * ASKING on the named node, once), TRYAGAIN / CLUSTERDOWN and an unreachable node (with
- * REDSEM__REQ_RETRY: re-read the map, back off with jitter and retry within the retry window
- * and the context's deadline cap). info (may be NULL) is the one call fills; its
+ * ASKING on the named node, once), TRYAGAIN / CLUSTERDOWN (re-read the map, back off with
+ * jitter and retry within the retry window and the context's deadline cap), and a node that
+ * does not answer, refused, reset or timed out (re-read the map from the other nodes first;
+ * with REDSEM__REQ_RETRY only, retry the same way). info (may be NULL) is the one call fills; its
  * maybe_applied stays set once any try set it. Returns call's code; never REDSEM__EREDIRECT. */
 int redsem__topo_route(redsem__topo *t, const char *key, size_t len, int flags,
                        redsem__req_info *info, redsem__node_call call, void *arg);
@@ -70,10 +88,20 @@ int redsem__key_slot(const char *key, size_t len);
 /* Set up a cluster topology from ep's seeds, without connecting. */
 int redsem__cluster_init(redsem__topo *t, const redsem__endpoint *ep, const redsem__node_cfg *cfg,
                          char *err, size_t errlen);
-/* Read the slot map (CLUSTER SLOTS) from the seeds in turn, within the connect timeout.
+/* Read the slot map (CLUSTER SLOTS) from the seeds in turn, within the connect timeout, each
+ * seed given a share of it (one that hangs does not keep the others from being asked).
  * REDSEM_OK; REDSEM_ECONN (no seed answered); REDSEM_EINVAL (a seed is not in cluster mode);
  * REDSEM_EPERM; REDSEM_ESERVER (the cluster serves no slot); REDSEM_ENOMEM. */
 int redsem__cluster_connect(redsem__topo *t, char *err, size_t errlen);
+/* Replace the slot map by a CLUSTER SLOTS reply r (not freed) that node asked (a node of t:
+ * its host stands for an empty one) gave; nodes are made for new addresses, and nodes out of
+ * the map dropped if the table is full. REDSEM_OK; REDSEM_EPROTO (a malformed reply, the map
+ * unchanged); REDSEM_ESERVER (no slot served, or more than REDSEM__CLUSTER_NODES_MAX nodes in
+ * the map); REDSEM_ENOMEM; with the reason in err. Used by cluster.c and the tests. */
+int redsem__cluster_read_map(redsem__topo *t, redsem__node *asked, const struct redisReply *r,
+                             char *err, size_t errlen);
+/* The nodes t holds now (not NULL entries). */
+size_t redsem__cluster_live_nodes(const redsem__topo *t);
 void redsem__cluster_close(redsem__topo *t);
 redsem__node *redsem__cluster_node(redsem__topo *t, const char *key, size_t len);
 int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flags,
