@@ -758,7 +758,8 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     c->sync_timeout_ms = o->sync_timeout_ms;
     c->max_connections = o->max_connections;
     c->cfg = (redsem__node_cfg){c->connect_timeout_ms, c->command_timeout_ms, c->retry_ms,
-                                &c->tls, c->sync_replicas, c->sync_timeout_ms};
+                                &c->tls, c->sync_replicas, c->sync_timeout_ms,
+                                o->allow_eviction};
     /* the first request lane, connected now: client creation fails early and clearly */
     c->nreq = 1;
     redsem__lane *l = NULL;

@@ -19,6 +19,7 @@ typedef struct redsem__node_cfg {
     const redsem__tls_opts *tls; /* used for rediss:// endpoints; NULL: defaults */
     int sync_replicas;           /* > 0: WAIT for this many replicas after REQ_SYNC requests */
     int64_t sync_timeout_ms;     /* WAIT's timeout (< command timeout) */
+    bool allow_eviction;         /* false: refuse a server that may evict keys (INFO memory) */
 } redsem__node_cfg;
 
 /* A Redis Cluster redirection or refusal, read from an error reply by a cluster node. */
@@ -72,6 +73,7 @@ struct redsem__node {
     int64_t retry_ms;
     int sync_replicas;
     int64_t sync_timeout_ms;
+    bool allow_eviction; /* false: every connect reads INFO memory (check_eviction) */
     redsem__conn conn;
     bool connected;
     /* the scripts the server holds: own_scripts, or one its client shares among the lanes
