@@ -115,8 +115,13 @@ int redsem__node_error_reply(redsem__node *n, const redisReply *r, const char *w
                                    "node: connect with redis+cluster://host:port)",
                                    what, shown, s);
     }
+    /* a command or key refused inside a script comes back as ERR: "The user executing the
+     * script can't run this command or subcommand" / "... can't access at least one of the
+     * keys ..." (Redis 6.0-7.0, inside "Error running script" on 6.x), "ACL failure in
+     * script: User U has no permissions to run the 'hset' command" (Redis 7.2+, Valkey) */
     if (strncmp(s, "NOPERM", 6) == 0 || strncmp(s, "NOAUTH", 6) == 0 ||
-        strncmp(s, "WRONGPASS", 9) == 0)
+        strncmp(s, "WRONGPASS", 9) == 0 || strstr(s, "The user executing the script can't") ||
+        strstr(s, "ACL failure in script"))
         code = REDSEM_EPERM;
     else if (strncmp(s, "CONFLICT", 8) == 0)
         code = REDSEM_ECONFLICT;
