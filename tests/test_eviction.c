@@ -1,12 +1,13 @@
 /* A server that may evict keys is refused (docs/guarantees.md, "Eviction of the keys"):
  * maxmemory set with any maxmemory-policy but noeviction fails redsem_client_new() with
- * REDSEM_EEVICTION, on the first connection and on a reconnect, directly and through
- * Sentinel, unless redsem_options_set_allow_eviction() is set; noeviction and maxmemory 0
+ * REDSEM_EEVICTION, on the first connection and on a reconnect, directly, through Sentinel
+ * and on a Redis Cluster node's first use, unless redsem_options_set_allow_eviction() is set; noeviction and maxmemory 0
  * are accepted. Each test starts the servers it needs (the suite's own server has no
  * maxmemory). The CLI's --allow-eviction and exit 78: tests/cli/test_cli.c. */
 #include <stdio.h>
 #include <string.h>
 
+#include "cluster.h"
 #include "fixture.h"
 #include "sentinel.h"
 
@@ -205,4 +206,55 @@ Test(eviction, sentinel_primary_is_checked, .timeout = 180)
     cr_expect_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
     redsem_client_free(c);
     ts_sentinels_stop(&st);
+}
+
+/* A Redis Cluster: each node is checked when it is first connected; a name served by a
+ * primary that may evict is refused, the others work. */
+Test(eviction, cluster_node_is_checked_on_first_use, .timeout = 180)
+{
+    ts_cluster cl;
+    cr_assert_eq(ts_cluster_start(&cl, 2, 0), 0, "could not start the cluster");
+    char reply[256];
+    /* node 1 may evict; the seed asked first (node 0) does not */
+    cr_assert_eq(ts_command(&cl.node[1], reply, sizeof reply, "CONFIG", "SET", "maxmemory",
+                            "100mb", NULL),
+                 0, "%s", reply);
+    cr_assert_eq(ts_command(&cl.node[1], reply, sizeof reply, "CONFIG", "SET",
+                            "maxmemory-policy", "volatile-lfu", NULL),
+                 0, "%s", reply);
+    char err[512];
+    redsem_client *c = NULL;
+    int rc = connect_to(cl.url, false, &c, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
+    int ok = 0, refused_n = 0, other = 0;
+    for (int i = 0; i < 20; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "ev-%d", i);
+        redsem_sem *s = NULL;
+        rc = redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, 5000, &s);
+        if (rc == REDSEM_OK)
+            ok++;
+        else if (rc == REDSEM_EEVICTION && strstr(redsem_client_errmsg(c), "volatile-lfu"))
+            refused_n++;
+        else
+            other++;
+        if (rc != REDSEM_OK && rc != REDSEM_EEVICTION)
+            fprintf(stderr, "%s: %s: %s\n", name, redsem_err_name(rc), redsem_client_errmsg(c));
+        redsem_sem_free(s);
+    }
+    cr_expect(ok > 0 && refused_n > 0 && other == 0,
+              "20 names over 2 primaries: %d opened, %d refused, %d other", ok, refused_n, other);
+    redsem_client_free(c);
+    /* with the opt-in every name works */
+    rc = connect_to(cl.url, true, &c, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
+    for (int i = 0; i < 20; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "ev-%d", i);
+        redsem_sem *s = NULL;
+        OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+        redsem_sem_free(s);
+    }
+    redsem_client_free(c);
+    ts_cluster_stop(&cl);
 }
