@@ -375,7 +375,8 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *          REDSEM_ETLS (the
  *          server's certificate was refused: unknown CA, expired, name mismatch);
  *          REDSEM_EPERM (AUTH refused: WRONGPASS, NOAUTH, NOPERM; also a Sentinel's; INFO
- *          refused by the ACL); REDSEM_EEVICTION (the server may evict keys: maxmemory with
+ *          refused by the ACL, or with NOAUTH by a server that wants a password the URL
+ *          does not give, unless eviction is allowed); REDSEM_EEVICTION (the server may evict keys: maxmemory with
  *          a policy other than noeviction, see redsem_options_set_allow_eviction());
  *          REDSEM_ESERVER (SELECT refused or other error reply); REDSEM_EPROTO. On failure no
  *          client exists, so the detail is not available through redsem_client_errmsg(); use
