@@ -329,8 +329,14 @@ static int check_eviction(redsem__node *n, int64_t deadline_ns, char *err, size_
     redisReply *r = NULL;
     bool written;
     int rc = raw_roundtrip(n, cmd, sizeof cmd - 1, dl, &r, &written, err, errlen);
-    if (rc != REDSEM_OK)
+    if (rc != REDSEM_OK) {
+        /* a stalled server: the call fails here, before its request was written */
+        char why[200];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, errlen, "%s (INFO memory, the eviction check at connect: the request "
+                 "was not sent)", why);
         return rc;
+    }
     char mm[32] = "", policy[64] = "", where[300];
     if (n->ep.kind == REDSEM__EP_UNIX)
         snprintf(where, sizeof where, "%.200s", n->ep.path);
