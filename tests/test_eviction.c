@@ -96,6 +96,12 @@ static void refused(const char *policy)
     ts_server_stop(&srv);
 }
 
+Test(eviction, allow_eviction_null_options)
+{
+    cr_expect_eq(redsem_options_set_allow_eviction(NULL, true), REDSEM_EINVAL);
+    cr_expect_eq(redsem_options_set_allow_eviction(NULL, false), REDSEM_EINVAL);
+}
+
 Test(eviction, volatile_lru_is_refused, TO) { refused("volatile-lru"); }
 Test(eviction, allkeys_lru_is_refused, TO) { refused("allkeys-lru"); }
 Test(eviction, volatile_ttl_is_refused, TO) { refused("volatile-ttl"); }
