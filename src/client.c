@@ -760,7 +760,8 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     c->sync_timeout_ms = o->sync_timeout_ms;
     c->max_connections = o->max_connections;
     c->cfg = (redsem__node_cfg){c->connect_timeout_ms, c->command_timeout_ms, c->retry_ms,
-                                &c->tls, c->sync_replicas, c->sync_timeout_ms, NULL};
+                                &c->tls, c->sync_replicas, c->sync_timeout_ms, NULL,
+                                o->allow_eviction};
     /* one TLS context for every connection of the client (its files read once, here) */
     if (c->ep.tls && (c->cfg.tls_ctx = redsem__tls_ctx_new(&c->tls, err, errlen)) == NULL) {
         redsem_client_free(c);

@@ -74,6 +74,7 @@ struct redsem_options {
     int64_t sync_timeout_ms;
     int max_connections; /* request connections per server */
     char *prefix;
+    bool allow_eviction; /* connect to servers that may evict keys (node.c checks) */
 };
 
 typedef struct redsem__renewer redsem__renewer;

@@ -138,6 +138,14 @@ int redsem_options_set_tls_insecure_skip_verify(redsem_options *o, bool skip)
     return REDSEM_OK;
 }
 
+int redsem_options_set_allow_eviction(redsem_options *o, bool allow)
+{
+    if (o == NULL)
+        return REDSEM_EINVAL;
+    o->allow_eviction = allow;
+    return REDSEM_OK;
+}
+
 int redsem_options_set_sync_replicas(redsem_options *o, int replicas, int64_t timeout_ms)
 {
     if (o == NULL || replicas < 0 || replicas > 64 ||

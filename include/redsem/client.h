@@ -41,10 +41,11 @@ extern "C" {
  * ERRORS. Every call that sends to the server may also return REDSEM_ENOMEM (no memory for a
  * new pooled connection, or to format a request) and, over TLS (rediss://), REDSEM_ETLS (a
  * reconnect, a new pooled connection and a Redis Cluster primary's first use each run a TLS
- * handshake, in which the server's certificate can be refused), whether or not the call's own
- * list of returns names them. redsem_client_errmsg() gives the detail. (The files of
- * redsem_options_set_tls_ca() and redsem_options_set_tls_cert() are read once, by
- * redsem_client_new(): every connection of the client shares what was read.)
+ * handshake, in which the server's certificate can be refused) and REDSEM_EEVICTION (a new
+ * connection found that the server may evict keys: redsem_options_set_allow_eviction()),
+ * whether or not the call's own list of returns names them. redsem_client_errmsg() gives the
+ * detail. (The files of redsem_options_set_tls_ca() and redsem_options_set_tls_cert() are
+ * read once, by redsem_client_new(): every connection of the client shares what was read.)
  *
  * FORK. Handles belong to the process that created them. In a child after fork() every call
  * on an inherited handle returns REDSEM_EFORKED without touching the network, so a child can
@@ -243,6 +244,31 @@ REDSEM_API int redsem_options_set_sync_replicas(redsem_options *options, int rep
                                                 int64_t timeout_ms);
 
 /**
+ * redsem_options_set_allow_eviction - connect to servers that may evict keys.
+ *
+ * Every redsem key has a TTL, so a server with maxmemory set and any maxmemory-policy other
+ * than noeviction (volatile-lru, the default of several managed services, and every other
+ * volatile-* or allkeys-* policy) may delete a semaphore's keys when memory runs short. The
+ * semaphore then forgets its holders: a fair semaphore whose meta hash was evicted gave a
+ * handle a second holder of a limit-1 semaphore (measured: docs/guarantees.md, "Eviction").
+ * So by default every connection to a data node (the first, each reconnect and pooled
+ * connection, a Sentinel's primary, each Redis Cluster node on its first use) reads
+ * INFO memory after AUTH and SELECT, and refuses the server with REDSEM_EEVICTION when its
+ * maxmemory is not 0 and its maxmemory_policy is not noeviction, or when the reply has no
+ * such fields; an INFO refused by the ACL fails the connect with REDSEM_EPERM (allow INFO:
+ * the minimal ACL in docs/guarantees.md has it). The check is made at connect time only: a
+ * policy changed later (CONFIG SET) is seen at the next reconnect.
+ *
+ * @allow  true: skip the check (no INFO sent), accepting that eviction may break the limit;
+ *         false (the default): refuse such servers.
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options.
+ * Server: none now; with false, INFO memory on every new connection (one more round trip
+ * per connect, counted in redsem_client_stats.requests). Thread safety: one thread at a
+ * time per options object. Since: 0.4.7
+ */
+REDSEM_API int redsem_options_set_allow_eviction(redsem_options *options, bool allow);
+
+/**
  * redsem_options_set_connect_timeout_ms - bound on establishing one connection (name lookup
  * excluded: getaddrinfo() has no timeout), AUTH and SELECT included.
  *
@@ -352,7 +378,10 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *          cluster URL whose seed is not in cluster mode; REDSEM_ETIMEDOUT (connect timeout);
  *          REDSEM_ETLS (the
  *          server's certificate was refused: unknown CA, expired, name mismatch);
- *          REDSEM_EPERM (AUTH refused: WRONGPASS, NOAUTH, NOPERM; also a Sentinel's);
+ *          REDSEM_EPERM (AUTH refused: WRONGPASS, NOAUTH, NOPERM; also a Sentinel's; INFO
+ *          refused by the ACL, or with NOAUTH by a server that wants a password the URL
+ *          does not give, unless eviction is allowed); REDSEM_EEVICTION (the server may evict keys: maxmemory with
+ *          a policy other than noeviction, see redsem_options_set_allow_eviction());
  *          REDSEM_ESERVER (SELECT refused or other error reply); REDSEM_EPROTO. On failure no
  *          client exists, so the detail is not available through redsem_client_errmsg(); use
  *          redsem_client_new_verbose() for it.
@@ -360,9 +389,10 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *         connect (the TLS handshake for rediss://), then AUTH and SELECT as the URL asks,
  *         then TIME once (the server's clock, from which acquires get their not-after time; a
  *         TIME refused by an ACL is ignored, one that gets no reply within the command
- *         timeout fails with REDSEM_ETIMEDOUT); under Sentinel, ROLE (must be master). In
- *         a cluster: CLUSTER SLOTS on the seeds in turn (after AUTH and TIME on the seed);
- *         the primaries are connected on their first call.
+ *         timeout fails with REDSEM_ETIMEDOUT); under Sentinel, ROLE (must be master); then
+ *         INFO memory unless eviction is allowed (on every later connection too). In
+ *         a cluster: CLUSTER SLOTS on the seeds in turn (after AUTH, TIME and INFO memory on
+ *         the seed); the primaries are connected on their first call (INFO memory each).
  * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,

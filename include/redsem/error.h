@@ -39,7 +39,9 @@ extern "C" {
     XX(EFORKED, -18, "handle used in a process other than the one that created it (fork)")    \
     XX(ESTATE, -19, "operation not valid in the handle's current state")                      \
     XX(ETLS, -20, "TLS: the server's certificate was refused (unknown CA, expired, name mismatch)") \
-    XX(EREPLICA, -21, "fewer replicas than required acknowledged the write in time")
+    XX(EREPLICA, -21, "fewer replicas than required acknowledged the write in time")          \
+    XX(EEVICTION, -22,                                                                         \
+       "the server may evict keys (maxmemory with a policy other than noeviction)")
 
 /** Status codes; see REDSEM_ERRNO_MAP for the meaning of each. Since: 0.1 */
 typedef enum redsem_err {

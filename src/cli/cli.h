@@ -25,7 +25,8 @@ enum {
     CLI_EXIT_TEMPFAIL = 75,    /* EX_TEMPFAIL: no permit within --wait; CMD not run */
     CLI_EXIT_PROTOCOL = 76,    /* EX_PROTOCOL: Redis answered with an error / unexpected reply */
     CLI_EXIT_NOPERM = 77,      /* EX_NOPERM: AUTH or ACL refused */
-    CLI_EXIT_CONFIG = 78,      /* EX_CONFIG: NAME exists with another strategy, limit or rate */
+    CLI_EXIT_CONFIG = 78,      /* EX_CONFIG: NAME exists with another strategy, limit or rate;
+                                  the server may evict keys (no --allow-eviction) */
     CLI_EXIT_LOST = 79,        /* not in sysexits.h: the lease was lost / ID holds no permit */
     CLI_EXIT_NOEXEC = 126,     /* as shells: CMD found but not executable */
     CLI_EXIT_NOTFOUND = 127    /* as shells: CMD not found */
@@ -59,6 +60,7 @@ typedef struct cli_opts {
     /* rediss://: --tls-* options, else the REDSEM_TLS_* variables; NULL: not set */
     const char *tls_ca, *tls_ca_dir, *tls_cert, *tls_key, *tls_server_name;
     bool tls_insecure;
+    bool allow_eviction;     /* --allow-eviction */
     int sync_replicas;       /* --sync-replicas, 0: none */
     int64_t sync_timeout_ms; /* --sync-timeout */
     int64_t retry_ms;        /* --retry, else $REDSEM_RETRY (retry_set); else the library's */

@@ -74,6 +74,9 @@ static const char help_text[] =
     "  --tls-insecure-skip-verify\n"
     "                       rediss://: accept ANY certificate (tests only: anyone on the\n"
     "                       path could impersonate the server)\n"
+    "  --allow-eviction     use a server that may evict keys (maxmemory with a\n"
+    "                       maxmemory-policy other than noeviction), which can forget\n"
+    "                       holders and break the limit; refused by default (exit 78)\n"
     ;
 static const char help_text2[] =
     "  --strategy STRATEGY  semaphores: basic, fair or locked (default fair)\n"
@@ -139,7 +142,8 @@ static const char help_env[] =
     "  76     Redis answered with an error (its text is printed)\n"
     "  77     Redis refused the password or the ACL user's permissions, or TLS refused\n"
     "         the server's certificate\n"
-    "  78     NAME exists on the server with another strategy, limit or rate\n"
+    "  78     NAME exists on the server with another strategy, limit or rate; or the\n"
+    "         server may evict keys and --allow-eviction was not given\n"
     "  79     the lease was lost: run, lock: while CMD ran (it was terminated);\n"
     "         refresh, release: ID holds no permit of NAME\n"
     "  126    CMD was found but could not be executed\n"
@@ -193,6 +197,7 @@ enum {
     OPT_TLS_KEY,
     OPT_TLS_SERVER_NAME,
     OPT_TLS_INSECURE,
+    OPT_ALLOW_EVICTION,
     OPT_SYNC_REPLICAS,
     OPT_SYNC_TIMEOUT,
     OPT_RATE,
@@ -221,6 +226,7 @@ static const struct option long_options[] = {
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"tls-server-name", required_argument, NULL, OPT_TLS_SERVER_NAME},
     {"tls-insecure-skip-verify", no_argument, NULL, OPT_TLS_INSECURE},
+    {"allow-eviction", no_argument, NULL, OPT_ALLOW_EVICTION},
     {"sync-replicas", required_argument, NULL, OPT_SYNC_REPLICAS},
     {"sync-timeout", required_argument, NULL, OPT_SYNC_TIMEOUT},
     {"rate", required_argument, NULL, OPT_RATE},
@@ -412,6 +418,9 @@ static int parse(int argc, char **argv, cli_opts *o)
             break;
         case OPT_TLS_INSECURE:
             o->tls_insecure = true;
+            break;
+        case OPT_ALLOW_EVICTION:
+            o->allow_eviction = true;
             break;
         case OPT_SYNC_REPLICAS: {
             uint32_t n = 0;

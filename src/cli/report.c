@@ -30,6 +30,7 @@ int cli_exit_code(int rc)
     case REDSEM_ETLS:
         return CLI_EXIT_NOPERM;
     case REDSEM_ECONFLICT:
+    case REDSEM_EEVICTION:
         return CLI_EXIT_CONFIG;
     default: /* ENOMEM, EFORKED, ESTATE, unknown */
         return CLI_EXIT_SOFTWARE;

@@ -37,6 +37,8 @@ int cli_session_connect(const cli_opts *o, cli_session *s)
         (void)redsem_options_set_tls_insecure_skip_verify(opts, true);
     if (o->retry_set && (rc = redsem_options_set_retry_ms(opts, o->retry_ms)) != REDSEM_OK)
         goto bad_tls;
+    if (o->allow_eviction)
+        (void)redsem_options_set_allow_eviction(opts, true);
     if (o->sync_replicas > 0 &&
         (rc = redsem_options_set_sync_replicas(opts, o->sync_replicas, o->sync_timeout_ms)) !=
             REDSEM_OK)

@@ -27,6 +27,7 @@ int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint 
     n->retry_ms = cfg->retry_ms;
     n->sync_replicas = cfg->sync_replicas;
     n->sync_timeout_ms = cfg->sync_timeout_ms;
+    n->allow_eviction = cfg->allow_eviction;
     if (redsem__endpoint_copy(&n->ep, ep) != REDSEM_OK) {
         snprintf(err, errlen, "out of memory");
         return REDSEM_ENOMEM;
@@ -116,8 +117,13 @@ int redsem__node_error_reply(redsem__node *n, const redisReply *r, const char *w
                                    "node: connect with redis+cluster://host:port)",
                                    what, shown, s);
     }
+    /* a command or key refused inside a script comes back as ERR: "The user executing the
+     * script can't run this command or subcommand" / "... can't access at least one of the
+     * keys ..." (Redis 6.0-7.0, inside "Error running script" on 6.x), "ACL failure in
+     * script: User U has no permissions to run the 'hset' command" (Redis 7.2+, Valkey) */
     if (strncmp(s, "NOPERM", 6) == 0 || strncmp(s, "NOAUTH", 6) == 0 ||
-        strncmp(s, "WRONGPASS", 9) == 0)
+        strncmp(s, "WRONGPASS", 9) == 0 || strstr(s, "The user executing the script can't") ||
+        strstr(s, "ACL failure in script"))
         code = REDSEM_EPERM;
     else if (strncmp(s, "CONFLICT", 8) == 0)
         code = REDSEM_ECONFLICT;
@@ -297,6 +303,73 @@ static int check_primary(redsem__node *n, int64_t deadline_ns, char *err, size_t
     return rc;
 }
 
+/* The value of field `name` in an INFO reply's text ("name:value\r\n" lines), cut to cap - 1
+ * bytes; false if the field is not there. */
+static bool info_field(const char *text, const char *name, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+    for (const char *p = text; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p ? p + 1 : p)
+        if (strncmp(p, name, nl) == 0 && p[nl] == ':') {
+            size_t vl = strcspn(p + nl + 1, "\r\n");
+            snprintf(out, cap, "%.*s", (int)(vl < cap ? vl : cap - 1), p + nl + 1);
+            return true;
+        }
+    return false;
+}
+
+/* INFO memory: a server with maxmemory set and a policy other than noeviction may evict
+ * redsem's keys (all of them have a TTL, so volatile-* policies too), which forgets holders:
+ * refused with REDSEM_EEVICTION unless the client allows eviction. Read from INFO, which
+ * managed services allow where they refuse CONFIG GET. Every connect checks: a reconnect may
+ * reach another server (a Sentinel failover) or a changed configuration. */
+static int check_eviction(redsem__node *n, int64_t deadline_ns, char *err, size_t errlen)
+{
+    static const char cmd[] = "*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n";
+    static const char hint[] = "redsem_options_set_allow_eviction(), redsem --allow-eviction";
+    int64_t dl = redsem__now_ns() + n->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (deadline_ns < dl)
+        dl = deadline_ns;
+    redisReply *r = NULL;
+    bool written;
+    int rc = raw_roundtrip(n, cmd, sizeof cmd - 1, dl, &r, &written, err, errlen);
+    if (rc != REDSEM_OK) {
+        /* a stalled server: the call fails here, before its request was written */
+        char why[200];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, errlen, "%s (INFO memory, the eviction check at connect: the request "
+                 "was not sent)", why);
+        return rc;
+    }
+    char mm[32] = "", policy[64] = "", where[300];
+    if (n->ep.kind == REDSEM__EP_UNIX)
+        snprintf(where, sizeof where, "%.200s", n->ep.path);
+    else
+        snprintf(where, sizeof where, "%.200s:%d", n->ep.host, n->ep.port);
+    if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0) {
+        rc = redsem__node_error_reply(n, r, "INFO memory"); /* a password is missing */
+        snprintf(err, errlen, "%s", n->ctx->errmsg);
+    } else if (r->type == REDIS_REPLY_ERROR) {
+        rc = redsem__node_error_reply(n, r, "INFO memory");
+        snprintf(err, errlen, "%.120s (read to refuse a server that may evict redsem's keys: "
+                 "allow INFO, or allow eviction: %s)", n->ctx->errmsg, hint);
+    } else if (r->type != REDIS_REPLY_STRING) {
+        snprintf(err, errlen, "INFO memory: unexpected reply type %d", r->type);
+        rc = REDSEM_EPROTO;
+    } else if (!info_field(r->str, "maxmemory", mm, sizeof mm) ||
+               !info_field(r->str, "maxmemory_policy", policy, sizeof policy)) {
+        snprintf(err, errlen, "INFO memory of %s has no maxmemory or maxmemory_policy: cannot "
+                 "tell if it may evict redsem's keys (allow eviction: %s)", where, hint);
+        rc = REDSEM_EEVICTION;
+    } else if (strtoll(mm, NULL, 10) != 0 && strcmp(policy, "noeviction") != 0) {
+        snprintf(err, errlen, "%s has maxmemory %s with maxmemory-policy %s: it may evict "
+                 "redsem's keys and forget holders; use noeviction, or allow eviction (%s)",
+                 where, mm, policy, hint);
+        rc = REDSEM_EEVICTION;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
 int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t errlen)
 {
     int64_t deadline = redsem__deadline_after_ms(n->connect_timeout_ms);
@@ -334,6 +407,8 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
         rc = measure_clock(n, deadline, err, errlen);
     if (rc == REDSEM_OK && n->resolve != NULL)
         rc = check_primary(n, deadline, err, errlen);
+    if (rc == REDSEM_OK && !n->allow_eviction)
+        rc = check_eviction(n, deadline, err, errlen);
     if (rc != REDSEM_OK) {
         /* Authentication and SELECT refusals are configuration errors: retrying won't help. */
         *retryable = rc == REDSEM_ECONN;

@@ -22,6 +22,7 @@ typedef struct redsem__node_cfg {
     /* The client's TLS context (SSL_CTX *, made from tls), shared by every node of every
      * lane: each holds a reference. NULL: a rediss:// node makes its own from tls. */
     void *tls_ctx;
+    bool allow_eviction;         /* false: refuse a server that may evict keys (INFO memory) */
 } redsem__node_cfg;
 
 /* A Redis Cluster redirection or refusal, read from an error reply by a cluster node. */
@@ -75,6 +76,7 @@ struct redsem__node {
     int64_t retry_ms;
     int sync_replicas;
     int64_t sync_timeout_ms;
+    bool allow_eviction; /* false: every connect reads INFO memory (check_eviction) */
     redsem__conn conn;
     bool connected;
     /* the scripts the server holds: own_scripts, or one its client shares among the lanes

@@ -546,6 +546,38 @@ Test(cli, permission_denied)
     (void)ts_command(tf_server(), NULL, 0, "ACL", "DELUSER", user, NULL);
 }
 
+/* A server that may evict keys (maxmemory with volatile-lru): 78, naming --allow-eviction;
+ * with --allow-eviction every command works. */
+Test(cli, eviction_refused_unless_allowed)
+{
+    ts_server srv;
+    static const char *const args[] = {"--maxmemory", "100mb", "--maxmemory-policy",
+                                       "volatile-lru", NULL};
+    cr_assert_eq(ts_server_start(&srv, args, false), 0);
+    const char *name = copy_name("evict");
+    static const char *const cmds[] = {"status", "acquire", "run"};
+    for (size_t i = 0; i < 3; i++) {
+        cli_proc p;
+        int code = i == 0   ? CLI(&p, NULL, "status", "--url", srv.url, name)
+                   : i == 1 ? CLI(&p, NULL, "acquire", "--url", srv.url, "--wait", "0", name)
+                            : CLI(&p, NULL, "run", "--url", srv.url, name, "--", "true");
+        cr_assert_eq(code, 78, "%s exited %d: %s", cmds[i], code, p.err);
+        expect_one_error_line(&p);
+        cr_assert(strstr(p.err, "--allow-eviction") != NULL &&
+                      strstr(p.err, "volatile-lru") != NULL,
+                  "%s", p.err);
+        cli_proc_free(&p);
+    }
+    cli_proc p;
+    int code = CLI(&p, NULL, "run", "--allow-eviction", "--url", srv.url, name, "--", "true");
+    cr_assert_eq(code, 0, "run --allow-eviction exited %d: %s", code, p.err);
+    cli_proc_free(&p);
+    code = CLI(&p, NULL, "status", "--allow-eviction", "--url", srv.url, name);
+    cr_assert_eq(code, 0, "status --allow-eviction exited %d: %s", code, p.err);
+    cli_proc_free(&p);
+    ts_server_stop(&srv);
+}
+
 /* A key in the way (WRONGTYPE): 76 with Redis' text; nothing overwritten. */
 Test(cli, redis_error_reply)
 {
