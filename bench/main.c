@@ -305,9 +305,10 @@ static void parse_args(int argc, char **argv, bench_opts *o)
     bool dflt[BENCH_NWORKLOADS];
     for (int i = 0; i < BENCH_NWORKLOADS; i++)
         o->workloads[i] = dflt[i] = in_default_suite(i);
-    for (int i = 0; i < BENCH_NKINDS; i++)
+    for (int i = 0; i < BENCH_NALL; i++)
         o->kinds[i] = true;
-    static const char *const kinds[BENCH_NKINDS] = {"basic", "fair", "locked", "lock"};
+    static const char *const kinds[BENCH_NALL] = {"basic", "fair", "locked", "lock",
+                                                  "book-fair", "book-locked"};
     int c;
     while ((c = getopt_long(argc, argv, "w:s:qh", longopts, NULL)) != -1) {
         switch (c) {
@@ -345,7 +346,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         }
         case 's':
-            parse_names(optarg, "--strategies", kinds, BENCH_NKINDS, NULL, o->kinds);
+            parse_names(optarg, "--strategies", kinds, BENCH_NALL, NULL, o->kinds);
             break;
         case OPT_PAIRS:
             o->pairs = parse_long(optarg, "--pairs", 1, 100000000);
@@ -910,7 +911,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < BENCH_NWORKLOADS; i++)
         if (o.workloads[i])
             json_array_append_new(jw, json_string(workload_names[i]));
-    for (int i = 0; i < BENCH_NKINDS; i++)
+    for (int i = 0; i < BENCH_NALL; i++)
         if (o.kinds[i])
             json_array_append_new(jk, json_string(bench_kind_name(i)));
     json_t *jt = json_array(), *jc = json_array(), *jh = json_array();

@@ -13,11 +13,12 @@
 
 /* ================================================================ kinds */
 
-static const char *const kind_names[BENCH_NKINDS] = {"basic", "fair", "locked", "lock"};
+static const char *const kind_names[BENCH_NALL] = {"basic", "fair", "locked", "lock",
+                                                   "book-fair", "book-locked"};
 
 const char *bench_kind_name(int kind)
 {
-    return kind >= 0 && kind < BENCH_NKINDS ? kind_names[kind] : "?";
+    return kind >= 0 && kind < BENCH_NALL ? kind_names[kind] : "?";
 }
 
 int bench_kind_acquire_trips(int kind)
