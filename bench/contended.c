@@ -735,7 +735,8 @@ void bench_run_contended(bench_ctx *ctx)
     printf("acq cmds/grant: commands of the acquire path per grant (failed and queued attempts, "
            "guards); srv us/grant: the server's time on them (acq), and on them and the "
            "releases (all); acq cmd p99: the p99 of those commands' times; max busy: the "
-           "longest single command of the acquire path, and of any command (SLOWLOG, threshold 0: every figure carries the cost of logging).\n");
+           "longest single command of the acquire path, and of any command (SLOWLOG, "
+           "threshold 0: every figure carries the cost of logging).\n");
     printf("trips/grant: round trips (requests written, redsem_client_get_stats) per grant, "
            "release included; srvcmd/grant: INFO commandstats delta per grant, commands run by "
            "scripts included; top/grant: EVALSHA+BLPOP from commandstats, the "

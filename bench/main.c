@@ -61,7 +61,8 @@ static void usage(FILE *out)
         "                       own (TCP + TLS port; a primary and two replicas; clusters of\n"
         "                       1 and 3 primaries), even with --url; tls needs the openssl\n"
         "                       command\n"
-        "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
+        "  -s, --strategies L   any of basic,fair,locked,lock,book-fair,book-locked\n"
+        "                       (default all; book-*: see below)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
         "  --rounds N           uncontended: interleaved rounds (default 5)\n"
         "  --threads LIST       threads: thread counts (default 8,32)\n"
@@ -104,7 +105,13 @@ static void usage(FILE *out)
         "  --json FILE          write every figure and the run's parameters to FILE\n"
         "  -q, --quiet          no progress lines on stderr\n"
         "  -h, --help           this text\n"
-        "  --version            versions of redsem-bench and the library\n",
+        "  --version            versions of redsem-bench and the library\n"
+        "\n"
+        "book-fair and book-locked are not strategies of the library: they are Redis in\n"
+        "Action's fair semaphore (6.3.2, ZINTERSTORE of the owners on every acquire) and its\n"
+        "lock-guarded variant (6.3.4), as reference scripts on raw connections; only the\n"
+        "scale and contended workloads measure them, in the default suite, next to fair and\n"
+        "locked. Leave them out with -s basic,fair,locked,lock.\n",
         out);
 }
 
@@ -673,6 +680,72 @@ static void target(const char *what, double measured, const char *fmt_target, bo
     target_status(what, measured, fmt_target, met ? "met" : "MISSED", note);
 }
 
+/* Redis in Action's fair and locked semaphores against redsem's (issue 28: no targets). */
+static void print_book(const bench_ctx *ctx)
+{
+    json_t *root = ctx->json;
+    json_t *s = json_object_get(root, "scale");
+    json_t *c = json_object_get(json_object_get(root, "contended"), "runs");
+    bool any = false;
+    char what[96];
+    for (int k = BENCH_FAIR; k <= BENCH_LOCKED; k++) {
+        const char *n = bench_kind_name(k);
+        const char *bn = bench_kind_name(k + BENCH_BOOK_FAIR - BENCH_FAIR);
+        size_t i;
+        json_t *r;
+        json_array_foreach(s, i, r)
+        {
+            if (strcmp(json_string_value(json_object_get(r, "strategy")), bn) != 0)
+                continue;
+            json_int_t H = json_integer_value(json_object_get(r, "holders"));
+            json_t *mine = find_row(s, n, "holders", H);
+            if (mine == NULL)
+                continue;
+            if (!any)
+                printf("\n== redsem against Redis in Action's semaphores (issue 28, no targets), "
+                       "from this run\n");
+            any = true;
+            snprintf(what, sizeof what, "scale H=%lld: %s us/pair / %s us/pair", (long long)H, bn,
+                     n);
+            target_status(what, num(r, "pair_us") / num(mine, "pair_us"), "(info)", "", NULL);
+            json_t *sb = json_object_get(r, "server"), *sm = json_object_get(mine, "server");
+            if (json_is_object(sb) && json_is_object(sm)) {
+                snprintf(what, sizeof what, "  server us per acquire, %s / %s", bn, n);
+                target_status(what,
+                              num(sb, "server_us_per_acquire") / num(sm, "server_us_per_acquire"),
+                              "(info)", "", NULL);
+                snprintf(what, sizeof what, "  longest acquire command, %s (ms)", bn);
+                target_status(what, num(sb, "max_acquire_command_us") / 1e3, "(info)", "", NULL);
+            }
+        }
+        json_array_foreach(c, i, r)
+        {
+            if (strcmp(json_string_value(json_object_get(r, "strategy")), bn) != 0)
+                continue;
+            json_int_t C = json_integer_value(json_object_get(r, "clients"));
+            json_t *mine = find_row(c, n, "clients", C);
+            if (mine == NULL)
+                continue;
+            if (!any)
+                printf("\n== redsem against Redis in Action's semaphores (issue 28, no targets), "
+                       "from this run\n");
+            any = true;
+            snprintf(what, sizeof what, "contended C=%lld: %s grants/s / %s grants/s",
+                     (long long)C, bn, n);
+            target_status(what, num(r, "grants_per_s") / num(mine, "grants_per_s"), "(info)", "",
+                          NULL);
+            snprintf(what, sizeof what, "  %s grants out of order (margin)", bn);
+            char note[64];
+            snprintf(note, sizeof note, " (%s: %lld)", n,
+                     (long long)num(mine, "out_of_order_margin"));
+            target_status(what, num(r, "out_of_order_margin"), "(info)", "", note);
+            double over = num(r, "holders_over_limit_events");
+            snprintf(what, sizeof what, "  %s moments over the limit", bn);
+            target(what, over, "== 0", over == 0, NULL);
+        }
+    }
+}
+
 static void print_targets(const bench_ctx *ctx)
 {
     const bench_opts *o = ctx->o;
@@ -785,6 +858,7 @@ static void print_targets(const bench_ctx *ctx)
             }
         }
     }
+    print_book(ctx);
     /* issue 9 sets no target: it asks what TLS and WAIT cost */
     json_t *tl = json_object_get(root, "tls"), *sy = json_object_get(root, "sync");
     if (tl == NULL && sy == NULL)

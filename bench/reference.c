@@ -6,9 +6,9 @@
  * timeouts (ZREMRANGEBYSCORE), rebuilds the owner set as its intersection with the timeout
  * set (ZINTERSTORE, WEIGHTS 1 0), draws a ticket (INCR), joins both sets, and is granted iff
  * its ZRANK in the owner set is below the limit, else it leaves both. The book sends these
- * commands in two pipelines; here each step is one script (the .lua files of bench/reference/, embedded at
- * build time), atomic as redsem's are, on a raw hiredis connection. The locked variant takes
- * the guard `lock:<sem>` first (SET NX PX; retried every 1 ms for up to 10 ms, the book's
+ * commands in two pipelines; here each step is one script (the .lua files of
+ * bench/reference/, embedded at build time), atomic as redsem's are, on a raw hiredis
+ * connection. The locked variant takes the guard `lock:<sem>` first (SET NX PX; retried every 1 ms for up to 10 ms, the book's
  * acquire_timeout=.01), does the fair acquire, then releases the guard (compare-and-delete).
  *
  * The book's acquire never waits: it returns at once. A "blocking" acquire here polls: it
@@ -387,7 +387,8 @@ static int classify(int kind, const redisReply *args)
     redisReply *const *a = args->element;
     size_t n = args->elements;
     if (kind == BENCH_BOOK_FAIR || kind == BENCH_BOOK_LOCKED) {
-        if (kind == BENCH_BOOK_LOCKED && is_cmd(a[0], "set") && n >= 2 && ends_with(a[1], ":book:lock"))
+        if (kind == BENCH_BOOK_LOCKED && is_cmd(a[0], "set") && n >= 2 &&
+            ends_with(a[1], ":book:lock"))
             return 1;
         if (!is_cmd(a[0], "evalsha") || n < 2 || a[1]->type != REDIS_REPLY_STRING)
             return 0;
