@@ -71,6 +71,7 @@ typedef struct bench_opts {
     int loops;          /* loops: acquire-hold-release loops on one libuv loop */
     int loop_sems;      /* loops: semaphores they share */
     double loop_hold_min_ms, loop_hold_max_ms; /* loops: hold time */
+    bool no_slowlog; /* scale, contended: leave the server's SLOWLOG settings alone */
     bool quiet; /* no progress on stderr */
 } bench_opts;
 

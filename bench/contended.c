@@ -490,7 +490,7 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
         bench_die("INFO commandstats failed");
     uint64_t shared_req0 = shared ? bench_requests(shared) : 0; /* every thread warmed up */
     bench_busy busy = {0};
-    bench_slowlog *sl = bench_slowlog_start(ctx, 0, SLOWLOG_MAX_LEN);
+    bench_slowlog *sl = o->no_slowlog ? NULL : bench_slowlog_start(ctx, 0, SLOWLOG_MAX_LEN);
     pthread_mutex_lock(&s->mu);
     s->t_start = bench_now_ns();
     s->last_change = s->t_start;
@@ -721,7 +721,7 @@ void bench_run_contended(bench_ctx *ctx)
         crow *r = &rows[i];
         const bench_busy *b = &r->busy;
         if (!b->valid || r->grants == 0) {
-            printf("%-11s %4d %3u | (no SLOWLOG: CONFIG SET refused, or no grant)\n",
+            printf("%-11s %4d %3u | (no SLOWLOG: --no-slowlog, CONFIG SET refused, or no grant)\n",
                    bench_kind_name(r->kind), r->clients, r->limit);
             continue;
         }

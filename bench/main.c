@@ -102,6 +102,10 @@ static void usage(FILE *out)
         "                       released from the grant callback)\n"
         "  --sync-pairs N       sync: pairs per strategy and WAIT setting, in rotating\n"
         "                       batches of 250 (default 5000)\n"
+        "  --no-slowlog         scale, contended: do not log every command in the server's\n"
+        "                       SLOWLOG (CONFIG SET, restored after), so no server time per\n"
+        "                       acquire and no longest command (contended: logging costs\n"
+        "                       the server about 1 us per command during the run)\n"
         "  --json FILE          write every figure and the run's parameters to FILE\n"
         "  -q, --quiet          no progress lines on stderr\n"
         "  -h, --help           this text\n"
@@ -221,6 +225,7 @@ enum {
     OPT_LOOP_SEMS,
     OPT_LOOP_HOLD,
     OPT_JSON,
+    OPT_NO_SLOWLOG,
     OPT_VERSION
 };
 
@@ -277,6 +282,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"loop-sems", required_argument, NULL, OPT_LOOP_SEMS},
         {"loop-hold", required_argument, NULL, OPT_LOOP_HOLD},
         {"json", required_argument, NULL, OPT_JSON},
+        {"no-slowlog", no_argument, NULL, OPT_NO_SLOWLOG},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
@@ -439,6 +445,9 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         case OPT_JSON:
             o->json_path = optarg;
+            break;
+        case OPT_NO_SLOWLOG:
+            o->no_slowlog = true;
             break;
         case 'q':
             o->quiet = true;
@@ -1029,6 +1038,7 @@ int main(int argc, char **argv)
     json_object_set_new(params, "spread_threads", json_integer(o.spread_threads));
     json_object_set_new(params, "spread_secs", json_real(o.spread_secs));
     json_object_set_new(params, "loops", json_integer(o.loops));
+    json_object_set_new(params, "slowlog", json_boolean(!o.no_slowlog));
     json_object_set_new(params, "loop_sems", json_integer(o.loop_sems));
     json_object_set_new(params, "loop_hold_min_ms", json_real(o.loop_hold_min_ms));
     json_object_set_new(params, "loop_hold_max_ms", json_real(o.loop_hold_max_ms));

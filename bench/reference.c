@@ -8,8 +8,9 @@
  * its ZRANK in the owner set is below the limit, else it leaves both. The book sends these
  * commands in two pipelines; here each step is one script (the .lua files of
  * bench/reference/, embedded at build time), atomic as redsem's are, on a raw hiredis
- * connection. The locked variant takes the guard `lock:<sem>` first (SET NX PX; retried every 1 ms for up to 10 ms, the book's
- * acquire_timeout=.01), does the fair acquire, then releases the guard (compare-and-delete).
+ * connection. The locked variant takes the guard `lock:<sem>` first (SET NX PX; retried
+ * every 1 ms for up to 10 ms, the book's acquire_timeout=.01), does the fair acquire, then
+ * releases the guard (compare-and-delete).
  *
  * The book's acquire never waits: it returns at once. A "blocking" acquire here polls: it
  * tries again 1 ms after each refusal (the book's lock loop sleeps 1 ms between tries), with
@@ -399,15 +400,18 @@ static int classify(int kind, const redisReply *args)
             return 2;
         return 0;
     }
-    /* the library's scripts (src/sem.c): fair_acquire.lua has 5 keys, the locked strategy's
-     * guard_acquire.lua 1 (the guard, ":lock"), the releases 4 */
+    /* the library's scripts (the shapes of src/sem.c and src/lock.c, as bench/floor.c has
+     * them): every release has 4 keys and 2 arguments; fair_acquire.lua has 5 keys, the
+     * locked strategy's guard_acquire.lua 1 (the guard, "}:lock"; wake_drain.lua's 1 key is
+     * an id list), basic_acquire.lua and lock_acquire.lua 4 keys and more arguments */
     if ((!is_cmd(a[0], "evalsha") && !is_cmd(a[0], "eval")) || n < 4 ||
         a[2]->type != REDIS_REPLY_STRING)
         return 0;
-    if (strcmp(a[2]->str, "5") == 0 || (strcmp(a[2]->str, "1") == 0 && ends_with(a[3], "}:lock")))
+    const char *nk = a[2]->str;
+    if (strcmp(nk, "4") == 0)
+        return n == 3 + 4 + 2 ? 2 : 1;
+    if (strcmp(nk, "5") == 0 || (strcmp(nk, "1") == 0 && ends_with(a[3], "}:lock")))
         return 1;
-    if (strcmp(a[2]->str, "4") == 0)
-        return 2;
     return 0;
 }
 

@@ -287,7 +287,8 @@ void bench_run_scale(bench_ctx *ctx)
             long nsrv = (long)(SERVER_PHASE_SECS / (est_s > 1e-6 ? est_s : 1e-6));
             nsrv = nsrv < 5 ? 5 : nsrv > SERVER_PHASE_MAX ? SERVER_PHASE_MAX : nsrv;
             bench_busy busy = {0};
-            bench_slowlog *sl = bench_slowlog_start(ctx, 0, 8 * SERVER_PHASE_MAX);
+            bench_slowlog *sl =
+                o->no_slowlog ? NULL : bench_slowlog_start(ctx, 0, 8 * SERVER_PHASE_MAX);
             if (sl != NULL) {
                 bench_busy scratch = {0};
                 bench_slowlog_collect(sl, kind, &scratch); /* empties it */
