@@ -197,7 +197,7 @@ typedef struct bench_cmdstats {
 int bench_cmdstats_get(struct redisContext *c, bench_cmdstats *out);
 uint64_t bench_cmdstats_calls(const bench_cmdstats *s, const char *name);
 /* usec the server spent executing the requests the bench's clients send for this kind: EVALSHA
- * and BLPOP, plus SET for the locked strategy's guard. A script's EVALSHA usec includes the
+ * and BLPOP, plus SET for book-locked's guard (the library's guard runs SET in a script). A script's EVALSHA usec includes the
  * commands the script calls, which Redis also counts under their own names, so summing
  * every command would count those twice. */
 uint64_t bench_cmdstats_request_usec(const bench_cmdstats *s, int kind);
@@ -271,6 +271,7 @@ const char *bench_ref_sha(int script);
  * the longest time one acquire kept every other client waiting. */
 typedef struct bench_busy {
     bool valid; /* false: the server refused CONFIG SET, no figures */
+    long threshold_us; /* the SLOWLOG's: > 0, only commands at least this slow are counted */
     uint64_t acquire_cmds, release_cmds, all_cmds;
     double acquire_us, release_us;
     long long acquire_max_us, any_max_us;

@@ -486,6 +486,14 @@ json_t *bench_busy_json(bench_busy *b, uint64_t acquires)
     if (b == NULL || !b->valid)
         return json_null();
     json_t *j = json_object();
+    if (b->threshold_us > 0) {
+        /* only the slow commands were logged: no sums, no percentiles */
+        json_object_set_new(j, "slowlog_threshold_us", json_integer(b->threshold_us));
+        json_object_set_new(j, "slow_acquire_commands", json_integer((json_int_t)b->acquire_cmds));
+        json_object_set_new(j, "max_acquire_command_us", json_integer(b->acquire_max_us));
+        json_object_set_new(j, "max_command_us", json_integer(b->any_max_us));
+        return j;
+    }
     json_object_set_new(j, "acquires", json_integer((json_int_t)acquires));
     json_object_set_new(j, "acquire_commands", json_integer((json_int_t)b->acquire_cmds));
     json_object_set_new(j, "server_us_per_acquire",
