@@ -736,6 +736,8 @@ void bench_run_contended(bench_ctx *ctx)
         char slow[48];
         if (!b->valid)
             snprintf(slow, sizeof slow, "(no SLOWLOG)");
+        else if (b->acquire_cmds == 0 && b->any_max_us == 0)
+            snprintf(slow, sizeof slow, "%9d %9s %9s", 0, "<" STR(SLOWLOG_US), "<" STR(SLOWLOG_US));
         else if (b->acquire_cmds == 0)
             snprintf(slow, sizeof slow, "%9d %9s %9lld", 0, "<" STR(SLOWLOG_US), b->any_max_us);
         else
