@@ -21,7 +21,11 @@ struct ts_server;
 /* ---------------------------------------------------------------- strategies */
 /* The four things measured: the three semaphore strategies and the lock. */
 enum { BENCH_BASIC = 0, BENCH_FAIR = 1, BENCH_LOCKED = 2, BENCH_LOCK = 3, BENCH_NKINDS = 4 };
-const char *bench_kind_name(int kind);
+/* Not the library's: Redis in Action's fair semaphore and its lock-guarded variant, as
+ * reference scripts (reference.c), measured by the scale and contended workloads only.
+ * Named "book-fair" and "book-locked". */
+enum { BENCH_BOOK_FAIR = 4, BENCH_BOOK_LOCKED = 5, BENCH_NALL = 6 };
+const char *bench_kind_name(int kind); /* any of the BENCH_NALL */
 /* Round trips per uncontended acquire and per release (the floor reproduces both). */
 int bench_kind_acquire_trips(int kind);
 
@@ -37,7 +41,7 @@ typedef struct bench_opts {
     int affinity;          /* AFF_* */
     const char *json_path; /* NULL: no JSON */
     bool workloads[BENCH_NWORKLOADS_MAX]; /* indexed by BENCH_W_* */
-    bool kinds[BENCH_NKINDS];
+    bool kinds[BENCH_NALL]; /* the library's BENCH_NKINDS, then the book's references */
     long pairs;   /* uncontended pairs per strategy (all rounds together) */
     int rounds;   /* interleaved rounds (floor, strategy) */
     int threads[BENCH_MAX_LIST];
@@ -67,6 +71,7 @@ typedef struct bench_opts {
     int loops;          /* loops: acquire-hold-release loops on one libuv loop */
     int loop_sems;      /* loops: semaphores they share */
     double loop_hold_min_ms, loop_hold_max_ms; /* loops: hold time */
+    bool no_slowlog; /* scale, contended: leave the server's SLOWLOG settings alone */
     bool quiet; /* no progress on stderr */
 } bench_opts;
 
@@ -192,7 +197,7 @@ typedef struct bench_cmdstats {
 int bench_cmdstats_get(struct redisContext *c, bench_cmdstats *out);
 uint64_t bench_cmdstats_calls(const bench_cmdstats *s, const char *name);
 /* usec the server spent executing the requests the bench's clients send for this kind: EVALSHA
- * and BLPOP, plus SET for the locked strategy's guard. A script's EVALSHA usec includes the
+ * and BLPOP, plus SET for book-locked's guard (the library's guard runs SET in a script). A script's EVALSHA usec includes the
  * commands the script calls, which Redis also counts under their own names, so summing
  * every command would count those twice. */
 uint64_t bench_cmdstats_request_usec(const bench_cmdstats *s, int kind);
@@ -232,6 +237,58 @@ bench_floor *bench_floor_new(const bench_ctx *ctx, int kind, const char *name);
 void bench_floor_free(bench_floor *f);
 int bench_floor_acquire(bench_floor *f); /* 0 ok */
 int bench_floor_release(bench_floor *f);
+
+/* ---------------------------------------------------------------- the book's references */
+/* One client of the book's fair (BENCH_BOOK_FAIR) or locked (BENCH_BOOK_LOCKED) semaphore on
+ * its own raw connection, holding at most one permit at a time; floor: the same requests
+ * with "return 1" in place of every script and of the guard's SET. timeout_s: the book's
+ * semaphore timeout (its lease), on the client's clock. Exits on a setup failure. */
+typedef struct bench_ref bench_ref;
+bench_ref *bench_ref_new(const bench_ctx *ctx, int kind, const char *name, uint32_t limit,
+                         double timeout_s, bool floor);
+void bench_ref_free(bench_ref *r);
+/* One attempt as published: the ticket (> 0) if granted, 0 if not (rank >= limit, or the
+ * locked one's guard busy for 10 ms), -1 on an error (printed on stderr). */
+long long bench_ref_try(bench_ref *r);
+/* Attempts until granted, 1 ms apart (the book's acquire does not wait), up to timeout_ms:
+ * as bench_ref_try. */
+long long bench_ref_acquire(bench_ref *r, int64_t timeout_ms);
+int bench_ref_release(bench_ref *r); /* 0 ok, -1 error */
+uint64_t bench_ref_requests(const bench_ref *r); /* requests sent (round trips) */
+/* The state of holders from+1..to as the book's acquire leaves it (tickets from+1..to, every
+ * timeout now), written directly with pipelined ZADDs. */
+void bench_ref_fill(const bench_ctx *ctx, const char *name, long from, long to);
+/* The keys: timeout set, owner set, counter, guard. */
+void bench_ref_keys(const bench_ctx *ctx, const char *name, char key[4][640]);
+enum { BENCH_REF_ACQUIRE = 0, BENCH_REF_RELEASE = 1, BENCH_REF_GUARD_RELEASE = 2 };
+const char *bench_ref_sha(int script);
+
+/* What the server spent on acquires, from its SLOWLOG (every command logged, with its
+ * execution time, while a bench_slowlog is on): the sum and the longest single command of
+ * the kind's acquire path (fair: fair_acquire.lua; locked: the guard script too; book-fair:
+ * its acquire script; book-locked: the guard's SET, the acquire script, the guard's release),
+ * and of its releases. A command holds the server for its whole execution: acquire_max_us is
+ * the longest time one acquire kept every other client waiting. */
+typedef struct bench_busy {
+    bool valid; /* false: the server refused CONFIG SET, no figures */
+    long threshold_us; /* the SLOWLOG's: > 0, only commands at least this slow are counted */
+    uint64_t acquire_cmds, release_cmds, all_cmds;
+    double acquire_us, release_us;
+    long long acquire_max_us, any_max_us;
+    /* every acquire-path command's time (as ns, like every sample): the max also catches a
+     * server process descheduled by the machine, the p99 much less */
+    bench_samples acq;
+} bench_busy;
+void bench_busy_free(bench_busy *b);
+typedef struct bench_slowlog bench_slowlog;
+/* Log every command slower than slower_than_us (0: all), keeping max_len entries; NULL if the
+ * server refuses CONFIG SET. Restores the settings in bench_slowlog_stop(). */
+bench_slowlog *bench_slowlog_start(const bench_ctx *ctx, long slower_than_us, long max_len);
+/* Adds the entries logged since the last call to b (for kind), and empties the log. -1 if s
+ * is NULL or on an error. */
+int bench_slowlog_collect(bench_slowlog *s, int kind, bench_busy *b);
+void bench_slowlog_stop(bench_slowlog *s);
+json_t *bench_busy_json(bench_busy *b, uint64_t acquires); /* sorts b->acq */
 
 /* ---------------------------------------------------------------- workloads */
 void bench_run_uncontended(bench_ctx *ctx, bool floor_only);

@@ -38,7 +38,17 @@
  * up before, all finished after): the sum over the clients of redsem_client_get_stats()
  * .requests (requests written = round trips; --shared: the one client's) and the delta of INFO
  * commandstats (which also
- * counts the commands the scripts call; the bench's own INFO calls are excluded). */
+ * counts the commands the scripts call; the bench's own INFO calls are excluded).
+ *
+ * The server's own time: the commandstats usec of the kind's requests per grant, and during
+ * the run every command of 100 us or more goes to the SLOWLOG, which the main thread reads
+ * and empties every 100 ms: the longest single command of the acquire path, the longest the
+ * server did nothing else for it (bench_busy, reference.c).
+ *
+ * Redis in Action's fair and locked semaphores (book-fair, book-locked; reference.c) run the
+ * same loop through their reference scripts: their acquire does not wait, so a client tries
+ * again 1 ms after each refusal (a new identifier, a new ticket); the ticket stands in for
+ * the fencing token (every attempt draws one, in the order the server runs them). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -57,6 +67,14 @@
 #define SAMPLE_CAP (1u << 21)
 #define LEASE_MS 10000
 #define ACQUIRE_TIMEOUT_MS 60000
+/* SLOWLOG while a run lasts (the commands at least SLOWLOG_US slow), read every
+ * SLOWLOG_POLL_MS. Logging every command would cost the server about 1 us each: 7 % fewer
+ * fair grants/s with 32 clients (3 runs each, alternating). */
+#define SLOWLOG_US 100
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define SLOWLOG_POLL_MS 100
+#define SLOWLOG_MAX_LEN 100000
 
 typedef struct cclient {
     int64_t wait_start; /* 0: not waiting */
@@ -159,19 +177,31 @@ static void worker(bench_ctx *ctx, cshared *s, int i, redsem_client *shared)
     cclient *me = &s->cl[i];
     redsem_client *c = shared;
     bench_handle h = {0};
+    bench_ref *ref = NULL;
+    bool is_ref = s->kind >= BENCH_NKINDS;
     uint64_t rng = bench_seed() ^ ((uint64_t)i << 32);
     char err[512] = "";
     int rc = REDSEM_OK;
-    if (c == NULL)
+    if (is_ref) {
+        /* the book's timeout (its lease) is the library's lease here */
+        ref = bench_ref_new(ctx, s->kind, s->name, s->limit, LEASE_MS / 1000.0, false);
+        long long t = bench_ref_acquire(ref, ACQUIRE_TIMEOUT_MS);
+        if (t <= 0 || bench_ref_release(ref) != 0) {
+            rc = t == 0 ? REDSEM_EBUSY : REDSEM_ESERVER;
+            snprintf(me->errmsg, sizeof me->errmsg, "warm-up: %s",
+                     t == 0 ? "not granted" : "failed (see stderr)");
+        }
+    } else if (c == NULL) {
         rc = bench_client_try(ctx, &c, err, sizeof err);
-    if (rc != REDSEM_OK)
-        snprintf(me->errmsg, sizeof me->errmsg, "connect: %s", err);
-    if (rc == REDSEM_OK) {
+        if (rc != REDSEM_OK)
+            snprintf(me->errmsg, sizeof me->errmsg, "connect: %s", err);
+    }
+    if (rc == REDSEM_OK && !is_ref) {
         rc = bench_handle_open(c, s->kind, s->name, s->limit, LEASE_MS, &h);
         if (rc != REDSEM_OK)
             record_error(me, c, rc, "open");
     }
-    if (rc == REDSEM_OK) {
+    if (rc == REDSEM_OK && !is_ref) {
         /* Warm-up: loads the scripts, so the measured window sees only EVALSHA. */
         redsem_permit *p = NULL;
         rc = bench_acquire(&h, ACQUIRE_TIMEOUT_MS, &p);
@@ -183,7 +213,7 @@ static void worker(bench_ctx *ctx, cshared *s, int i, redsem_client *shared)
             record_error(me, c, rc, "warm-up");
     }
     me->ready_rc = rc;
-    uint64_t req0 = c ? bench_requests(c) : 0;
+    uint64_t req0 = is_ref ? bench_ref_requests(ref) : c ? bench_requests(c) : 0;
     pthread_barrier_wait(&s->ready);
     pthread_barrier_wait(&s->go);
 
@@ -196,7 +226,17 @@ static void worker(bench_ctx *ctx, cshared *s, int i, redsem_client *shared)
         pthread_mutex_unlock(&s->mu);
 
         redsem_permit *p = NULL;
-        int arc = bench_acquire(&h, ACQUIRE_TIMEOUT_MS, &p);
+        int arc;
+        uint64_t token = 0;
+        if (is_ref) {
+            long long t = bench_ref_acquire(ref, ACQUIRE_TIMEOUT_MS);
+            arc = t > 0 ? REDSEM_OK : t == 0 ? REDSEM_EBUSY : REDSEM_ESERVER;
+            token = t > 0 ? (uint64_t)t : 0;
+        } else {
+            arc = bench_acquire(&h, ACQUIRE_TIMEOUT_MS, &p);
+            if (arc == REDSEM_OK)
+                token = redsem_permit_token(p);
+        }
         int64_t tg = bench_now_ns();
 
         pthread_mutex_lock(&s->mu);
@@ -210,7 +250,7 @@ static void worker(bench_ctx *ctx, cshared *s, int i, redsem_client *shared)
                 s->over_limit++;
             if (s->ngrant < SAMPLE_CAP) {
                 grant_wait(s)[s->ngrant] = tw;
-                grant_token(s)[s->ngrant] = redsem_permit_token(p);
+                grant_token(s)[s->ngrant] = token;
                 grant_time(s)[s->ngrant] = tg;
                 s->ngrant++;
             } else {
@@ -253,7 +293,8 @@ static void worker(bench_ctx *ctx, cshared *s, int i, redsem_client *shared)
             hold += (int64_t)(bench_rand(&rng) % (uint64_t)(s->hold_max_ns - s->hold_min_ns + 1));
         bench_sleep_ns(hold);
 
-        bool held = redsem_permit_held(p);
+        /* the book's timeout (10 s) cannot pass in a hold of a few ms */
+        bool held = is_ref || redsem_permit_held(p);
         pthread_mutex_lock(&s->mu);
         int64_t tr = bench_now_ns();
         integrate(s, tr);
@@ -267,13 +308,20 @@ static void worker(bench_ctx *ctx, cshared *s, int i, redsem_client *shared)
             s->ring_count++;
         }
         pthread_mutex_unlock(&s->mu);
-        int rrc = redsem_permit_release(p);
+        int rrc = REDSEM_OK;
+        if (is_ref)
+            rrc = bench_ref_release(ref) == 0 ? REDSEM_OK : REDSEM_ESERVER;
+        else
+            rrc = redsem_permit_release(p);
         redsem_permit_free(p);
         if (rrc != REDSEM_OK)
             record_error(me, c, rrc, "release");
     }
-    if (c && c != shared)
+    if (is_ref)
+        me->requests = bench_ref_requests(ref) - req0;
+    else if (c && c != shared)
         me->requests = bench_requests(c) - req0;
+    bench_ref_free(ref);
     bench_handle_close(&h);
     if (c != shared)
         redsem_client_free(c);
@@ -371,6 +419,8 @@ typedef struct crow {
     uint64_t ooo_strict, ooo_margin;
     double jain, max_wait_ms;
     uint64_t errors;
+    bench_busy busy;
+    double server_us_per_grant;
 } crow;
 
 static uint64_t stat_delta(const bench_cmdstats *a, const bench_cmdstats *b, const char *n)
@@ -445,12 +495,23 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
     if (bench_cmdstats_get(raw, &before) != 0)
         bench_die("INFO commandstats failed");
     uint64_t shared_req0 = shared ? bench_requests(shared) : 0; /* every thread warmed up */
+    bench_busy busy = {0};
+    bench_slowlog *sl =
+        o->no_slowlog ? NULL : bench_slowlog_start(ctx, SLOWLOG_US, SLOWLOG_MAX_LEN);
     pthread_mutex_lock(&s->mu);
     s->t_start = bench_now_ns();
     s->last_change = s->t_start;
     pthread_mutex_unlock(&s->mu);
     pthread_barrier_wait(&s->go);
-    bench_sleep_ns((int64_t)(o->duration * 1e9));
+    busy.valid = sl != NULL;
+    busy.threshold_us = SLOWLOG_US;
+    for (int64_t end = s->t_start + (int64_t)(o->duration * 1e9), now;
+         (now = bench_now_ns()) < end;) {
+        int64_t left = end - now, step = SLOWLOG_POLL_MS * 1000000LL;
+        bench_sleep_ns(left < step ? left : step);
+        if (sl != NULL && bench_slowlog_collect(sl, kind, &busy) != 0)
+            busy.valid = false;
+    }
     pthread_mutex_lock(&s->mu);
     int64_t now = bench_now_ns();
     integrate(s, now);
@@ -471,11 +532,14 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
     if (bench_cmdstats_get(raw, &after) != 0)
         bench_die("INFO commandstats failed");
     redisFree(raw);
+    if (sl != NULL && bench_slowlog_collect(sl, kind, &busy) != 0)
+        busy.valid = false;
+    bench_slowlog_stop(sl);
     uint64_t shared_requests = shared ? bench_requests(shared) - shared_req0 : 0;
     redsem_client_free(shared);
 
     /* ------------------------------------------------------------ figures */
-    crow r = {.kind = kind, .clients = nclients, .limit = limit};
+    crow r = {.kind = kind, .clients = nclients, .limit = limit, .busy = busy};
     r.secs = (double)(s->t_stop - s->t_start) / 1e9;
     uint64_t *gw = calloc((size_t)nclients, sizeof *gw);
     uint64_t requests = shared_requests, window = 0;
@@ -513,7 +577,14 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
      * SCRIPT LOAD. */
     uint64_t top = stat_delta(&before, &after, "evalsha") + stat_delta(&before, &after, "blpop") +
                    stat_delta(&before, &after, "script|load");
+    /* the book's guard is a top-level SET (the library's guard runs SET inside a script) */
+    if (kind == BENCH_BOOK_LOCKED)
+        top += stat_delta(&before, &after, "set");
     r.cmds_per_grant = s->grants ? (double)total / (double)s->grants : 0;
+    r.server_us_per_grant = s->grants ? (double)(bench_cmdstats_request_usec(&after, kind) -
+                                                 bench_cmdstats_request_usec(&before, kind)) /
+                                            (double)s->grants
+                                      : 0;
     r.top_per_grant = s->grants ? (double)top / (double)s->grants : 0;
     r.max_holders = s->max_occupancy;
     r.over_limit = s->over_limit;
@@ -538,6 +609,9 @@ static crow run_one(bench_ctx *ctx, int kind, int nclients, json_t *arr)
         "grants_total", (json_int_t)s->grants, "grants_per_s", r.grants_per_s,
         "ideal_grants_per_s", r.ideal);
     json_object_set_new(row, "shared_client", json_boolean(shared != NULL));
+    json_object_set_new(row, "reference", json_boolean(kind >= BENCH_NKINDS));
+    json_object_set_new(row, "server", bench_busy_json(&busy, s->grants));
+    json_object_set_new(row, "server_us_per_grant", json_real(r.server_us_per_grant));
     json_object_set_new(row, "ratio_to_ideal", json_real(r.ideal > 0 ? r.grants_per_s / r.ideal : 0));
     json_object_set_new(row, "mean_hold_ms_observed",
                         json_real(s->holds ? s->hold_ns_sum / (double)s->holds / 1e6 : 0));
@@ -596,10 +670,10 @@ void bench_run_contended(bench_ctx *ctx)
     const bench_opts *o = ctx->o;
     json_t *arr = json_array();
     double rtt = floor_rtt_us(ctx);
-    crow *rows = calloc((size_t)(o->nclients * BENCH_NKINDS), sizeof *rows);
+    crow *rows = calloc((size_t)(o->nclients * BENCH_NALL), sizeof *rows);
     int n = 0;
     for (int ci = 0; ci < o->nclients; ci++)
-        for (int kind = 0; kind < BENCH_NKINDS; kind++)
+        for (int kind = 0; kind < BENCH_NALL; kind++)
             if (o->kinds[kind])
                 rows[n++] = run_one(ctx, kind, o->clients[ci], arr);
 
@@ -613,7 +687,7 @@ void bench_run_contended(bench_ctx *ctx)
            o->procs ? "processes" : "threads",
            o->procs ? "" : o->shared_client ? " sharing ONE client" : ", each its own client",
            hold, o->duration);
-    printf("%-8s %4s %3s %9s %7s | %7s %7s %7s %7s | %7s %7s %7s %7s\n", "strategy", "C", "N",
+    printf("%-11s %4s %3s %9s %7s | %7s %7s %7s %7s | %7s %7s %7s %7s\n", "strategy", "C", "N",
            "grants/s", "x ideal", "acq p50", "p99", "p99.9", "max", "handoff", "p99", "max",
            "x rtt");
     bench_rule(112);
@@ -623,15 +697,15 @@ void bench_run_contended(bench_ctx *ctx)
         if (r->hand.n > 0)
             snprintf(hand, sizeof hand, "%7.3f %7.3f %7.2f %7.1f", r->hand.p50 / 1e3,
                      r->hand.p99 / 1e3, r->hand.max / 1e3, rtt > 0 ? r->hand.p50 / rtt : 0);
-        printf("%-8s %4d %3u %9.0f %7.3f | %7.2f %7.2f %7.2f %7.2f | %s\n",
+        printf("%-11s %4d %3u %9.0f %7.3f | %7.2f %7.2f %7.2f %7.2f | %s\n",
                bench_kind_name(r->kind), r->clients, r->limit, r->grants_per_s,
                r->ideal > 0 ? r->grants_per_s / r->ideal : 0, r->acq.p50 / 1e3,
                r->acq.p99 / 1e3, r->acq.p999 / 1e3, r->acq.max / 1e3, hand);
     }
-    printf("\n%-8s %4s %3s | %6s %7s %5s | %6s %6s | %5s %6s | %7s %7s %8s %6s\n", "strategy",
+    printf("\n%-11s %4s %3s | %6s %7s %5s | %6s %6s | %5s %6s | %7s %7s %8s %6s\n", "strategy",
            "C", "N", "trips/", "srvcmd/", "top/", "max", "over", "under", "mean", "out-of-",
            "order", "max wait", "Jain");
-    printf("%-8s %4s %3s | %6s %7s %5s | %6s %6s | %5s %6s | %7s %7s %8s %6s\n", "", "", "",
+    printf("%-11s %4s %3s | %6s %7s %5s | %6s %6s | %5s %6s | %7s %7s %8s %6s\n", "", "", "",
            "grant", "grant", "grant", "holdrs", "limit", "grant", "occup", "strict", "margin",
            "ms", "index");
     bench_rule(112);
@@ -642,7 +716,7 @@ void bench_run_contended(bench_ctx *ctx)
             snprintf(ug, sizeof ug, "%5.3f", r->under_grant);
             snprintf(mo, sizeof mo, "%6.2f", r->mean_occ);
         }
-        printf("%-8s %4d %3u | %6.2f %7.1f %5.2f | %6d %6llu | %5s %6s | %7llu %7llu %8.1f "
+        printf("%-11s %4d %3u | %6.2f %7.1f %5.2f | %6d %6llu | %5s %6s | %7llu %7llu %8.1f "
                "%6.4f\n",
                bench_kind_name(r->kind), r->clients, r->limit, r->trips_per_grant,
                r->cmds_per_grant, r->top_per_grant, r->max_holders,
@@ -651,6 +725,33 @@ void bench_run_contended(bench_ctx *ctx)
         if (r->errors)
             printf("         (%llu errors: see stderr)\n", (unsigned long long)r->errors);
     }
+    printf("\n%-11s %4s %3s | %9s | %9s %9s %9s\n", "strategy", "C", "N", "srv us/",
+           "slow acq", "max busy", "max busy");
+    printf("%-11s %4s %3s | %9s | %9s %9s %9s\n", "", "", "", "grant", "cmds", "acq us",
+           "any us");
+    bench_rule(68);
+    for (int i = 0; i < n; i++) {
+        crow *r = &rows[i];
+        const bench_busy *b = &r->busy;
+        char slow[48];
+        if (!b->valid)
+            snprintf(slow, sizeof slow, "(no SLOWLOG)");
+        else if (b->acquire_cmds == 0 && b->any_max_us == 0)
+            snprintf(slow, sizeof slow, "%9d %9s %9s", 0, "<" STR(SLOWLOG_US), "<" STR(SLOWLOG_US));
+        else if (b->acquire_cmds == 0)
+            snprintf(slow, sizeof slow, "%9d %9s %9lld", 0, "<" STR(SLOWLOG_US), b->any_max_us);
+        else
+            snprintf(slow, sizeof slow, "%9llu %9lld %9lld", (unsigned long long)b->acquire_cmds,
+                     b->acquire_max_us, b->any_max_us);
+        printf("%-11s %4d %3u | %9.1f | %s\n", bench_kind_name(r->kind), r->clients, r->limit,
+               r->server_us_per_grant, slow);
+    }
+    printf("srv us/grant: the server's time (INFO commandstats usec) on the kind's requests per "
+           "grant, failed and queued attempts and releases included; slow acq cmds: commands "
+           "of the acquire path that took %d us or more (SLOWLOG, read every %d ms; "
+           "--no-slowlog: not read); max busy: the longest of them, and of any command, the "
+           "longest the server did nothing else.\n",
+           SLOWLOG_US, SLOWLOG_POLL_MS);
     printf("trips/grant: round trips (requests written, redsem_client_get_stats) per grant, "
            "release included; srvcmd/grant: INFO commandstats delta per grant, commands run by "
            "scripts included; top/grant: EVALSHA+BLPOP from commandstats, the "
@@ -659,6 +760,8 @@ void bench_run_contended(bench_ctx *ctx)
            "trip (%.1f us).\n",
            rtt);
     fflush(stdout);
+    for (int i = 0; i < n; i++)
+        bench_busy_free(&rows[i].busy);
     free(rows);
     json_t *jc = json_pack("{s:f, s:o}", "floor_round_trip_p50_us", rtt, "runs", arr);
     json_object_set_new(ctx->json, "contended", jc);

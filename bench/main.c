@@ -42,7 +42,9 @@ static void usage(FILE *out)
         "\n"
         "Measures redsem's strategies (basic, fair, locked) and its lock against a raw hiredis\n"
         "floor that makes the same round trips with a trivial script. With no --url it starts a\n"
-        "private redis-server. The default suite takes about two minutes (120 s measured).\n"
+        "private redis-server. The default suite takes two to three minutes (120 s measured\n"
+        "on an idle machine before the book's semaphores joined it; 158-180 s with them on a\n"
+        "busy one).\n"
         "\n"
         "  --url URL            measure this server (redis://host:port, unix:///path ...,\n"
         "                       redis+cluster://h1:p1,h2:p2: the semaphores are named to\n"
@@ -61,7 +63,8 @@ static void usage(FILE *out)
         "                       own (TCP + TLS port; a primary and two replicas; clusters of\n"
         "                       1 and 3 primaries), even with --url; tls needs the openssl\n"
         "                       command\n"
-        "  -s, --strategies L   any of basic,fair,locked,lock (default all)\n"
+        "  -s, --strategies L   any of basic,fair,locked,lock,book-fair,book-locked\n"
+        "                       (default all; book-*: see below)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
         "  --rounds N           uncontended: interleaved rounds (default 5)\n"
         "  --threads LIST       threads: thread counts (default 8,32)\n"
@@ -101,10 +104,20 @@ static void usage(FILE *out)
         "                       released from the grant callback)\n"
         "  --sync-pairs N       sync: pairs per strategy and WAIT setting, in rotating\n"
         "                       batches of 250 (default 5000)\n"
+        "  --no-slowlog         scale, contended: do not log every command in the server's\n"
+        "                       SLOWLOG (CONFIG SET, restored after), so no server time per\n"
+        "                       acquire and no longest command (contended: logging costs\n"
+        "                       the server about 1 us per command during the run)\n"
         "  --json FILE          write every figure and the run's parameters to FILE\n"
         "  -q, --quiet          no progress lines on stderr\n"
         "  -h, --help           this text\n"
-        "  --version            versions of redsem-bench and the library\n",
+        "  --version            versions of redsem-bench and the library\n"
+        "\n"
+        "book-fair and book-locked are not strategies of the library: they are Redis in\n"
+        "Action's fair semaphore (6.3.2, ZINTERSTORE of the owners on every acquire) and its\n"
+        "lock-guarded variant (6.3.4), as reference scripts on raw connections; only the\n"
+        "scale and contended workloads measure them, in the default suite, next to fair and\n"
+        "locked. Leave them out with -s basic,fair,locked,lock.\n",
         out);
 }
 
@@ -214,6 +227,7 @@ enum {
     OPT_LOOP_SEMS,
     OPT_LOOP_HOLD,
     OPT_JSON,
+    OPT_NO_SLOWLOG,
     OPT_VERSION
 };
 
@@ -270,6 +284,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"loop-sems", required_argument, NULL, OPT_LOOP_SEMS},
         {"loop-hold", required_argument, NULL, OPT_LOOP_HOLD},
         {"json", required_argument, NULL, OPT_JSON},
+        {"no-slowlog", no_argument, NULL, OPT_NO_SLOWLOG},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
@@ -305,9 +320,10 @@ static void parse_args(int argc, char **argv, bench_opts *o)
     bool dflt[BENCH_NWORKLOADS];
     for (int i = 0; i < BENCH_NWORKLOADS; i++)
         o->workloads[i] = dflt[i] = in_default_suite(i);
-    for (int i = 0; i < BENCH_NKINDS; i++)
+    for (int i = 0; i < BENCH_NALL; i++)
         o->kinds[i] = true;
-    static const char *const kinds[BENCH_NKINDS] = {"basic", "fair", "locked", "lock"};
+    static const char *const kinds[BENCH_NALL] = {"basic", "fair", "locked", "lock",
+                                                  "book-fair", "book-locked"};
     int c;
     while ((c = getopt_long(argc, argv, "w:s:qh", longopts, NULL)) != -1) {
         switch (c) {
@@ -345,7 +361,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         }
         case 's':
-            parse_names(optarg, "--strategies", kinds, BENCH_NKINDS, NULL, o->kinds);
+            parse_names(optarg, "--strategies", kinds, BENCH_NALL, NULL, o->kinds);
             break;
         case OPT_PAIRS:
             o->pairs = parse_long(optarg, "--pairs", 1, 100000000);
@@ -431,6 +447,9 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         case OPT_JSON:
             o->json_path = optarg;
+            break;
+        case OPT_NO_SLOWLOG:
+            o->no_slowlog = true;
             break;
         case 'q':
             o->quiet = true;
@@ -672,6 +691,72 @@ static void target(const char *what, double measured, const char *fmt_target, bo
     target_status(what, measured, fmt_target, met ? "met" : "MISSED", note);
 }
 
+/* Redis in Action's fair and locked semaphores against redsem's (issue 28: no targets). */
+static void print_book(const bench_ctx *ctx)
+{
+    json_t *root = ctx->json;
+    json_t *s = json_object_get(root, "scale");
+    json_t *c = json_object_get(json_object_get(root, "contended"), "runs");
+    bool any = false;
+    char what[96];
+    for (int k = BENCH_FAIR; k <= BENCH_LOCKED; k++) {
+        const char *n = bench_kind_name(k);
+        const char *bn = bench_kind_name(k + BENCH_BOOK_FAIR - BENCH_FAIR);
+        size_t i;
+        json_t *r;
+        json_array_foreach(s, i, r)
+        {
+            if (strcmp(json_string_value(json_object_get(r, "strategy")), bn) != 0)
+                continue;
+            json_int_t H = json_integer_value(json_object_get(r, "holders"));
+            json_t *mine = find_row(s, n, "holders", H);
+            if (mine == NULL)
+                continue;
+            if (!any)
+                printf("\n== redsem against Redis in Action's semaphores (issue 28, no targets), "
+                       "from this run\n");
+            any = true;
+            snprintf(what, sizeof what, "scale H=%lld: %s us/pair / %s us/pair", (long long)H, bn,
+                     n);
+            target_status(what, num(r, "pair_us") / num(mine, "pair_us"), "(info)", "", NULL);
+            json_t *sb = json_object_get(r, "server"), *sm = json_object_get(mine, "server");
+            if (json_is_object(sb) && json_is_object(sm)) {
+                snprintf(what, sizeof what, "  server us per acquire, %s / %s", bn, n);
+                target_status(what,
+                              num(sb, "server_us_per_acquire") / num(sm, "server_us_per_acquire"),
+                              "(info)", "", NULL);
+                snprintf(what, sizeof what, "  longest acquire command, %s (ms)", bn);
+                target_status(what, num(sb, "max_acquire_command_us") / 1e3, "(info)", "", NULL);
+            }
+        }
+        json_array_foreach(c, i, r)
+        {
+            if (strcmp(json_string_value(json_object_get(r, "strategy")), bn) != 0)
+                continue;
+            json_int_t C = json_integer_value(json_object_get(r, "clients"));
+            json_t *mine = find_row(c, n, "clients", C);
+            if (mine == NULL)
+                continue;
+            if (!any)
+                printf("\n== redsem against Redis in Action's semaphores (issue 28, no targets), "
+                       "from this run\n");
+            any = true;
+            snprintf(what, sizeof what, "contended C=%lld: %s grants/s / %s grants/s",
+                     (long long)C, bn, n);
+            target_status(what, num(r, "grants_per_s") / num(mine, "grants_per_s"), "(info)", "",
+                          NULL);
+            snprintf(what, sizeof what, "  %s grants out of order (margin)", bn);
+            char note[64];
+            snprintf(note, sizeof note, " (%s: %lld)", n,
+                     (long long)num(mine, "out_of_order_margin"));
+            target_status(what, num(r, "out_of_order_margin"), "(info)", "", note);
+            double over = num(r, "holders_over_limit_events");
+            snprintf(what, sizeof what, "  %s moments over the limit", bn);
+            target(what, over, "== 0", over == 0, NULL);
+        }
+    }
+}
+
 static void print_targets(const bench_ctx *ctx)
 {
     const bench_opts *o = ctx->o;
@@ -784,6 +869,7 @@ static void print_targets(const bench_ctx *ctx)
             }
         }
     }
+    print_book(ctx);
     /* issue 9 sets no target: it asks what TLS and WAIT cost */
     json_t *tl = json_object_get(root, "tls"), *sy = json_object_get(root, "sync");
     if (tl == NULL && sy == NULL)
@@ -910,7 +996,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < BENCH_NWORKLOADS; i++)
         if (o.workloads[i])
             json_array_append_new(jw, json_string(workload_names[i]));
-    for (int i = 0; i < BENCH_NKINDS; i++)
+    for (int i = 0; i < BENCH_NALL; i++)
         if (o.kinds[i])
             json_array_append_new(jk, json_string(bench_kind_name(i)));
     json_t *jt = json_array(), *jc = json_array(), *jh = json_array();
@@ -954,6 +1040,7 @@ int main(int argc, char **argv)
     json_object_set_new(params, "spread_threads", json_integer(o.spread_threads));
     json_object_set_new(params, "spread_secs", json_real(o.spread_secs));
     json_object_set_new(params, "loops", json_integer(o.loops));
+    json_object_set_new(params, "slowlog", json_boolean(!o.no_slowlog));
     json_object_set_new(params, "loop_sems", json_integer(o.loop_sems));
     json_object_set_new(params, "loop_hold_min_ms", json_real(o.loop_hold_min_ms));
     json_object_set_new(params, "loop_hold_max_ms", json_real(o.loop_hold_max_ms));

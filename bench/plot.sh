@@ -54,6 +54,8 @@ color() {
     fair) echo "#2ca02c" ;;
     locked) echo "#d62728" ;;
     lock) echo "#9467bd" ;;
+    book-fair) echo "#98df8a" ;;   # the book's references: a paler shade of fair and locked
+    book-locked) echo "#ff9896" ;;
     *) echo "#7f7f7f" ;;
     esac
 }
@@ -223,7 +225,8 @@ set logscale x 10
 set grid
 set xlabel "holders H"
 set ylabel "us per pair"
-set yrange [0:*]
+$(if jq -e '[.scale[].strategy] | index("book-fair") or index("book-locked")' "$json" >/dev/null; then
+    echo 'set logscale y  # the book references grow 1000-fold'; else echo 'set yrange [0:*]'; fi)
 set key top left
 plot ${plots%,}
 EOF

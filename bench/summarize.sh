@@ -1,7 +1,8 @@
 #!/bin/sh
 # Median, minimum and maximum over several `redsem-bench --json` files of the figures the
 # targets of issue 3 are about, of what TLS and WAIT cost (issue 9), of the expiry takeover
-# (issue 14), of the rate limit and of weighted acquire (issue 12) (needs jq). Each figure is
+# (issue 14), of the rate limit and of weighted acquire (issue 12), and of Redis in Action's
+# semaphores beside fair and locked (issue 28) (needs jq). Each figure is
 # a ratio or a count taken within one run; only those are comparable across runs on a noisy
 # machine. The threads rows of runs with --shared (one client for all threads) are summarized
 # apart from those without, with the connections the library used and the pool waits; a
@@ -49,8 +50,21 @@ def row($name; $vals): ($vals | map(select(. != null))) as $v |
          ($sc | map(select(.strategy == $s and .holders == 100000)) | .[0]) as $hi |
          if $lo and $hi then ($hi.pair_us / $hi.floor_pair_us) / ($lo.pair_us / $lo.floor_pair_us)
          else null end]) ) ),
+( [["book-fair", "fair"], ["book-locked", "locked"]][] as [$b, $s] |
+  ( [$runs[].scale // [] | .[] | select(.strategy == $b) | .holders] | unique | .[] ) as $h |
+  ([$runs[] | (.scale // []) as $sc |
+    {b: ($sc | map(select(.strategy == $b and .holders == $h)) | .[0]),
+     s: ($sc | map(select(.strategy == $s and .holders == $h)) | .[0])} |
+    select(.b and .s)]) as $r |
+  row("scale H=\($h) \($b) cost / \($s) cost"; [$r[] | .b.pair_us / .s.pair_us]),
+  row("scale H=\($h) \($b) acquire p99 us"; [$r[].b.acquire.p99_us]),
+  row("scale H=\($h) \($s) acquire p99 us"; [$r[].s.acquire.p99_us]),
+  row("scale H=\($h) \($b) server us per acquire"; [$r[].b.server.server_us_per_acquire]),
+  row("scale H=\($h) \($s) server us per acquire"; [$r[].s.server.server_us_per_acquire]),
+  row("scale H=\($h) \($b) longest acquire command us"; [$r[].b.server.max_acquire_command_us]),
+  row("scale H=\($h) \($s) longest acquire command us"; [$r[].s.server.max_acquire_command_us]) ),
 ( ( [$runs[].contended.runs // [] | .[] | .clients] | unique | .[] ) as $c |
-  ( ["basic", "fair", "locked", "lock"][] as $s |
+  ( ["basic", "fair", "locked", "lock", "book-fair", "book-locked"][] as $s |
     ([$runs[].contended.runs // [] | .[] | select(.strategy == $s and .clients == $c)]) as $r |
     row("contended C=\($c) \($s) max holders"; [$r[].max_holders]),
     row("contended C=\($c) \($s) grants/s / ideal"; [$r[].ratio_to_ideal]),
@@ -63,7 +77,11 @@ def row($name; $vals): ($vals | map(select(. != null))) as $v |
     row("contended C=\($c) \($s) under-grant"; [$r[].under_grant]),
     row("contended C=\($c) \($s) out of order, strict"; [$r[].out_of_order_strict]),
     row("contended C=\($c) \($s) out of order, margin"; [$r[].out_of_order_margin]),
-    row("contended C=\($c) \($s) Jain index"; [$r[].jain_index]) ) ),
+    row("contended C=\($c) \($s) Jain index"; [$r[].jain_index]),
+    row("contended C=\($c) \($s) over the limit"; [$r[].holders_over_limit_events]),
+    row("contended C=\($c) \($s) server us per grant"; [$r[].server_us_per_grant]),
+    row("contended C=\($c) \($s) longest acquire command us";
+        [$r[].server.max_acquire_command_us // empty]) ) ),
 ( ["basic", "fair", "locked", "lock"][] as $s |
   ([$runs[].tls.uncontended // [] | .[] | select(.strategy == $s)]) as $r |
   row("tls \($s) pairs/s TLS / TCP, one client"; [$r[].ratio_pairs_per_s]),

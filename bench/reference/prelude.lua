@@ -1,0 +1,6 @@
+-- Reference scripts of redsem-bench: Redis in Action's fair semaphore (6.3.2-6.3.3) and its
+-- lock-guarded variant (6.3.4), the book's algorithm as published, made atomic as Lua.
+-- They are NOT strategies of the library: the bench measures them beside redsem's fair and
+-- locked (the scale and contended workloads, docs/benchmarks.md), and tests/test_bookrefs.c
+-- checks them against a hand-worked case. Nothing is shared between them (this "prelude" is
+-- empty; tools/embed-lua.c embeds them the way it embeds lua/).
