@@ -1,0 +1,258 @@
+"""asyncio support, driven by the C library's event-loop API (redsem/async.h).
+
+As pycares drives c-ares: the library names a descriptor to watch (loop.add_reader) and,
+if it wants one, a timer (loop.call_later); when either fires, redsem_async_action() runs
+the completion callbacks of the finished operations on the loop's thread, which resolve
+asyncio futures. One redsem_async per (Client, event loop), made on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from typing import Any, Dict, Optional
+
+from ._core import Client, Permit, _Native, _alive, _str
+from ._errors import Error, StateError, error_for
+from ._redsem import ffi, lib
+
+_bindings: Dict[int, "_Binding"] = {}
+_ops: Dict[int, "_Op"] = {}
+_keys = itertools.count(1)
+_lock = threading.Lock()
+
+
+class _Op:
+    __slots__ = ("binding", "future", "owner", "permit", "op")
+
+    def __init__(self, binding: "_Binding", future: Optional["asyncio.Future[Any]"],
+                 owner: Any = None, permit: Optional[Permit] = None) -> None:
+        self.binding = binding
+        self.future = future
+        self.owner = owner      # the semaphore or lock: alive until the callback ran
+        self.permit = permit    # refresh/release: the permit, alive until the callback ran
+        self.op = 0
+
+
+class _Binding:
+    """One redsem_async bound to one asyncio loop."""
+
+    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self.loop = loop
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.fds: set = set()
+        pa = ffi.new("redsem_async **")
+        client._check(lib.redsem_async_new(client._ptr(), pa))
+        self.node = _Native(pa[0], lib.redsem_async_free, client._node)
+        self.key = next(_keys)
+        with _lock:
+            _bindings[self.key] = self
+        rc = lib.redsem_async_set_loop(pa[0], lib._redsem_on_socket, lib._redsem_on_timer,
+                                       ffi.cast("void *", self.key))
+        if rc != 0:
+            self.close()
+            raise error_for(rc)
+
+    def ptr(self) -> Any:
+        return _alive(self.node, "event-loop binding")
+
+    def action(self, fd: int, events: int) -> None:
+        ptr = self.node.ptr
+        if ptr is not None:
+            lib.redsem_async_action(ptr, fd, events)
+
+    def close(self) -> None:
+        """Cancel what is pending (callbacks run now) and free; the loop's thread or a
+        closed loop's."""
+        self.node.close()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        with _lock:
+            _bindings.pop(self.key, None)
+
+    def start(self, owner: Any, future: "asyncio.Future[Any]", permit: Optional[Permit],
+              starter: Any) -> _Op:
+        op = _Op(self, future, owner, permit)
+        key = next(_keys)
+        with _lock:
+            _ops[key] = op
+        pop = ffi.new("uint64_t *")
+        rc = starter(self.ptr(), lib._redsem_on_done, ffi.cast("void *", key), pop)
+        if rc != 0:
+            with _lock:
+                _ops.pop(key, None)
+            self.client._check(rc)
+        op.op = int(pop[0])
+        return op
+
+
+def _binding(client: Client) -> _Binding:
+    loop = asyncio.get_running_loop()
+    with client._async_lock:
+        b = client._async.get(loop)
+        if b is not None:
+            return b
+        stale = [lp for lp in client._async if lp.is_closed()]
+        old = [client._async.pop(lp) for lp in stale]
+    for ob in old:
+        ob.close()
+    b = _Binding(client, loop)
+    with client._async_lock:
+        client._async[loop] = b
+    return b
+
+
+@ffi.def_extern()
+def _redsem_on_socket(async_: Any, fd: int, what: int, loop_data: Any) -> None:
+    b = _bindings.get(int(ffi.cast("uintptr_t", loop_data)))
+    if b is None:
+        return
+    try:
+        if what & lib.REDSEM_WATCH_REMOVE:
+            b.fds.discard(fd)
+            b.loop.remove_reader(fd)
+        else:  # 0.4 asks for reading only; writability is not needed
+            b.fds.add(fd)
+            b.loop.add_reader(fd, b.action, fd, lib.REDSEM_WATCH_IN)
+    except Exception:  # a closed loop: nothing to watch any more
+        pass
+
+
+@ffi.def_extern()
+def _redsem_on_timer(async_: Any, timeout_ms: int, loop_data: Any) -> None:
+    b = _bindings.get(int(ffi.cast("uintptr_t", loop_data)))
+    if b is None:
+        return
+    if b.timer is not None:
+        b.timer.cancel()
+        b.timer = None
+    if timeout_ms >= 0:
+        try:
+            b.timer = b.loop.call_later(timeout_ms / 1000.0, b.action, -1, 0)
+        except Exception:
+            pass
+
+
+@ffi.def_extern()
+def _redsem_on_done(async_: Any, result: Any, user: Any) -> None:
+    with _lock:
+        op = _ops.pop(int(ffi.cast("uintptr_t", user)), None)
+    if op is None:
+        return
+    rc = result.rc
+    fut = op.future
+    permit = None
+    if result.permit != ffi.NULL:
+        permit = Permit(op.owner, op.binding.client, result.permit)
+    if result.status != ffi.NULL:
+        lib.redsem_status_free(result.status)
+    if op.permit is not None:  # refresh or release
+        if rc in (0, lib.REDSEM_ELOST) and fut is not None and _is_release(fut):
+            op.permit._node.close()
+    if fut is None or fut.done():
+        # the awaiting task was cancelled meanwhile: never leave a granted permit held
+        if permit is not None:
+            _release_quietly(op.binding, permit)
+        return
+    if rc == 0:
+        fut.set_result(permit)
+    else:
+        err = error_for(rc, _str(result.errmsg))
+        if rc == lib.REDSEM_ECANCELED:
+            fut.cancel()
+        else:
+            fut.set_exception(err)
+
+
+def _is_release(fut: "asyncio.Future[Any]") -> bool:
+    return getattr(fut, "_redsem_release", False)
+
+
+def _release_quietly(b: _Binding, permit: Permit) -> None:
+    """Give a permit nobody awaits any more back, without blocking the loop."""
+    try:
+        fut = b.loop.create_future()
+        fut._redsem_release = True  # type: ignore[attr-defined]
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        b.start(None, fut, permit, lambda a, cb, u, pop: lib.redsem_permit_release_async(
+            a, permit._node.ptr, cb, u, pop))
+    except Error:
+        permit.close()  # not startable (the binding is closing): the lease expires
+
+
+class AsyncAcquire:
+    """What Semaphore.acquire_async() and Lock.acquire_async() return: await it for a
+    Permit, or use it as ``async with`` (the permit is released at the end of the block)."""
+
+    def __init__(self, owner: Any, timeout_ms: int, permits: int) -> None:
+        self._owner = owner
+        self._timeout_ms = timeout_ms
+        self._permits = permits
+        self._permit: Optional[Permit] = None
+
+    async def _run(self) -> Permit:
+        owner = self._owner
+        b = _binding(owner._client)
+        fut: "asyncio.Future[Permit]" = b.loop.create_future()
+        optr = owner._ptr()
+        if hasattr(owner, "strategy"):
+            n = self._permits
+            starter = lambda a, cb, u, pop: lib.redsem_sem_acquire_async(  # noqa: E731
+                a, optr, n, self._timeout_ms, cb, u, pop)
+        else:
+            starter = lambda a, cb, u, pop: lib.redsem_lock_acquire_async(  # noqa: E731
+                a, optr, self._timeout_ms, cb, u, pop)
+        op = b.start(owner, fut, None, starter)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # cancel the acquire; a permit it was granted meanwhile is released by the
+            # completion callback (the future is done), so none is left held
+            ptr = b.node.ptr
+            if ptr is not None:
+                lib.redsem_async_cancel(ptr, op.op)
+            raise
+
+    def __await__(self) -> Any:
+        return self._run().__await__()
+
+    async def __aenter__(self) -> Permit:
+        self._permit = await self._run()
+        return self._permit
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        p, self._permit = self._permit, None
+        if p is None or p._node.ptr is None:
+            return
+        if exc_type is None:
+            await release_async(p)
+            return
+        try:
+            await release_async(p)
+        except Error:
+            p.close()
+
+
+async def release_async(permit: Permit) -> None:
+    """Permit.release() without blocking the loop; raises as release()."""
+    ptr = permit._ptr()
+    permit._unregister()
+    b = _binding(permit._client)
+    fut: "asyncio.Future[Any]" = b.loop.create_future()
+    fut._redsem_release = True  # type: ignore[attr-defined]
+    b.start(None, fut, permit,
+            lambda a, cb, u, pop: lib.redsem_permit_release_async(a, ptr, cb, u, pop))
+    await asyncio.shield(fut)
+
+
+async def refresh_async(permit: Permit) -> None:
+    """Permit.refresh() without blocking the loop; raises as refresh()."""
+    ptr = permit._ptr()
+    b = _binding(permit._client)
+    fut: "asyncio.Future[Any]" = b.loop.create_future()
+    b.start(None, fut, permit,
+            lambda a, cb, u, pop: lib.redsem_permit_refresh_async(a, ptr, cb, u, pop))
+    await asyncio.shield(fut)
