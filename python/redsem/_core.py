@@ -37,6 +37,10 @@ def _seconds_ms(value: Any, what: str, *, forever_ok: bool = False) -> int:
     """Seconds (a real number >= 0) as whole ms; None or inf is -1 (forever) if allowed.
 
     A positive value below 0.5 ms counts as 1 ms, never 0 (0 means "try once")."""
+    t = type(value)
+    if (t is int or t is float) and 0 <= value < 1e12:  # the common case, quickly
+        ms = round(value * 1000)
+        return 1 if ms == 0 and value > 0 else ms
     if value is None or (forever_ok and isinstance(value, float) and value == math.inf):
         if forever_ok:
             return lib.REDSEM_WAIT_FOREVER
@@ -116,6 +120,8 @@ class _Native:
             return
         todo = []
         with _tree_lock:
+            if self.closed and not _deferred:
+                return
             pending = _deferred[:]
             del _deferred[:]
             for node in [self] + pending:
@@ -487,13 +493,14 @@ class Permit:
     __slots__ = ("_node", "_owner", "_client", "id", "token", "weight", "_renew_key",
                  "__weakref__")
 
-    def __init__(self, owner: Any, client: Client, ptr: Any) -> None:
+    def __init__(self, owner: Any, client: Client, ptr: Any, id: Optional[str] = None,
+                 weight: int = 0) -> None:
         self._node = _Native(ptr, lib.redsem_permit_free, owner._node)
         self._owner = owner  # keeps the semaphore or lock (and its client) alive
         self._client = client
-        self.id: str = _str(lib.redsem_permit_id(ptr))
+        self.id: str = id if id is not None else _str(lib.redsem_permit_id(ptr))
         self.token: int = int(lib.redsem_permit_token(ptr))
-        self.weight: int = int(lib.redsem_permit_weight(ptr))
+        self.weight: int = weight if weight else int(lib.redsem_permit_weight(ptr))
         self._renew_key = 0
 
     def __repr__(self) -> str:
@@ -631,7 +638,7 @@ class Permit:
 
     def __del__(self) -> None:
         node = getattr(self, "_node", None)
-        if node is not None:
+        if node is not None and node.ptr is not None:
             self._unregister()
             node.close()
 
@@ -713,7 +720,7 @@ class Semaphore:
         bid = _text(hid, "holder_id")
         pp = ffi.new("redsem_permit **")
         self._client._check(lib.redsem_sem_acquire_as_n(self._ptr(), bid, n, ms, pp), hid)
-        return Permit(self, self._client, pp[0])
+        return Permit(self, self._client, pp[0], hid, n)
 
     def try_acquire(self, *, permits: int = 1) -> Optional[Permit]:
         """Take ``permits`` permits if free now (fair/locked: only if nobody is queued).
@@ -816,6 +823,7 @@ class Lock:
             tok = _new_id() if token is None else token
             self._client._check(lib.redsem_lock_acquire_as(self._ptr(), _text(tok, "token"),
                                                            ms, pp), tok)
+            return Permit(self, self._client, pp[0], tok, 1)
         return Permit(self, self._client, pp[0])
 
     def try_acquire(self) -> Optional[Permit]:

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Python binding bench: acquire+release pairs/s of the binding against redis-py's Lock
+(the python3-redis package) on the same server in the same run, and against the C
+library's own pair (redsem-bench's uncontended workload), in interleaved rounds.
+
+    PYTHONPATH=build/python python3 bench/python/bench.py [--redsem-bench build/bench/redsem-bench]
+        [--pairs N] [--rounds N] [--sock PATH] [--json FILE]
+
+With no --sock it starts a private redis-server on a unix socket in a temporary directory
+(stopped by its pid at the end). Each round runs, one after the other: the binding's lock,
+redis-py's Lock, the binding's basic semaphore, and redsem-bench (-w uncontended -s
+basic,lock --rounds 1 --affinity none, one process: unpinned, as the Python process); figures are the medians over the rounds, and the ratios
+the medians of the per-round ratios. Targets (issue 27): binding lock >= 1.5x redis-py's
+Lock; binding pair within 1.3x of the C pair (C/binding <= 1.3).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import redsem
+
+try:
+    import redis
+except ImportError:  # python3-redis: tools/deps.sh installs it
+    redis = None
+
+
+def start_server():
+    path = shutil.which("redis-server") or "/usr/bin/redis-server"
+    d = tempfile.mkdtemp(prefix="redsem-pybench-")
+    sock = os.path.join(d, "redis.sock")
+    proc = subprocess.Popen([path, "--port", "0", "--unixsocket", sock, "--unixsocketperm",
+                             "700", "--save", "", "--appendonly", "no", "--dir", d,
+                             "--logfile", os.path.join(d, "redis.log")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(sock):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            sys.exit("redis-server did not start")
+        time.sleep(0.02)
+    time.sleep(0.1)
+    return proc, d, sock
+
+
+def timed(fn, pairs):
+    fn(min(200, pairs))  # warm-up: scripts loaded, connections open
+    t0 = time.perf_counter()
+    fn(pairs)
+    return pairs / (time.perf_counter() - t0)
+
+
+def binding_lock(client, name):
+    lk = client.lock(name, lease=10.0)
+
+    def run(n):
+        for _ in range(n):
+            p = lk.acquire(0)
+            p.release()
+    return run
+
+
+def binding_sem(client, name):
+    sem = client.semaphore(name, limit=1, lease=10.0, strategy="basic")
+
+    def run(n):
+        for _ in range(n):
+            p = sem.acquire(0)
+            p.release()
+    return run
+
+
+def redispy_lock(r, name):
+    def run(n):
+        for _ in range(n):
+            lk = r.lock(name, timeout=10)
+            if not lk.acquire(blocking=False):
+                raise RuntimeError("redis-py lock not acquired")
+            lk.release()
+    return run
+
+
+def c_pairs(bench, url, pairs):
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([bench, "--url", url, "--affinity", "none", "-w", "uncontended", "-s", "basic,lock",
+                        "--pairs", str(pairs), "--rounds", "1", "--json", f.name, "-q"],
+                       check=True, stdout=subprocess.DEVNULL)
+        data = json.load(open(f.name))
+    rows = data["uncontended"]
+    return {row["strategy"]: row["pairs_per_s"] for row in rows}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--redsem-bench", default=os.environ.get("REDSEM_BENCH"))
+    ap.add_argument("--pairs", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sock", help="use this redis-server's unix socket")
+    ap.add_argument("--json", help="write the figures to this file")
+    a = ap.parse_args()
+    if redis is None:
+        sys.exit("redis-py is missing (python3-redis)")
+    proc = None
+    d = None
+    sock = a.sock
+    if sock is None:
+        proc, d, sock = start_server()
+    url = "unix://" + sock
+    try:
+        client = redsem.Client(url)
+        r = redis.Redis(unix_socket_path=sock)
+        tag = f"pybench-{os.getpid()}"
+        runs = {"binding_lock": binding_lock(client, tag + "-lock"),
+                "redispy_lock": redispy_lock(r, tag + "-redispy"),
+                "binding_basic": binding_sem(client, tag + "-basic")}
+        rows = []
+        for i in range(a.rounds):
+            row = {k: timed(fn, a.pairs) for k, fn in runs.items()}
+            if a.redsem_bench:
+                c = c_pairs(a.redsem_bench, url, a.pairs)
+                row["c_basic"] = c.get("basic")
+                row["c_lock"] = c.get("lock")
+            rows.append(row)
+            print(f"round {i + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()),
+                  file=sys.stderr)
+
+        def med(k):
+            return statistics.median(row[k] for row in rows)
+
+        def ratio(num, den):
+            return statistics.median(row[num] / row[den] for row in rows)
+
+        out = {k: med(k) for k in rows[0]}
+        out["binding_lock_vs_redispy"] = ratio("binding_lock", "redispy_lock")
+        if a.redsem_bench:
+            out["c_vs_binding_basic"] = ratio("c_basic", "binding_basic")
+            out["c_vs_binding_lock"] = ratio("c_lock", "binding_lock")
+        out["rounds"] = a.rounds
+        out["pairs"] = a.pairs
+        print(f"pairs/s, medians of {a.rounds} rounds of {a.pairs} pairs (unix socket):")
+        for k in ("binding_lock", "redispy_lock", "binding_basic", "c_lock", "c_basic"):
+            if k in out:
+                print(f"  {k:<15} {out[k]:>10,.0f}")
+        print(f"  binding lock / redis-py Lock: {out['binding_lock_vs_redispy']:.2f}x "
+              "(target >= 1.5)")
+        if a.redsem_bench:
+            print(f"  C / binding, basic pair:    {out['c_vs_binding_basic']:.2f}x "
+                  "(target <= 1.3)")
+            print(f"  C / binding, lock pair:     {out['c_vs_binding_lock']:.2f}x "
+                  "(target <= 1.3)")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+    finally:
+        if proc is not None:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+            shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
