@@ -368,3 +368,18 @@ def test_exception_hierarchy():
 def test_bad_input(client, name, call, exc):
     with pytest.raises(exc):
         call(client, name)
+
+
+def test_doc_examples_parse():
+    """Every ```python block of README.md and docs/python.md is valid Python."""
+    import ast
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    n = 0
+    for doc in ("README.md", os.path.join("docs", "python.md")):
+        with open(os.path.join(root, doc)) as f:
+            text = f.read()
+        for block in re.findall(r"^```python\n(.*?)^```", text, re.S | re.M):
+            ast.parse(block)
+            n += 1
+    assert n >= 3
