@@ -13,7 +13,7 @@ import itertools
 import threading
 from typing import Any, Dict, Optional
 
-from ._core import Client, Permit, _Native, _alive, _str
+from ._core import Client, Permit, _cb_state, _Native, _alive, _str
 from ._errors import Error, StateError, error_for
 from ._redsem import ffi, lib
 
@@ -138,6 +138,14 @@ def _redsem_on_timer(async_: Any, timeout_ms: int, loop_data: Any) -> None:
 
 @ffi.def_extern()
 def _redsem_on_done(async_: Any, result: Any, user: Any) -> None:
+    _cb_state.defer = True  # no handle is freed inside redsem_async_action()
+    try:
+        _done(result, user)
+    finally:
+        _cb_state.defer = False
+
+
+def _done(result: Any, user: Any) -> None:
     with _lock:
         op = _ops.pop(int(ffi.cast("uintptr_t", user)), None)
     if op is None:

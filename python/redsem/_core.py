@@ -113,8 +113,9 @@ class _Native:
 
     def close(self) -> None:
         """Mark closed; free what can be freed (after the children, outside the lock)."""
-        if getattr(_cb_state, "active", False):
-            # never free from a lost-lease callback (the C library forbids it): later
+        if getattr(_cb_state, "active", False) or getattr(_cb_state, "defer", False):
+            # never free from a lost-lease callback, nor from an event-loop completion
+            # (a garbage collection may run there; the C library forbids both): later
             with _tree_lock:
                 _deferred.append(self)
             return
@@ -139,6 +140,8 @@ class _Native:
 
 
 def _alive(node: _Native, what: str) -> Any:
+    if getattr(_cb_state, "active", False):
+        raise StateError(lib.REDSEM_ESTATE, "a lost-lease callback must not call the library")
     ptr = node.ptr
     if ptr is None or node.closed:
         raise StateError(lib.REDSEM_ESTATE, f"the {what} is closed")
@@ -340,9 +343,8 @@ class Client:
         self.close()
 
     def __del__(self) -> None:
-        node = getattr(self, "_node", None)
-        if node is not None:
-            node.close()
+        if getattr(self, "_node", None) is not None:
+            self.close()
 
     def _ptr(self) -> Any:
         return _alive(self._node, "client")
@@ -527,9 +529,6 @@ class Permit:
         return lib.redsem_permit_deadline_ms(ptr) / 1000.0 if ptr is not None else 0.0
 
     def _ptr(self) -> Any:
-        if getattr(_cb_state, "active", False):
-            raise StateError(lib.REDSEM_ESTATE,
-                             "a lost-lease callback must not call the library")
         return _alive(self._node, "permit")
 
     def refresh(self) -> None:

@@ -383,3 +383,40 @@ def test_doc_examples_parse():
             ast.parse(block)
             n += 1
     assert n >= 3
+
+
+def test_versions_agree():
+    """The stand-alone project (meson-python) and pyproject.toml carry the main version."""
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+
+    def version(path, pattern):
+        with open(os.path.join(root, path)) as f:
+            return re.search(pattern, f.read()).group(1)
+
+    main = version("meson.build", r"version:\s*'([^']+)'")
+    assert redsem.__version__ == main
+    assert version(os.path.join("python", "meson.build"), r"version:\s*'([^']+)'") == main
+    assert version(os.path.join("python", "pyproject.toml"), r'version\s*=\s*"([^"]+)"') == main
+
+
+def test_callback_may_not_call_other_handles(server, client, name):
+    sem = client.semaphore(name, limit=2, lease=0.5)
+    p = sem.acquire(0)
+    seen = []
+    fired = threading.Event()
+
+    def on_lost(permit, reason):
+        for call in (lambda: sem.acquire(0), client.ping, client.stats):
+            try:
+                call()
+                seen.append("called")
+            except redsem.StateError:
+                seen.append("refused")
+        fired.set()
+
+    p.auto_renew(0.1, on_lost)
+    assert server.command(b"FLUSHALL") == b"+OK"
+    assert fired.wait(30)
+    assert seen == ["refused"] * 3
+    p.close()
