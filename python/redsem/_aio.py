@@ -13,7 +13,7 @@ import itertools
 import threading
 from typing import Any, Dict, Optional
 
-from ._core import Client, Permit, _cb_state, _Native, _alive, _str
+from ._core import Client, Permit, _cb_state, _Native, _str
 from ._errors import Error, StateError, error_for
 from ._redsem import ffi, lib
 
@@ -24,7 +24,7 @@ _lock = threading.Lock()
 
 
 class _Op:
-    __slots__ = ("binding", "future", "owner", "permit", "op")
+    __slots__ = ("binding", "future", "owner", "permit", "op", "pinned")
 
     def __init__(self, binding: "_Binding", future: Optional["asyncio.Future[Any]"],
                  owner: Any = None, permit: Optional[Permit] = None) -> None:
@@ -33,6 +33,7 @@ class _Op:
         self.owner = owner      # the semaphore or lock: alive until the callback ran
         self.permit = permit    # refresh/release: the permit, alive until the callback ran
         self.op = 0
+        self.pinned: Optional[_Native] = None  # the handle the C operation uses
 
 
 class _Binding:
@@ -44,24 +45,24 @@ class _Binding:
         self.timer: Optional[asyncio.TimerHandle] = None
         self.fds: set = set()
         pa = ffi.new("redsem_async **")
-        client._check(lib.redsem_async_new(client._ptr(), pa))
+        client._call(lib.redsem_async_new, pa)
         self.node = _Native(pa[0], lib.redsem_async_free, client._node)
         self.key = next(_keys)
         with _lock:
             _bindings[self.key] = self
-        rc = lib.redsem_async_set_loop(pa[0], lib._redsem_on_socket, lib._redsem_on_timer,
-                                       ffi.cast("void *", self.key))
-        if rc != 0:
+        try:
+            self.node.call("event-loop binding", lib.redsem_async_set_loop,
+                           lib._redsem_on_socket, lib._redsem_on_timer,
+                           ffi.cast("void *", self.key))
+        except BaseException:
             self.close()
-            raise error_for(rc)
-
-    def ptr(self) -> Any:
-        return _alive(self.node, "event-loop binding")
+            raise
 
     def action(self, fd: int, events: int) -> None:
-        ptr = self.node.ptr
-        if ptr is not None:
-            lib.redsem_async_action(ptr, fd, events)
+        self.node.read(lambda p: lib.redsem_async_action(p, fd, events), None)
+
+    def cancel(self, op: int) -> None:
+        self.node.read(lambda p: lib.redsem_async_cancel(p, op), None)
 
     def close(self) -> None:
         """Cancel what is pending (callbacks run now) and free; the loop's thread or a
@@ -73,18 +74,27 @@ class _Binding:
         with _lock:
             _bindings.pop(self.key, None)
 
-    def start(self, owner: Any, future: "asyncio.Future[Any]", permit: Optional[Permit],
-              starter: Any) -> _Op:
+    def start(self, future: "asyncio.Future[Any]", owner: Any, permit: Optional[Permit],
+              fn: Any, *args: Any) -> _Op:
+        """Start fn(async, handle, *args, cb, user, &op) on the owner's (semaphore, lock)
+        or the permit's handle, pinned until the completion ran."""
+        handle = owner._node if owner is not None else permit._node  # type: ignore[union-attr]
+        hptr = handle.pin("permit" if owner is None else "handle")
         op = _Op(self, future, owner, permit)
+        op.pinned = handle
         key = next(_keys)
         with _lock:
             _ops[key] = op
         pop = ffi.new("uint64_t *")
-        rc = starter(self.ptr(), lib._redsem_on_done, ffi.cast("void *", key), pop)
-        if rc != 0:
+        try:
+            self.node.call("event-loop binding",
+                           lambda a: fn(a, hptr, *args, lib._redsem_on_done,
+                                        ffi.cast("void *", key), pop))
+        except BaseException:
             with _lock:
                 _ops.pop(key, None)
-            self.client._check(rc)
+            handle.unpin()
+            raise
         op.op = int(pop[0])
         return op
 
@@ -150,6 +160,14 @@ def _done(result: Any, user: Any) -> None:
         op = _ops.pop(int(ffi.cast("uintptr_t", user)), None)
     if op is None:
         return
+    try:
+        _complete(op, result)
+    finally:
+        if op.pinned is not None:
+            op.pinned.unpin()
+
+
+def _complete(op: _Op, result: Any) -> None:
     rc = result.rc
     fut = op.future
     permit = None
@@ -185,8 +203,7 @@ def _release_quietly(b: _Binding, permit: Permit) -> None:
         fut = b.loop.create_future()
         fut._redsem_release = True  # type: ignore[attr-defined]
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        b.start(None, fut, permit, lambda a, cb, u, pop: lib.redsem_permit_release_async(
-            a, permit._node.ptr, cb, u, pop))
+        b.start(fut, None, permit, lib.redsem_permit_release_async)
     except Error:
         permit.close()  # not startable (the binding is closing): the lease expires
 
@@ -205,23 +222,17 @@ class AsyncAcquire:
         owner = self._owner
         b = _binding(owner._client)
         fut: "asyncio.Future[Permit]" = b.loop.create_future()
-        optr = owner._ptr()
         if hasattr(owner, "strategy"):
-            n = self._permits
-            starter = lambda a, cb, u, pop: lib.redsem_sem_acquire_async(  # noqa: E731
-                a, optr, n, self._timeout_ms, cb, u, pop)
+            op = b.start(fut, owner, None, lib.redsem_sem_acquire_async, self._permits,
+                         self._timeout_ms)
         else:
-            starter = lambda a, cb, u, pop: lib.redsem_lock_acquire_async(  # noqa: E731
-                a, optr, self._timeout_ms, cb, u, pop)
-        op = b.start(owner, fut, None, starter)
+            op = b.start(fut, owner, None, lib.redsem_lock_acquire_async, self._timeout_ms)
         try:
             return await fut
         except asyncio.CancelledError:
             # cancel the acquire; a permit it was granted meanwhile is released by the
             # completion callback (the future is done), so none is left held
-            ptr = b.node.ptr
-            if ptr is not None:
-                lib.redsem_async_cancel(ptr, op.op)
+            b.cancel(op.op)
             raise
 
     def __await__(self) -> Any:
@@ -246,21 +257,17 @@ class AsyncAcquire:
 
 async def release_async(permit: Permit) -> None:
     """Permit.release() without blocking the loop; raises as release()."""
-    ptr = permit._ptr()
     permit._unregister()
     b = _binding(permit._client)
     fut: "asyncio.Future[Any]" = b.loop.create_future()
     fut._redsem_release = True  # type: ignore[attr-defined]
-    b.start(None, fut, permit,
-            lambda a, cb, u, pop: lib.redsem_permit_release_async(a, ptr, cb, u, pop))
+    b.start(fut, None, permit, lib.redsem_permit_release_async)
     await asyncio.shield(fut)
 
 
 async def refresh_async(permit: Permit) -> None:
     """Permit.refresh() without blocking the loop; raises as refresh()."""
-    ptr = permit._ptr()
     b = _binding(permit._client)
     fut: "asyncio.Future[Any]" = b.loop.create_future()
-    b.start(None, fut, permit,
-            lambda a, cb, u, pop: lib.redsem_permit_refresh_async(a, ptr, cb, u, pop))
+    b.start(fut, None, permit, lib.redsem_permit_refresh_async)
     await asyncio.shield(fut)

@@ -15,7 +15,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from ._errors import Busy, Error, StateError, Unknown, error_for
+from ._errors import Busy, Error, Lost, StateError, Unknown, error_for
 from ._redsem import ffi, lib
 
 Seconds = Union[int, float]
@@ -81,71 +81,132 @@ def _text(value: Any, what: str, *, none_ok: bool = False) -> Any:
     return value.encode("utf-8", "surrogateescape")
 
 
+def _closed(what: str) -> Any:
+    raise StateError(lib.REDSEM_ESTATE, f"the {what} is closed")
+
+
 def _str(p: Any) -> str:
     return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
 
 
 # --------------------------------------------------------------------------- native handles
 
-_cb_state = threading.local()  # .active: this thread is running a lost-lease callback
-_deferred: List["_Native"] = []
+_cb_state = threading.local()  # .active: a lost-lease callback; .defer: an async completion
+_deferred: List[Tuple["_Native", Any]] = []
 _tree_lock = threading.RLock()
 
 
+def _in_callback() -> bool:
+    return getattr(_cb_state, "active", False) or getattr(_cb_state, "defer", False)
+
+
 class _Native:
-    """One C handle, freed once it was closed and every handle made from it was freed.
+    """One C handle, freed once it was closed, no call on it is running (pins) and every
+    handle made from it was freed (children).
 
-    The C library wants a permit freed before its semaphore and a semaphore before its
-    client; Python's garbage collector promises no order, so frees are ordered here."""
+    The C library wants a permit freed before its semaphore, a semaphore before its client,
+    and no handle freed while a call on it runs; Python's garbage collector promises no
+    order and threads may close a handle another one uses, so it is ordered here: an
+    explicit close() while another thread is inside a call on the handle waits for that
+    call to return, never frees memory under it."""
 
-    __slots__ = ("ptr", "free", "parent", "children", "closed")
+    __slots__ = ("ptr", "free", "parent", "root", "refs", "closed")
 
     def __init__(self, ptr: Any, free: Callable[[Any], None],
                  parent: Optional["_Native"] = None) -> None:
         self.ptr = ptr
         self.free = free
         self.parent = parent
-        self.children = 0
+        self.root: _Native = parent.root if parent is not None else self
+        self.refs = 0
         self.closed = False
         if parent is not None:
             with _tree_lock:
-                parent.children += 1
+                parent.refs += 1
+
+    def pin(self, what: str) -> Any:
+        """The pointer, kept from being freed until unpin()."""
+        with _tree_lock:
+            ptr = self.ptr
+            if ptr is None or self.closed:
+                raise StateError(lib.REDSEM_ESTATE, f"the {what} is closed")
+            self.refs += 1
+            return ptr
+
+    def unpin(self) -> None:
+        with _tree_lock:
+            self.refs -= 1
+            todo = _collect(self)
+        if todo or _deferred:
+            _finish(todo)
 
     def close(self) -> None:
-        """Mark closed; free what can be freed (after the children, outside the lock)."""
-        if getattr(_cb_state, "active", False) or getattr(_cb_state, "defer", False):
-            # never free from a lost-lease callback, nor from an event-loop completion
-            # (a garbage collection may run there; the C library forbids both): later
-            with _tree_lock:
-                _deferred.append(self)
-            return
-        todo = []
+        """Mark closed; free it now if nothing holds it. Idempotent."""
         with _tree_lock:
-            if self.closed and not _deferred:
+            self.closed = True
+            todo = _collect(self)
+        if todo or _deferred:
+            _finish(todo)
+
+    def call(self, what: str, fn: Callable[..., int], *args: Any,
+             holder_id: Optional[str] = None) -> None:
+        """fn(ptr, *args) with the handle pinned; a failure raises the mapped exception
+        with the client's message for this thread (read before anything else runs)."""
+        if getattr(_cb_state, "active", False):
+            raise StateError(lib.REDSEM_ESTATE, "a lost-lease callback must not call the library")
+        ptr = self.pin(what)
+        try:
+            rc = fn(ptr, *args)
+            if rc == 0:
                 return
-            pending = _deferred[:]
-            del _deferred[:]
-            for node in [self] + pending:
-                node.closed = True
-                while node is not None and node.closed and node.children == 0 \
-                        and node.ptr is not None:
-                    todo.append((node.free, node.ptr))
-                    node.ptr = None
-                    parent, node.parent = node.parent, None
-                    if parent is not None:
-                        parent.children -= 1
-                    node = parent
-        for free, ptr in todo:  # children first, as appended
-            free(ptr)
+            root = self.root.ptr
+            err = error_for(rc, _str(lib.redsem_client_errmsg(root)) if root else "")
+        finally:
+            self.unpin()
+        if holder_id is not None and isinstance(err, Unknown):
+            err.holder_id = holder_id
+        raise err
+
+    def read(self, fn: Callable[[Any], Any], dflt: Any) -> Any:
+        """An accessor (no I/O) on the pinned handle; dflt once it is closed."""
+        with _tree_lock:
+            ptr = self.ptr
+            if ptr is None:
+                return dflt
+            self.refs += 1
+        try:
+            return fn(ptr)
+        finally:
+            self.unpin()
 
 
-def _alive(node: _Native, what: str) -> Any:
-    if getattr(_cb_state, "active", False):
-        raise StateError(lib.REDSEM_ESTATE, "a lost-lease callback must not call the library")
-    ptr = node.ptr
-    if ptr is None or node.closed:
-        raise StateError(lib.REDSEM_ESTATE, f"the {what} is closed")
-    return ptr
+def _collect(node: _Native) -> List[Tuple[_Native, Any]]:
+    """Under the lock: take the node's pointer if it is to be freed now."""
+    if node.closed and node.refs == 0 and node.ptr is not None:
+        ptr, node.ptr = node.ptr, None
+        return [(node, ptr)]
+    return []
+
+
+def _finish(todo: List[Tuple[_Native, Any]]) -> None:
+    """Free (outside the lock); a parent's count drops only once its child is freed."""
+    if _in_callback():
+        # never free from a lost-lease callback, nor from an event-loop completion (a
+        # garbage collection may run there; the C library forbids both): later
+        with _tree_lock:
+            _deferred.extend(todo)
+        return
+    with _tree_lock:
+        todo = _deferred + todo
+        del _deferred[:]
+    while todo:
+        node, ptr = todo.pop(0)
+        node.free(ptr)
+        parent, node.parent = node.parent, None
+        if parent is not None:
+            with _tree_lock:
+                parent.refs -= 1
+                todo.extend(_collect(parent))
 
 
 # --------------------------------------------------------------------------- results
@@ -346,16 +407,8 @@ class Client:
         if getattr(self, "_node", None) is not None:
             self.close()
 
-    def _ptr(self) -> Any:
-        return _alive(self._node, "client")
-
-    def _check(self, rc: int, holder_id: Optional[str] = None) -> None:
-        if rc != 0:
-            detail = _str(lib.redsem_client_errmsg(self._node.ptr)) if self._node.ptr else ""
-            err = error_for(rc, detail)
-            if holder_id is not None and isinstance(err, Unknown):
-                err.holder_id = holder_id
-            raise err
+    def _call(self, fn: Callable[..., int], *args: Any) -> None:
+        self._node.call("client", fn, *args)
 
     # -- handles
 
@@ -403,7 +456,7 @@ class Client:
 
         Raises: redsem.ConnectionError, redsem.TimeoutError, redsem.PermissionDenied,
         redsem.ServerError, redsem.ForkedError."""
-        self._check(lib.redsem_client_ping(self._ptr()))
+        self._call(lib.redsem_client_ping)
 
     def stats(self) -> Dict[str, int]:
         """The client's counters (requests, connects, script_loads, noscript, retries,
@@ -411,9 +464,9 @@ class Client:
         (renewals, renew_failures, lost_expired, lost_deadline, renew_round_trips, and
         max_lateness in seconds). No I/O."""
         s = ffi.new("redsem_client_stats *")
-        self._check(lib.redsem_client_get_stats(self._ptr(), s))
+        self._call(lib.redsem_client_get_stats, s)
         r = ffi.new("redsem_renew_stats *")
-        self._check(lib.redsem_client_renew_stats(self._ptr(), r))
+        self._call(lib.redsem_client_renew_stats, r)
         out: Dict[str, Any] = {k: int(getattr(s, k)) for k in (
             "requests", "connects", "script_loads", "noscript", "retries", "wakeups",
             "redirects", "pool_waits", "pipelined", "direct_grants")}
@@ -429,8 +482,8 @@ class Client:
         ``max_entries`` (0..1,000,000) holders and waiters are listed; counts are exact.
         Raises: redsem.InvalidArgument, TypeError, connection errors."""
         ps = ffi.new("redsem_status **")
-        self._check(lib.redsem_sem_inspect(self._ptr(), _text(name, "name"),
-                                           _count(max_entries, "max_entries"), ps))
+        self._call(lib.redsem_sem_inspect, _text(name, "name"),
+                   _count(max_entries, "max_entries"), ps)
         return _status_from(ps[0], False)
 
     def inspect_rate(self, name: str) -> RateStatus:
@@ -439,7 +492,7 @@ class Client:
         Raises: redsem.Conflict (not a rate's key), redsem.InvalidArgument, TypeError,
         connection errors."""
         info = ffi.new("redsem_rate_info *")
-        self._check(lib.redsem_rate_inspect(self._ptr(), _text(name, "name"), info))
+        self._call(lib.redsem_rate_inspect, _text(name, "name"), info)
         return _rate_status_from(info)
 
 
@@ -512,24 +565,18 @@ class Permit:
     def held(self) -> bool:
         """Whether this holder still believes it holds the permit: not released, not found
         lost, validity left. No I/O; any thread."""
-        ptr = self._node.ptr
-        return bool(lib.redsem_permit_held(ptr)) if ptr is not None else False
+        return bool(self._node.read(lib.redsem_permit_held, False))
 
     @property
     def validity(self) -> float:
         """Seconds of validity left on the monotonic clock (0.0 once lost or released).
         Act on the resource only while it is > 0. No I/O."""
-        ptr = self._node.ptr
-        return lib.redsem_permit_validity_ms(ptr) / 1000.0 if ptr is not None else 0.0
+        return self._node.read(lib.redsem_permit_validity_ms, 0) / 1000.0
 
     @property
     def deadline(self) -> float:
         """The validity deadline, in seconds on time.monotonic()'s clock (CLOCK_MONOTONIC)."""
-        ptr = self._node.ptr
-        return lib.redsem_permit_deadline_ms(ptr) / 1000.0 if ptr is not None else 0.0
-
-    def _ptr(self) -> Any:
-        return _alive(self._node, "permit")
+        return self._node.read(lib.redsem_permit_deadline_ms, 0) / 1000.0
 
     def refresh(self) -> None:
         """Extend the lease by the handle's lease, counted from now.
@@ -537,7 +584,7 @@ class Permit:
         Raises: redsem.Lost (expired, released or taken over: the permit stays lost),
         redsem.StateError (already released), redsem.ConnectionError, redsem.TimeoutError,
         redsem.ServerError, redsem.ReplicaError, redsem.ForkedError."""
-        self._client._check(lib.redsem_permit_refresh(self._ptr()))
+        self._node.call("permit", lib.redsem_permit_refresh)
 
     def release(self) -> None:
         """Give the permit back (stopping its renewal first) and free it.
@@ -545,16 +592,13 @@ class Permit:
         Raises: redsem.Lost (the lease had run out or was taken over: nothing of anyone
         else's was touched), redsem.StateError (already released), redsem.ConnectionError,
         redsem.TimeoutError (the permit stays releasable), redsem.ForkedError."""
-        ptr = self._ptr()
         self._unregister()
-        rc = lib.redsem_permit_release(ptr)
-        if rc in (0, lib.REDSEM_ELOST):
-            detail = _str(lib.redsem_client_errmsg(self._client._node.ptr)) if rc else ""
-            self._node.close()
-            if rc:
-                raise error_for(rc, detail)
-            return
-        self._client._check(rc)
+        try:
+            self._node.call("permit", lib.redsem_permit_release)
+        except (Lost, StateError):
+            self._node.close()  # lost: its own entry was removed; nothing left to release
+            raise
+        self._node.close()
 
     def auto_renew(self, interval: Optional[Seconds] = None,
                    on_lost: Optional[Callable[["Permit", LostReason], Any]] = None) -> None:
@@ -569,7 +613,6 @@ class Permit:
                 worker); calls on the permit from it raise redsem.StateError.
         Raises: redsem.StateError (released, lost, or already renewed),
             redsem.InvalidArgument, TypeError, redsem.ForkedError."""
-        ptr = self._ptr()
         ms = 0 if interval is None else _seconds_ms(interval, "interval")
         if interval is not None and ms == 0:
             raise ValueError("interval must be > 0 seconds (None: a third of the lease)")
@@ -581,21 +624,19 @@ class Permit:
                 key = _lost_next[0]
                 _lost_next[0] += 1
                 _lost_registry[key] = (weakref.ref(self), on_lost)
-            rc = lib.redsem_permit_auto_renew(ptr, ms, lib._redsem_on_lost,
-                                              ffi.cast("void *", key))
-        else:
-            rc = lib.redsem_permit_auto_renew(ptr, ms, ffi.NULL, ffi.NULL)
-        if rc != 0:
+        try:
+            self._node.call("permit", lib.redsem_permit_auto_renew, ms,
+                            lib._redsem_on_lost if key else ffi.NULL, ffi.cast("void *", key))
+        except BaseException:
             with _lost_lock:
                 _lost_registry.pop(key, None)
-            self._client._check(rc)
+            raise
         self._renew_key = key
 
     def stop_renewal(self) -> None:
         """Stop renewing (the permit stays held until its lease ends); waits for a renewal
         in flight. Raises: redsem.ForkedError."""
-        ptr = self._ptr()
-        self._client._check(lib.redsem_permit_stop_renewal(ptr))
+        self._node.call("permit", lib.redsem_permit_stop_renewal)
         self._unregister()
 
     def _unregister(self) -> None:
@@ -666,36 +707,35 @@ class Semaphore:
         wl = None if wait_lease is None else _seconds_ms(wait_lease, "wait_lease")
         gl = None if guard_lease is None else _seconds_ms(guard_lease, "guard_lease")
         ps = ffi.new("redsem_sem **")
-        client._check(lib.redsem_sem_open(client._ptr(), bname, _STRATEGY_CODES[strategy], n,
-                                          lease_ms, ps))
+        client._call(lib.redsem_sem_open, bname, _STRATEGY_CODES[strategy], n, lease_ms, ps)
         self._client = client
         self._node = _Native(ps[0], lib.redsem_sem_free, client._node)
         if wl is not None:
-            client._check(lib.redsem_sem_set_wait_lease_ms(ps[0], wl))
+            self._node.call("semaphore", lib.redsem_sem_set_wait_lease_ms, wl)
         if gl is not None:
-            client._check(lib.redsem_sem_set_guard_lease_ms(ps[0], gl))
+            self._node.call("semaphore", lib.redsem_sem_set_guard_lease_ms, gl)
 
     def __repr__(self) -> str:
         return f"<redsem.Semaphore {self.name!r} {self.strategy} limit={self.limit}>"
 
-    def _ptr(self) -> Any:
-        return _alive(self._node, "semaphore")
+    def _get(self, fn: Callable[[Any], Any]) -> Any:
+        return self._node.read(fn, None) if not self._node.closed else _closed("semaphore")
 
     @property
     def name(self) -> str:
-        return _str(lib.redsem_sem_name(self._ptr()))
+        return self._get(lambda p: _str(lib.redsem_sem_name(p)))
 
     @property
     def strategy(self) -> str:
-        return _str(lib.redsem_strategy_name(lib.redsem_sem_strategy(self._ptr())))
+        return self._get(lambda p: _str(lib.redsem_strategy_name(lib.redsem_sem_strategy(p))))
 
     @property
     def limit(self) -> int:
-        return int(lib.redsem_sem_limit(self._ptr()))
+        return int(self._get(lib.redsem_sem_limit))
 
     @property
     def lease(self) -> float:
-        return lib.redsem_sem_lease_ms(self._ptr()) / 1000.0
+        return self._get(lib.redsem_sem_lease_ms) / 1000.0
 
     def acquire(self, timeout: Optional[Seconds] = None, *, permits: int = 1,
                 holder_id: Optional[str] = None) -> Permit:
@@ -718,7 +758,7 @@ class Semaphore:
         hid = _new_id() if holder_id is None else holder_id
         bid = _text(hid, "holder_id")
         pp = ffi.new("redsem_permit **")
-        self._client._check(lib.redsem_sem_acquire_as_n(self._ptr(), bid, n, ms, pp), hid)
+        self._node.call("semaphore", lib.redsem_sem_acquire_as_n, bid, n, ms, pp, holder_id=hid)
         return Permit(self, self._client, pp[0], hid, n)
 
     def try_acquire(self, *, permits: int = 1) -> Optional[Permit]:
@@ -735,22 +775,21 @@ class Semaphore:
         the identifier is the capability. Raises: redsem.Lost (no such live permit),
         redsem.InvalidArgument, connection errors."""
         pp = ffi.new("redsem_permit **")
-        self._client._check(lib.redsem_sem_adopt(self._ptr(), _text(holder_id, "holder_id"),
-                                                 pp))
+        self._node.call("semaphore", lib.redsem_sem_adopt, _text(holder_id, "holder_id"), pp)
         return Permit(self, self._client, pp[0])
 
     def set_limit(self, limit: int) -> None:
         """Change the limit on the server, for every client (raising it wakes waiters;
         lowering it revokes nothing). Raises: redsem.InvalidArgument, redsem.Conflict,
         connection errors."""
-        self._client._check(lib.redsem_sem_set_limit(self._ptr(), _count(limit, "limit")))
+        self._node.call("semaphore", lib.redsem_sem_set_limit, _count(limit, "limit"))
 
     def status(self, max_entries: int = 16) -> Status:
         """What the server holds now (read-only): exact counts, at most ``max_entries``
         holders and waiters listed. Raises: redsem.InvalidArgument, connection errors."""
         ps = ffi.new("redsem_status **")
-        self._client._check(lib.redsem_sem_status(self._ptr(),
-                                                  _count(max_entries, "max_entries"), ps))
+        self._node.call("semaphore", lib.redsem_sem_status, _count(max_entries, "max_entries"),
+                        ps)
         return _status_from(ps[0], False)
 
     def acquire_async(self, timeout: Optional[Seconds] = None, *,
@@ -790,20 +829,17 @@ class Lock:
         bname = _text(name, "name")
         lease_ms = _seconds_ms(lease, "lease")
         pl = ffi.new("redsem_lock **")
-        client._check(lib.redsem_lock_open(client._ptr(), bname, lease_ms, pl))
+        client._call(lib.redsem_lock_open, bname, lease_ms, pl)
         self._client = client
         self._node = _Native(pl[0], lib.redsem_lock_free, client._node)
         self.name: str = name
         self.lease: float = lease_ms / 1000.0
         self.reentrant: bool = reentrant
         if reentrant:
-            client._check(lib.redsem_lock_set_reentrant(pl[0], True))
+            self._node.call("lock", lib.redsem_lock_set_reentrant, True)
 
     def __repr__(self) -> str:
         return f"<redsem.Lock {self.name!r}>"
-
-    def _ptr(self) -> Any:
-        return _alive(self._node, "lock")
 
     def acquire(self, timeout: Optional[Seconds] = None, *,
                 token: Optional[str] = None) -> Permit:
@@ -817,11 +853,11 @@ class Lock:
         ms = _seconds_ms(timeout, "timeout", forever_ok=True)
         pp = ffi.new("redsem_permit **")
         if self.reentrant and token is None:
-            self._client._check(lib.redsem_lock_acquire(self._ptr(), ms, pp))
+            self._node.call("lock", lib.redsem_lock_acquire, ms, pp)
         else:
             tok = _new_id() if token is None else token
-            self._client._check(lib.redsem_lock_acquire_as(self._ptr(), _text(tok, "token"),
-                                                           ms, pp), tok)
+            self._node.call("lock", lib.redsem_lock_acquire_as, _text(tok, "token"), ms, pp,
+                            holder_id=tok)
             return Permit(self, self._client, pp[0], tok, 1)
         return Permit(self, self._client, pp[0])
 
@@ -836,14 +872,13 @@ class Lock:
         """A Permit for the lock's current owner token. Raises: redsem.Lost (not held with
         that token), redsem.InvalidArgument, connection errors."""
         pp = ffi.new("redsem_permit **")
-        self._client._check(lib.redsem_lock_adopt(self._ptr(), _text(token, "token"), pp))
+        self._node.call("lock", lib.redsem_lock_adopt, _text(token, "token"), pp)
         return Permit(self, self._client, pp[0])
 
     def status(self, max_entries: int = 16) -> Status:
         """Who holds the lock now (strategy "lock", limit 1, hold_count for reentrancy)."""
         ps = ffi.new("redsem_status **")
-        self._client._check(lib.redsem_lock_status(self._ptr(),
-                                                   _count(max_entries, "max_entries"), ps))
+        self._node.call("lock", lib.redsem_lock_status, _count(max_entries, "max_entries"), ps)
         return _status_from(ps[0], True)
 
     def acquire_async(self, timeout: Optional[Seconds] = None) -> "Any":
@@ -894,7 +929,7 @@ class RateLimiter:
         n = _count(limit, "limit")
         wms = _seconds_ms(window, "window")
         pr = ffi.new("redsem_rate **")
-        client._check(lib.redsem_rate_open(client._ptr(), bname, n, wms, pr))
+        client._call(lib.redsem_rate_open, bname, n, wms, pr)
         self._client = client
         self._node = _Native(pr[0], lib.redsem_rate_free, client._node)
         self.name: str = name
@@ -916,13 +951,12 @@ class RateLimiter:
         ms = _seconds_ms(timeout, "timeout", forever_ok=True)
         hid = _new_id() if holder_id is None else holder_id
         g = ffi.new("redsem_rate_grant *")
-        rc = lib.redsem_rate_acquire_as(_alive(self._node, "rate limiter"),
-                                        _text(hid, "holder_id"), ms, g)
-        if rc == lib.REDSEM_EBUSY:
-            err = error_for(rc, _str(lib.redsem_client_errmsg(self._client._node.ptr)))
+        try:
+            self._node.call("rate limiter", lib.redsem_rate_acquire_as, _text(hid, "holder_id"),
+                            ms, g, holder_id=hid)
+        except Busy as err:
             err.retry_after = g.retry_after_ms / 1000.0 if g.retry_after_ms >= 0 else None
-            raise err
-        self._client._check(rc, hid)
+            raise
         return Grant(int(g.token), g.granted_us / 1e6, ffi.string(g.id).decode())
 
     def try_acquire(self) -> Optional[Grant]:
@@ -935,7 +969,7 @@ class RateLimiter:
     def status(self) -> RateStatus:
         """The window on the server now (read-only)."""
         info = ffi.new("redsem_rate_info *")
-        self._client._check(lib.redsem_rate_status(_alive(self._node, "rate limiter"), info))
+        self._node.call("rate limiter", lib.redsem_rate_status, info)
         return _rate_status_from(info)
 
     def close(self) -> None:

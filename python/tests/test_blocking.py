@@ -420,3 +420,54 @@ def test_callback_may_not_call_other_handles(server, client, name):
     assert fired.wait(30)
     assert seen == ["refused"] * 3
     p.close()
+
+
+def test_close_while_another_thread_waits(client, name):
+    """close() of a handle another thread is blocked on frees nothing under it: the waiter
+    finishes normally, later calls raise StateError (no crash)."""
+    sem = client.semaphore(name, limit=1, strategy="fair")
+    held = sem.acquire(0)
+    out = []
+
+    def waiter():
+        try:
+            out.append(sem.acquire(timeout=1.0))
+        except redsem.Error as e:
+            out.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)
+    sem.close()  # the waiter is inside the C call on this handle
+    with pytest.raises(redsem.StateError):
+        sem.acquire(0)
+    with pytest.raises(redsem.StateError):
+        sem.status()
+    t.join(60)
+    assert isinstance(out[0], redsem.Busy)
+    held.release()  # the permit keeps its (closed) semaphore alive until it is freed
+
+
+def test_release_and_refresh_race(client, name):
+    """Two threads on one permit: the server decides, the loser gets an exception."""
+    sem = client.semaphore(name, limit=50)
+    for _ in range(20):
+        p = sem.acquire(0)
+        errs = []
+
+        def refresher():
+            for _ in range(5):
+                try:
+                    p.refresh()
+                except (redsem.Lost, redsem.StateError) as e:
+                    errs.append(e)
+
+        t = threading.Thread(target=refresher)
+        t.start()
+        try:
+            p.release()
+        except (redsem.Lost, redsem.StateError):
+            pass
+        t.join(60)
+        assert not p.held
+    assert sem.status().holder_count == 0
