@@ -7,10 +7,11 @@ library's own pair (redsem-bench's uncontended workload), in interleaved rounds.
         [--pairs N] [--rounds N] [--sock PATH] [--json FILE]
 
 With no --sock it starts a private redis-server on a unix socket in a temporary directory
-(stopped by its pid at the end). Each round runs, one after the other: the binding's lock,
-redis-py's Lock, the binding's basic semaphore, and redsem-bench (-w uncontended -s
-basic,lock --rounds 1 --affinity none, one process: unpinned, as the Python process); figures are the medians over the rounds, and the ratios
-the medians of the per-round ratios. Targets (issue 27): binding lock >= 1.5x redis-py's
+(stopped by its pid at the end). Each round alternates the binding's lock, redis-py's Lock
+and the binding's basic semaphore in chunks of 500 pairs (so the machine's noise hits them
+alike), and runs redsem-bench (-w uncontended -s basic,lock --rounds 1 --affinity none: one
+process, unpinned as the Python one) in its middle; figures are the medians over the
+rounds, and the ratios the medians of the per-round ratios. Targets (issue 27): binding lock >= 1.5x redis-py's
 Lock; binding pair within 1.3x of the C pair (C/binding <= 1.3).
 """
 
@@ -49,13 +50,6 @@ def start_server():
         time.sleep(0.02)
     time.sleep(0.1)
     return proc, d, sock
-
-
-def timed(fn, pairs):
-    fn(min(200, pairs))  # warm-up: scripts loaded, connections open
-    t0 = time.perf_counter()
-    fn(pairs)
-    return pairs / (time.perf_counter() - t0)
 
 
 def binding_lock(client, name):
@@ -122,14 +116,34 @@ def main():
                 "redispy_lock": redispy_lock(r, tag + "-redispy"),
                 "binding_basic": binding_sem(client, tag + "-basic")}
         rows = []
+        for fn in runs.values():
+            fn(200)  # warm-up: scripts loaded, connections open
+        chunk = max(1, min(500, a.pairs // 10))
         for i in range(a.rounds):
-            row = {k: timed(fn, a.pairs) for k, fn in runs.items()}
-            if a.redsem_bench:
-                c = c_pairs(a.redsem_bench, url, a.pairs)
+            # the Python workloads alternate in chunks (the machine's noise hits them
+            # alike); redsem-bench runs in the middle of the round
+            secs = {k: 0.0 for k in runs}
+            cpu = {k: 0.0 for k in runs}
+            done = 0
+            c = None
+            while done < a.pairs:
+                n = min(chunk, a.pairs - done)
+                for k, fn in runs.items():
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    fn(n)
+                    secs[k] += time.perf_counter() - t0
+                    cpu[k] += time.process_time() - c0
+                done += n
+                if a.redsem_bench and c is None and done >= a.pairs // 2:
+                    c = c_pairs(a.redsem_bench, url, a.pairs)
+            row = {k: a.pairs / v for k, v in secs.items()}
+            row.update({k + "_cpu_us": v * 1e6 / a.pairs for k, v in cpu.items()})
+            if c is not None:
                 row["c_basic"] = c.get("basic")
                 row["c_lock"] = c.get("lock")
             rows.append(row)
-            print(f"round {i + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()),
+            print(f"round {i + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()
+                                                 if not k.endswith("_cpu_us")),
                   file=sys.stderr)
 
         def med(k):
@@ -149,6 +163,9 @@ def main():
         for k in ("binding_lock", "redispy_lock", "binding_basic", "c_lock", "c_basic"):
             if k in out:
                 print(f"  {k:<15} {out[k]:>10,.0f}")
+        print("client CPU per pair, us (this process; medians):")
+        for k in runs:
+            print(f"  {k:<15} {out[k + '_cpu_us']:>10.1f}")
         print(f"  binding lock / redis-py Lock: {out['binding_lock_vs_redispy']:.2f}x "
               "(target >= 1.5)")
         if a.redsem_bench:
