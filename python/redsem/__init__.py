@@ -17,8 +17,7 @@ from ._errors import (Busy, Cancelled, Conflict, ConnectionError, Error, ForkedE
                       ReplicaError, ServerError, StateError, TimeoutError, TLSError, Unknown)
 from ._core import (STRATEGIES, Client, Grant, Holder, Lock, LostReason, Permit, RateLimiter,
                     RateStatus, Semaphore, Status, Waiter, generate_id)
-from . import _aio as _aio  # registers the event-loop callbacks
-from ._aio import AsyncAcquire
+from ._aio import AsyncAcquire  # also registers the event-loop callbacks
 
 __all__ = [
     "__version__", "Client", "Semaphore", "Lock", "RateLimiter", "Permit", "Grant", "Status",

@@ -14,7 +14,7 @@ import threading
 from typing import Any, Dict, Optional
 
 from ._core import Client, Permit, _cb_state, _Native, _str
-from ._errors import Error, StateError, error_for
+from ._errors import Error, error_for
 from ._redsem import ffi, lib
 
 _bindings: Dict[int, "_Binding"] = {}
