@@ -43,7 +43,7 @@ class Server:
         self.proc = subprocess.Popen(
             [path, "--port", str(self.port), "--bind", "127.0.0.1", "--unixsocket", self.sock,
              "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--dir", self.dir,
+             "--daemonize", "no", "--enable-debug-command", "local", "--dir", self.dir,
              "--logfile", os.path.join(self.dir, "redis.log")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20

@@ -471,3 +471,27 @@ def test_release_and_refresh_race(client, name):
         t.join(60)
         assert not p.held
     assert sem.status().holder_count == 0
+
+
+@pytest.mark.parametrize("kind", ["fair", "lock"])
+def test_unknown_carries_the_holder_id(server, name, kind):
+    """A stalled server (DEBUG SLEEP) makes the acquire's reply late: redsem.Unknown with the
+    identifier, and an acquire with it then finds out idempotently."""
+    c = redsem.Client(server.url, command_timeout=0.2, retry=0)
+    h = c.lock(name) if kind == "lock" else c.semaphore(name, limit=1, strategy=kind)
+    h.acquire(0).release()  # scripts loaded, connection open
+    t = threading.Thread(target=server.command, args=(b"DEBUG", b"SLEEP", b"1"))
+    t.start()
+    time.sleep(0.2)
+    with pytest.raises(redsem.Unknown) as ei:
+        h.acquire(timeout=0)
+    t.join(30)
+    hid = ei.value.holder_id
+    assert hid is not None and len(hid) == 40
+    if kind == "lock":
+        p = h.acquire(timeout=1.0, token=hid)
+    else:
+        p = h.acquire(timeout=1.0, holder_id=hid)
+    assert p.id == hid
+    p.release()
+    c.close()
