@@ -178,8 +178,9 @@ def _complete(op: _Op, result: Any) -> None:
     if op.permit is not None:  # refresh or release
         if rc in (0, lib.REDSEM_ELOST) and fut is not None and _is_release(fut):
             op.permit._node.close()
-    if fut is None or fut.done():
-        # the awaiting task was cancelled meanwhile: never leave a granted permit held
+    if fut is None or fut.done() or fut.get_loop().is_closed():
+        # the awaiting task was cancelled meanwhile (or its loop is gone): never leave a
+        # granted permit held
         if permit is not None:
             _release_quietly(op.binding, permit)
         return
