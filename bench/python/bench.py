@@ -7,8 +7,9 @@ library's own pair (redsem-bench's uncontended workload), in interleaved rounds.
         [--pairs N] [--rounds N] [--sock PATH] [--json FILE]
 
 With no --sock it starts a private redis-server on a unix socket in a temporary directory
-(stopped by its pid at the end). Each round alternates the binding's lock, redis-py's Lock
-and the binding's basic semaphore in chunks of 500 pairs (so the machine's noise hits them
+(stopped by its pid at the end). Each round alternates the binding's lock, redis-py's Lock,
+the binding's basic semaphore and the C lock pair called straight through cffi (without the
+binding's Python layer) in chunks of 500 pairs (so the machine's noise hits them
 alike), and runs redsem-bench (-w uncontended -s basic,lock --rounds 1 --affinity none: one
 process, unpinned as the Python one) in its middle; figures are the medians over the
 rounds, and the ratios the medians of the per-round ratios. Targets (issue 27): binding lock >= 1.5x redis-py's
@@ -72,6 +73,24 @@ def binding_sem(client, name):
     return run
 
 
+def ffi_lock(client, name):
+    """The C library's lock pair called straight through cffi, without the binding's Python
+    layer: what the binding adds is the difference (interleaved, so it is not noise)."""
+    from redsem._redsem import ffi, lib
+    lk = client.lock(name, lease=10.0)
+    ptr = lk._node.ptr
+    pp = ffi.new("redsem_permit **")
+
+    def run(n):
+        for _ in range(n):
+            if lib.redsem_lock_acquire(ptr, 0, pp) != 0:
+                raise RuntimeError("lock not acquired")
+            lib.redsem_permit_release(pp[0])
+            lib.redsem_permit_free(pp[0])
+    run.keep = lk  # the handle outlives the loop
+    return run
+
+
 def redispy_lock(r, name):
     def run(n):
         for _ in range(n):
@@ -114,7 +133,8 @@ def main():
         tag = f"pybench-{os.getpid()}"
         runs = {"binding_lock": binding_lock(client, tag + "-lock"),
                 "redispy_lock": redispy_lock(r, tag + "-redispy"),
-                "binding_basic": binding_sem(client, tag + "-basic")}
+                "binding_basic": binding_sem(client, tag + "-basic"),
+                "ffi_lock": ffi_lock(client, tag + "-ffi")}
         rows = []
         for fn in runs.values():
             fn(200)  # warm-up: scripts loaded, connections open
@@ -154,13 +174,15 @@ def main():
 
         out = {k: med(k) for k in rows[0]}
         out["binding_lock_vs_redispy"] = ratio("binding_lock", "redispy_lock")
+        out["ffi_vs_binding_lock"] = ratio("ffi_lock", "binding_lock")
         if a.redsem_bench:
             out["c_vs_binding_basic"] = ratio("c_basic", "binding_basic")
             out["c_vs_binding_lock"] = ratio("c_lock", "binding_lock")
         out["rounds"] = a.rounds
         out["pairs"] = a.pairs
         print(f"pairs/s, medians of {a.rounds} rounds of {a.pairs} pairs (unix socket):")
-        for k in ("binding_lock", "redispy_lock", "binding_basic", "c_lock", "c_basic"):
+        for k in ("binding_lock", "redispy_lock", "binding_basic", "ffi_lock", "c_lock",
+                  "c_basic"):
             if k in out:
                 print(f"  {k:<15} {out[k]:>10,.0f}")
         print("client CPU per pair, us (this process; medians):")
@@ -168,6 +190,8 @@ def main():
             print(f"  {k:<15} {out[k + '_cpu_us']:>10.1f}")
         print(f"  binding lock / redis-py Lock: {out['binding_lock_vs_redispy']:.2f}x "
               "(target >= 1.5)")
+        print(f"  C via cffi / binding, lock: {out['ffi_vs_binding_lock']:.2f}x "
+              "(the binding's own cost, interleaved)")
         if a.redsem_bench:
             print(f"  C / binding, basic pair:    {out['c_vs_binding_basic']:.2f}x "
                   "(target <= 1.3)")

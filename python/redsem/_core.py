@@ -91,13 +91,19 @@ def _str(p: Any) -> str:
 
 # --------------------------------------------------------------------------- native handles
 
-_cb_state = threading.local()  # .active: a lost-lease callback; .defer: an async completion
+class _State(threading.local):
+    active = False  # this thread runs a lost-lease callback
+    defer = False   # this thread runs an event-loop completion
+
+
+_cb_state = _State()
 _deferred: List[Tuple["_Native", Any]] = []
 _tree_lock = threading.RLock()
 
 
 def _in_callback() -> bool:
-    return getattr(_cb_state, "active", False) or getattr(_cb_state, "defer", False)
+    st = _cb_state
+    return st.active or st.defer
 
 
 class _Native:
@@ -152,7 +158,7 @@ class _Native:
              holder_id: Optional[str] = None) -> None:
         """fn(ptr, *args) with the handle pinned; a failure raises the mapped exception
         with the client's message for this thread (read before anything else runs)."""
-        if getattr(_cb_state, "active", False):
+        if _cb_state.active:
             raise StateError(lib.REDSEM_ESTATE, "a lost-lease callback must not call the library")
         ptr = self.pin(what)
         try:
@@ -196,17 +202,21 @@ def _finish(todo: List[Tuple[_Native, Any]]) -> None:
         with _tree_lock:
             _deferred.extend(todo)
         return
-    with _tree_lock:
-        todo = _deferred + todo
-        del _deferred[:]
-    while todo:
-        node, ptr = todo.pop(0)
+    if _deferred:
+        with _tree_lock:
+            todo = _deferred + todo
+            del _deferred[:]
+    i = 0
+    while i < len(todo):  # in order: a parent joins the list after its child's free
+        node, ptr = todo[i]
+        i += 1
         node.free(ptr)
         parent, node.parent = node.parent, None
         if parent is not None:
             with _tree_lock:
                 parent.refs -= 1
-                todo.extend(_collect(parent))
+                if parent.closed and parent.refs == 0:
+                    todo.extend(_collect(parent))
 
 
 # --------------------------------------------------------------------------- results
@@ -502,14 +512,17 @@ def _check(rc: int, detail: str = "") -> None:
 
 
 def _new_id() -> str:
-    buf = ffi.new("char[]", lib.REDSEM_ID_BUFSIZE)
-    _check(lib.redsem_id_generate(buf))
-    return ffi.string(buf).decode()
+    # the format of redsem_id_generate() (20 bytes of a CSPRNG, lower-case hex), from the
+    # OS's generator as libsodium's randombytes_buf() reads it: no C call on the hot path
+    return os.urandom(20).hex()
 
 
 def generate_id() -> str:
-    """A fresh holder identifier: 40 lower-case hex characters (20 random bytes)."""
-    return _new_id()
+    """A fresh holder identifier: 40 lower-case hex characters (20 random bytes from
+    libsodium's randombytes_buf(), as the C library makes them)."""
+    buf = ffi.new("char[]", lib.REDSEM_ID_BUFSIZE)
+    _check(lib.redsem_id_generate(buf))
+    return ffi.string(buf).decode()
 
 
 # --------------------------------------------------------------------------- permits
