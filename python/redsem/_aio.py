@@ -24,7 +24,7 @@ _lock = threading.Lock()
 
 
 class _Op:
-    __slots__ = ("binding", "future", "owner", "permit", "op", "pinned")
+    __slots__ = ("binding", "future", "owner", "permit", "op", "pinned", "release")
 
     def __init__(self, binding: "_Binding", future: Optional["asyncio.Future[Any]"],
                  owner: Any = None, permit: Optional[Permit] = None) -> None:
@@ -34,6 +34,7 @@ class _Op:
         self.permit = permit    # refresh/release: the permit, alive until the callback ran
         self.op = 0
         self.pinned: Optional[_Native] = None  # the handle the C operation uses
+        self.release = False  # a release: the permit is freed once it is given back
 
 
 class _Binding:
@@ -75,13 +76,14 @@ class _Binding:
             _bindings.pop(self.key, None)
 
     def start(self, future: "asyncio.Future[Any]", owner: Any, permit: Optional[Permit],
-              fn: Any, *args: Any) -> _Op:
+              fn: Any, *args: Any, release: bool = False) -> _Op:
         """Start fn(async, handle, *args, cb, user, &op) on the owner's (semaphore, lock)
         or the permit's handle, pinned until the completion ran."""
         handle = owner._node if owner is not None else permit._node  # type: ignore[union-attr]
         hptr = handle.pin("permit" if owner is None else "handle")
         op = _Op(self, future, owner, permit)
         op.pinned = handle
+        op.release = release
         key = next(_keys)
         with _lock:
             _ops[key] = op
@@ -175,9 +177,8 @@ def _complete(op: _Op, result: Any) -> None:
         permit = Permit(op.owner, op.binding.client, result.permit)
     if result.status != ffi.NULL:
         lib.redsem_status_free(result.status)
-    if op.permit is not None:  # refresh or release
-        if rc in (0, lib.REDSEM_ELOST) and fut is not None and _is_release(fut):
-            op.permit._node.close()
+    if op.release and rc in (0, lib.REDSEM_ELOST):
+        op.permit._node.close()  # type: ignore[union-attr]
     if fut is None or fut.done() or fut.get_loop().is_closed():
         # the awaiting task was cancelled meanwhile (or its loop is gone): never leave a
         # granted permit held
@@ -194,17 +195,12 @@ def _complete(op: _Op, result: Any) -> None:
             fut.set_exception(err)
 
 
-def _is_release(fut: "asyncio.Future[Any]") -> bool:
-    return getattr(fut, "_redsem_release", False)
-
-
 def _release_quietly(b: _Binding, permit: Permit) -> None:
     """Give a permit nobody awaits any more back, without blocking the loop."""
     try:
         fut = b.loop.create_future()
-        fut._redsem_release = True  # type: ignore[attr-defined]
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        b.start(fut, None, permit, lib.redsem_permit_release_async)
+        b.start(fut, None, permit, lib.redsem_permit_release_async, release=True)
     except Error:
         permit.close()  # not startable (the binding is closing): the lease expires
 
@@ -261,8 +257,7 @@ async def release_async(permit: Permit) -> None:
     permit._unregister()
     b = _binding(permit._client)
     fut: "asyncio.Future[Any]" = b.loop.create_future()
-    fut._redsem_release = True  # type: ignore[attr-defined]
-    b.start(fut, None, permit, lib.redsem_permit_release_async)
+    b.start(fut, None, permit, lib.redsem_permit_release_async, release=True)
     await asyncio.shield(fut)
 
 
