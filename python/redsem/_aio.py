@@ -20,7 +20,7 @@ from ._redsem import ffi, lib
 _bindings: Dict[int, "_Binding"] = {}
 _ops: Dict[int, "_Op"] = {}
 _keys = itertools.count(1)
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a collection may close a binding inside
 
 
 class _Op:

@@ -529,7 +529,7 @@ def generate_id() -> str:
 
 _lost_registry: Dict[int, Tuple["weakref.ref[Permit]", Callable[["Permit", LostReason], Any]]] = {}
 _lost_next = [1]
-_lost_lock = threading.Lock()
+_lost_lock = threading.RLock()  # re-entrant: a collection may finalize a permit inside
 
 
 @ffi.def_extern()
