@@ -162,3 +162,59 @@ def test_async_threads_and_blocking_mix(client, name):
         await q.release_async()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["fair", "lock"])
+def test_async_unknown_carries_the_holder_id(server, name, kind):
+    c = redsem.Client(server.url, command_timeout=0.2, retry=0)
+    h = c.lock(name) if kind == "lock" else c.semaphore(name, limit=1, strategy=kind)
+    h.acquire(0).release()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        stall = loop.run_in_executor(None, server.command, b"DEBUG", b"SLEEP", b"1")
+        await asyncio.sleep(0.2)
+        with pytest.raises(redsem.Unknown) as ei:
+            await h.acquire_async(timeout=0)
+        await stall
+        return ei.value.holder_id
+
+    hid = asyncio.run(main())
+    assert hid is not None and len(hid) == 40
+    p = h.acquire(timeout=1.0, token=hid) if kind == "lock" else h.acquire(1.0, holder_id=hid)
+    assert p.id == hid
+    p.release()
+    c.close()
+
+
+def test_cancel_with_unknown_outcome_is_settled(server, name):
+    """A task cancelled while its acquire's round trip is stalled: the outcome is unknown,
+    so the binding acquires again with the same id afterwards and releases what it gets."""
+    from redsem import _aio
+    c = redsem.Client(server.url, command_timeout=0.3, retry=0)
+    sem = c.semaphore(name, limit=1, strategy="fair", lease=300.0)
+    sem.acquire(0).release()
+    before = _aio.settled
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        stall = loop.run_in_executor(None, server.command, b"DEBUG", b"SLEEP", b"1")
+        await asyncio.sleep(0.2)
+        task = asyncio.ensure_future(sem.acquire_async(timeout=30.0))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        try:
+            p = await task
+            await p.release_async()
+        except (asyncio.CancelledError, redsem.Error):
+            pass
+        await stall
+        await _until(lambda: sem.status().holder_count == 0, timeout=20.0)
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 20
+    while _aio.settled == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("settled", _aio.settled - before)
+    assert sem.status().holder_count == 0
+    c.close()
