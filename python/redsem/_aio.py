@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import select
 import threading
+import time
 from typing import Any, Dict, Optional
 
 from ._core import Client, Permit, _cb_state, _Native, _str
@@ -39,12 +41,14 @@ class _Op:
 
 
 class _Binding:
-    """One redsem_async bound to one asyncio loop."""
+    """One redsem_async bound to one asyncio loop, or (loop None) driven by the main
+    thread's blocking waits (wait_interruptibly)."""
 
-    def __init__(self, client: Client, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: Client, loop: Optional[asyncio.AbstractEventLoop]) -> None:
         self.client = client
         self.loop = loop
         self.timer: Optional[asyncio.TimerHandle] = None
+        self.deadline: Optional[float] = None  # loop None: when the timer is due
         self.fds: set = set()
         pa = ffi.new("redsem_async **")
         client._call(lib.redsem_async_new, pa)
@@ -108,7 +112,7 @@ def _binding(client: Client) -> _Binding:
         b = client._async.get(loop)
         if b is not None:
             return b
-        stale = [lp for lp in client._async if lp.is_closed()]
+        stale = [lp for lp in client._async if lp is not None and lp.is_closed()]
         old = [client._async.pop(lp) for lp in stale]
     for ob in old:
         ob.close()
@@ -126,10 +130,12 @@ def _redsem_on_socket(async_: Any, fd: int, what: int, loop_data: Any) -> None:
     try:
         if what & lib.REDSEM_WATCH_REMOVE:
             b.fds.discard(fd)
-            b.loop.remove_reader(fd)
+            if b.loop is not None:
+                b.loop.remove_reader(fd)
         else:  # 0.4 asks for reading only; writability is not needed
             b.fds.add(fd)
-            b.loop.add_reader(fd, b.action, fd, lib.REDSEM_WATCH_IN)
+            if b.loop is not None:
+                b.loop.add_reader(fd, b.action, fd, lib.REDSEM_WATCH_IN)
     except Exception:  # a closed loop: nothing to watch any more
         pass
 
@@ -138,6 +144,9 @@ def _redsem_on_socket(async_: Any, fd: int, what: int, loop_data: Any) -> None:
 def _redsem_on_timer(async_: Any, timeout_ms: int, loop_data: Any) -> None:
     b = _bindings.get(int(ffi.cast("uintptr_t", loop_data)))
     if b is None:
+        return
+    if b.loop is None:
+        b.deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms >= 0 else None
         return
     if b.timer is not None:
         b.timer.cancel()
@@ -299,3 +308,95 @@ async def refresh_async(permit: Permit) -> None:
     fut: "asyncio.Future[Any]" = b.loop.create_future()
     b.start(fut, None, permit, lib.redsem_permit_refresh_async)
     await asyncio.shield(fut)
+
+
+# --------------------------------------------------------------------------- blocking waits
+
+
+class _NoLoop:
+    @staticmethod
+    def is_closed() -> bool:
+        return False
+
+
+class _Waiter:
+    """The future of a blocking wait (the completion runs on the waiting thread)."""
+
+    __slots__ = ("finished", "result", "exc")
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.result: Any = None
+        self.exc: Optional[BaseException] = None
+
+    def done(self) -> bool:
+        return self.finished
+
+    def get_loop(self) -> Any:
+        return _NoLoop
+
+    def set_result(self, value: Any) -> None:
+        self.result, self.finished = value, True
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.exc, self.finished = exc, True
+
+    def cancel(self) -> None:
+        self.finished = True
+
+
+def _main_binding(client: Client) -> _Binding:
+    with client._async_lock:
+        b = client._async.get(None)
+        if b is None:
+            b = _Binding(client, None)
+            client._async[None] = b
+        return b
+
+
+def _drive(b: _Binding, w: _Waiter) -> None:
+    """Wait for the descriptor (and the timer, if one is asked for) and run completions."""
+    while not w.finished:
+        fds = list(b.fds)
+        timeout = None if b.deadline is None else max(0.0, b.deadline - time.monotonic())
+        ready = select.select(fds, [], [], timeout)[0] if fds else []
+        if b.deadline is not None and time.monotonic() >= b.deadline:
+            b.deadline = None
+            b.action(-1, 0)
+        for fd in ready:
+            b.action(fd, lib.REDSEM_WATCH_IN)
+
+
+def wait_interruptibly(owner: Any, fn: Any, *args: Any) -> Permit:
+    """A blocking acquire's wait, made through the event-loop API and driven here with
+    select(), so that an exception of a signal handler (KeyboardInterrupt on Ctrl-C)
+    interrupts it: the acquire is then cancelled, a permit granted meanwhile released and
+    an unknown outcome settled, before the exception goes on. Main thread only (signal
+    handlers run there; one thread drives the binding)."""
+    b = _main_binding(owner._client)
+    w = _Waiter()
+    op = b.start(w, owner, None, fn, *args)  # type: ignore[arg-type]
+    try:
+        _drive(b, w)
+    except BaseException:
+        b.cancel(op.op)
+        while True:  # its completion follows within about a round trip
+            try:
+                _drive(b, w)
+                break
+            except BaseException:  # another signal: keep cleaning up
+                continue
+        p, w.result = w.result, None
+        if isinstance(p, Permit):
+            try:
+                p.release()
+            except Error:
+                p.close()
+        elif isinstance(w.exc, Unknown) and w.exc.holder_id:
+            _settle(owner, w.exc.holder_id)
+        raise
+    if w.exc is not None:
+        raise w.exc
+    if not isinstance(w.result, Permit):  # cancelled by someone else: not expected
+        raise error_for(lib.REDSEM_ECANCELED)
+    return w.result

@@ -11,6 +11,7 @@ import math
 import numbers
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -79,6 +80,17 @@ def _text(value: Any, what: str, *, none_ok: bool = False) -> Any:
     if "\0" in value:
         raise ValueError(f"{what} must not contain NUL characters")
     return value.encode("utf-8", "surrogateescape")
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _left(ms: int, t0: float) -> int:
+    """What is left of a timeout of ms (REDSEM_WAIT_FOREVER stays) since t0 (monotonic)."""
+    if ms == lib.REDSEM_WAIT_FOREVER:
+        return ms
+    return max(1, ms - int((time.monotonic() - t0) * 1000))
 
 
 def _closed(what: str) -> Any:
@@ -771,6 +783,17 @@ class Semaphore:
         hid = _new_id() if holder_id is None else holder_id
         bid = _text(hid, "holder_id")
         pp = ffi.new("redsem_permit **")
+        if ms != 0 and holder_id is None and _on_main_thread():
+            # a wait on the main thread: a try now, then the interruptible wait
+            t0 = time.monotonic()
+            try:
+                self._node.call("semaphore", lib.redsem_sem_acquire_as_n, bid, n, 0, pp,
+                                holder_id=hid)
+            except Busy:
+                from ._aio import wait_interruptibly
+                return wait_interruptibly(self, lib.redsem_sem_acquire_async, n,
+                                          _left(ms, t0))
+            return Permit(self, self._client, pp[0], hid, n)
         self._node.call("semaphore", lib.redsem_sem_acquire_as_n, bid, n, ms, pp, holder_id=hid)
         return Permit(self, self._client, pp[0], hid, n)
 
@@ -865,6 +888,14 @@ class Lock:
         redsem.ReplicaError, redsem.ForkedError. Blocks without the GIL; any thread."""
         ms = _seconds_ms(timeout, "timeout", forever_ok=True)
         pp = ffi.new("redsem_permit **")
+        if ms != 0 and token is None and _on_main_thread():
+            # a wait on the main thread: a try now, then the interruptible wait
+            t0 = time.monotonic()
+            try:
+                return self.acquire(0)
+            except Busy:
+                from ._aio import wait_interruptibly
+                return wait_interruptibly(self, lib.redsem_lock_acquire_async, _left(ms, t0))
         if self.reentrant and token is None:
             self._node.call("lock", lib.redsem_lock_acquire, ms, pp)
         else:

@@ -495,3 +495,43 @@ def test_unknown_carries_the_holder_id(server, name, kind):
     assert p.id == hid
     p.release()
     c.close()
+
+
+@pytest.mark.parametrize("kind", STRATEGIES + ["lock"])
+def test_signal_interrupts_a_wait_on_the_main_thread(client, name, kind):
+    """An exception raised by a signal handler (KeyboardInterrupt on Ctrl-C) ends a blocking
+    wait on the main thread at once; the acquire is cancelled and leaves nothing behind."""
+    import signal
+
+    assert threading.current_thread() is threading.main_thread()
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    h = client.lock(name) if kind == "lock" else client.semaphore(name, limit=1, strategy=kind,
+                                                                  lease=300.0)
+    held = h.acquire(0)
+    old = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+    t0 = time.monotonic()
+    try:
+        timer.start()
+        with pytest.raises(Interrupted):
+            h.acquire(timeout=20.0)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, old)
+    assert time.monotonic() - t0 < 10
+    held.release()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        st = h.status()
+        if st.holder_count == 0 and st.waiter_count == 0:
+            break
+        time.sleep(0.05)
+    assert (st.holder_count, st.waiter_count) == (0, 0)
+    p = h.acquire(timeout=5.0)  # the main thread's wait path, granted
+    p.release()
