@@ -777,7 +777,9 @@ class Semaphore:
             the limit on the server, a malformed holder_id), TypeError, ValueError,
             redsem.Conflict, redsem.ConnectionError, redsem.TimeoutError,
             redsem.ServerError, redsem.ReplicaError, redsem.ForkedError.
-        Blocks without the GIL; any thread."""
+        Blocks without the GIL; any thread. On the main thread a wait ends at once on
+        Ctrl-C (KeyboardInterrupt, or a signal handler's exception), the acquire cancelled
+        and nothing left held (not with holder_id)."""
         ms = _seconds_ms(timeout, "timeout", forever_ok=True)
         n = _count(permits, "permits")
         hid = _new_id() if holder_id is None else holder_id
@@ -885,7 +887,8 @@ class Lock:
         reentrant handle). Returns a Permit (a context manager releasing it).
         Raises: redsem.Busy, redsem.Unknown (``holder_id`` is the token to retry with),
         redsem.InvalidArgument, TypeError, ValueError, connection errors,
-        redsem.ReplicaError, redsem.ForkedError. Blocks without the GIL; any thread."""
+        redsem.ReplicaError, redsem.ForkedError. Blocks without the GIL; any thread. On the
+        main thread a wait ends at once on Ctrl-C, the acquire cancelled (not with token)."""
         ms = _seconds_ms(timeout, "timeout", forever_ok=True)
         pp = ffi.new("redsem_permit **")
         if ms != 0 and token is None and _on_main_thread():
