@@ -112,6 +112,7 @@ struct redsem_client {
     redsem__node_cfg cfg;
     redsem__clock clock; /* the server's, shared by the lanes (not in a cluster) */
     redsem__script_cache scripts; /* what the server has cached, shared the same way */
+    redsem__sentinel_watch *sentinel_watch; /* Sentinel: the lanes' shared watch (topo.h) */
     char *prefix;
     size_t prefix_len;
     pid_t pid; /* owner process */

@@ -385,3 +385,131 @@ Test(sentinel, a_waiter_cut_by_unblocked_follows_the_new_primary, TO)
 {
     waiter_through_a_demotion(replicaof_failover);
 }
+
+/* Where a grant of semaphore `name` was made: 1 on `now` (the new primary), 0 on `old`, -1
+ * on both or neither. */
+static int granted_on_new(const ts_server *old, const ts_server *now, const char *name)
+{
+    char key[128], a[32] = "", b[32] = "";
+    snprintf(key, sizeof key, "redsem:{%s}:meta", name);
+    if (ts_command(old, a, sizeof a, "EXISTS", key, NULL) != 0 ||
+        ts_command(now, b, sizeof b, "EXISTS", key, NULL) != 0)
+        return -1;
+    if (strcmp(a, "0") == 0 && strcmp(b, "1") == 0)
+        return 1;
+    if (strcmp(a, "1") == 0 && strcmp(b, "0") == 0)
+        return 0;
+    return -1;
+}
+
+/* SENTINEL FAILOVER promotes a replica and announces +switch-master, but leaves the old
+ * primary a writable primary until it demotes it, seconds later: a long-lived client (its
+ * connection open, nothing refused, nothing closed) must follow the announcement and be
+ * served by the new primary at once, not by the old one. A client acquires fresh semaphores
+ * in a loop from before the failover; every acquire that starts once the announcing Sentinel
+ * names the new primary must be granted there (where the keys are says which; the old primary
+ * replicates nothing to the new one, nor the new to the old until its demotion). With
+ * kill_first, the Sentinel the client subscribed to (the first of its URL) is stopped
+ * before: the client must have subscribed again on another one, which then runs the
+ * failover. */
+static void planned_failover(bool kill_first)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 20000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    int n = 0;
+    char name[64];
+    redsem_sem *s = NULL;
+    redsem_permit *p = NULL;
+    /* one acquire of a fresh semaphore; its name in `name` */
+#define ACQUIRE_ONE()                                                                      \
+    do {                                                                                   \
+        snprintf(name, sizeof name, "planned-%d", n++);                                    \
+        OK(cl, redsem_sem_open(cl, name, REDSEM_STRATEGY_FAIR, 1, 60000, &s));            \
+        OK(cl, redsem_sem_acquire(s, 5000, &p));                                           \
+        /* granted on the old primary just before the client learnt of the switch, the   \
+         * release goes to the new one, which never saw that grant: ELOST */               \
+        rc = redsem_permit_release(p);                                                     \
+        cr_assert(rc == REDSEM_OK || rc == REDSEM_ELOST, "release: %s (%s)",               \
+                  redsem_err_name(rc), redsem_client_errmsg(cl));                          \
+        redsem_permit_free(p);                                                             \
+        redsem_sem_free(s);                                                                \
+    } while (0)
+    ACQUIRE_ONE();
+    int leader = 0;
+    if (kill_first) {
+        ts_server_stop(&c.sentinel[0]);
+        leader = 1;
+        /* the client notices at its next requests and subscribes on Sentinel 1 */
+        for (int i = 0; i < 20; i++) {
+            ACQUIRE_ONE();
+            tf_sleep_ms(10);
+        }
+    }
+    int old_port = ts_sentinels_primary_port_of(&c, leader);
+    ts_server *old = server_on(&c, old_port);
+    cr_assert_not_null(old);
+    cr_assert_eq(ts_command(&c.sentinel[leader], NULL, 0, "SENTINEL", "FAILOVER", "mymaster",
+                            NULL),
+                 0, "SENTINEL FAILOVER refused");
+    /* the Sentinel that runs the failover announces +switch-master, then answers with the
+     * new address: an acquire that starts after the test sees it must find the announcement
+     * already in the client's subscription */
+    int new_port = old_port;
+    int64_t t0 = tf_now_ms(), seen = 0;
+    while (tf_now_ms() - t0 < 30000) {
+        new_port = ts_sentinels_primary_port_of(&c, leader);
+        if (new_port > 0 && new_port != old_port) {
+            seen = tf_now_ms();
+            break;
+        }
+        ACQUIRE_ONE(); /* the client keeps using the old primary meanwhile */
+    }
+    cr_assert(seen > 0, "no +switch-master within 30 s of SENTINEL FAILOVER");
+    ts_server *now = server_on(&c, new_port);
+    cr_assert_not_null(now);
+    bool old_still_primary = is_primary(old, true);
+    /* the client reads its subscription every few ms: a grace of 500 ms (half the target)
+     * for a loaded machine */
+    int on_old = 0, on_new = 0, late = 0;
+    int64_t last_old = -1;
+    while (tf_now_ms() - seen < 2500) {
+        int64_t start = tf_now_ms();
+        ACQUIRE_ONE();
+        int where = granted_on_new(old, now, name);
+        cr_assert_neq(where, -1, "%s: the keys are on both servers or on neither", name);
+        if (where == 1) {
+            on_new++;
+        } else {
+            on_old++;
+            last_old = start - seen;
+            if (start - seen > 500)
+                late++;
+        }
+        tf_sleep_ms(10);
+    }
+    fprintf(stderr, "planned failover%s: after the switch, %d acquires on the new primary, %d on "
+                    "the old one (the last started %lld ms after the switch; the old primary "
+                    "still a primary when the switch was seen: %s)\n",
+            kill_first ? " (first Sentinel stopped)" : "", on_new, on_old, (long long)last_old,
+            old_still_primary ? "yes" : "no");
+    cr_assert_eq(late, 0, "%d grants on the old primary more than 500 ms after the switch",
+                 late);
+    cr_assert_gt(on_new, 0);
+#undef ACQUIRE_ONE
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
+
+Test(sentinel, a_planned_failover_moves_a_long_lived_client_at_once, TO)
+{
+    planned_failover(false);
+}
+
+Test(sentinel, the_subscription_moves_to_the_next_sentinel, TO)
+{
+    planned_failover(true);
+}
