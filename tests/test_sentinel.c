@@ -513,3 +513,143 @@ Test(sentinel, the_subscription_moves_to_the_next_sentinel, TO)
 {
     planned_failover(true);
 }
+
+/* ---------------------------------------------------------------- TLS (rediss+sentinel://) */
+
+typedef struct tls_sentinel {
+    char dir[256];
+    char file[5][320];
+    char port[2][16];
+    const char *pargv[12], *sargv[12];
+    ts_server primary, sentinel;
+} tls_sentinel;
+
+static const char *cert_file(tls_sentinel *e, int slot, const char *name)
+{
+    snprintf(e->file[slot], sizeof e->file[slot], "%s/%s", e->dir, name);
+    return e->file[slot];
+}
+
+/* TLS arguments for a server: its TLS port and certificate (a file of the certs dir). */
+static void tls_args(tls_sentinel *e, const char **argv, char *port, int cert_slot)
+{
+    int n = 0;
+    argv[n++] = "--tls-port";
+    argv[n++] = port;
+    argv[n++] = "--tls-cert-file";
+    argv[n++] = e->file[cert_slot];
+    argv[n++] = "--tls-key-file";
+    argv[n++] = e->file[2];
+    argv[n++] = "--tls-ca-cert-file";
+    argv[n++] = e->file[3];
+    argv[n++] = "--tls-auth-clients";
+    argv[n++] = "no";
+    argv[n] = NULL;
+}
+
+/* A TLS primary with the certificate primary_cert, and one TLS Sentinel (server.crt) that
+ * names it (it need not reach it: it answers with the address it was given). Certificates
+ * from support/gen-certs.sh. */
+static void tls_sentinel_start(tls_sentinel *e, const char *primary_cert)
+{
+    memset(e, 0, sizeof *e);
+    snprintf(e->dir, sizeof e->dir, "/tmp/redsem-stls-XXXXXX");
+    cr_assert_not_null(mkdtemp(e->dir));
+    const char *gen = getenv("REDSEM_GEN_CERTS");
+    cr_assert_not_null(gen, "REDSEM_GEN_CERTS is not set (run through meson test)");
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "%s %s", gen, e->dir);
+    cr_assert_eq(system(cmd), 0, "%s failed (is the openssl command installed?)", cmd);
+    cert_file(e, 0, primary_cert);
+    cert_file(e, 1, "server.crt");
+    cert_file(e, 2, "server.key");
+    cert_file(e, 3, "ca.crt");
+    int pport = ts_free_port(), sport = ts_free_port();
+    cr_assert(pport > 0 && sport > 0);
+    snprintf(e->port[0], sizeof e->port[0], "%d", pport);
+    snprintf(e->port[1], sizeof e->port[1], "%d", sport);
+    tls_args(e, e->pargv, e->port[0], 0);
+    cr_assert_eq(ts_server_start(&e->primary, e->pargv, false), 0);
+    /* a Sentinel that monitors the primary's TLS port, then restarted with a TLS port of its
+     * own (ts_sentinel_start writes its configuration) */
+    cr_assert_eq(ts_sentinel_start(&e->sentinel, "mymaster", pport, 1, 5000, 10000), 0);
+    ts_server_kill(&e->sentinel);
+    tls_args(e, e->sargv, e->port[1], 1);
+    for (int i = 0; e->sargv[i] != NULL; i++)
+        e->sentinel.extra[e->sentinel.nextra++] = e->sargv[i];
+    cr_assert_eq(ts_server_restart(&e->sentinel), 0);
+}
+
+static void tls_sentinel_stop(tls_sentinel *e)
+{
+    ts_server_stop(&e->sentinel);
+    ts_server_stop(&e->primary);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", e->dir);
+    (void)system(cmd);
+}
+
+static int tls_client(const char *url, const char *ca, char *err, size_t errlen)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK, "%s", url);
+    cr_assert_eq(redsem_options_set_tls_ca(o, ca, NULL), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_connect_timeout_ms(o, 2000), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, 0), REDSEM_OK);
+    redsem_client *c = NULL;
+    err[0] = '\0';
+    int rc = redsem_client_new_verbose(o, &c, err, errlen);
+    redsem_options_free(o);
+    redsem_client_free(c);
+    return rc;
+}
+
+/* A Sentinel whose certificate does not verify: REDSEM_ETLS (not ECONN) when every Sentinel
+ * refused TLS, and the CLI exits 77; ECONN (retried) while another Sentinel failed for
+ * another reason (down). */
+Test(sentinel, a_refused_sentinel_certificate_is_etls, TO)
+{
+    tls_sentinel e;
+    tls_sentinel_start(&e, "server.crt");
+    char url[300], err[1024];
+    snprintf(url, sizeof url, "rediss+sentinel://127.0.0.1:%s/mymaster", e.port[1]);
+    char other[400];
+    snprintf(other, sizeof other, "%s/other-ca.crt", e.dir);
+    int rc = tls_client(url, other, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_ETLS, "%s: %s", redsem_err_name(rc), err);
+    cr_assert(strstr(err, "refused") != NULL && strstr(err, "Sentinel 127.0.0.1:") != NULL,
+              "%s", err);
+    /* with the right CA the Sentinel answers, and the primary serves */
+    rc = tls_client(url, e.file[3], err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
+    /* one Sentinel refused, another down: not only TLS, so ECONN */
+    snprintf(url, sizeof url, "rediss+sentinel://127.0.0.1:%s,127.0.0.1:%d/mymaster", e.port[1],
+             ts_free_port());
+    rc = tls_client(url, other, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_ECONN, "%s: %s", redsem_err_name(rc), err);
+    /* the CLI: 77 (a refused certificate), not 69 (unreachable) */
+    const char *bin = getenv("REDSEM_BIN");
+    cr_assert_not_null(bin, "REDSEM_BIN is not set (run through meson test)");
+    char cmd[1500];
+    snprintf(cmd, sizeof cmd,
+             "%s status --url 'rediss+sentinel://127.0.0.1:%s/mymaster' --tls-ca %s x "
+             ">/dev/null 2>%s/cli.err", bin, e.port[1], other, e.dir);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 77, "the CLI: status %d", st);
+    tls_sentinel_stop(&e);
+}
+
+/* The Sentinel verifies, the primary it names does not (an expired certificate): ETLS, with
+ * the reason. */
+Test(sentinel, a_refused_primary_certificate_behind_sentinel_is_etls, TO)
+{
+    tls_sentinel e;
+    tls_sentinel_start(&e, "expired.crt");
+    char url[300], err[1024];
+    snprintf(url, sizeof url, "rediss+sentinel://127.0.0.1:%s/mymaster", e.port[1]);
+    int rc = tls_client(url, e.file[3], err, sizeof err);
+    cr_assert_eq(rc, REDSEM_ETLS, "%s: %s", redsem_err_name(rc), err);
+    cr_assert(strstr(err, "expired") != NULL, "%s", err);
+    tls_sentinel_stop(&e);
+}

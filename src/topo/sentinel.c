@@ -353,7 +353,7 @@ static int ask_all(redsem__topo *t, redsem__node *n, size_t first, int64_t deadl
                    size_t errlen)
 {
     size_t count = t->given.nhosts;
-    size_t used = 0;
+    size_t used = 0, refused_tls = 0;
     int worst = REDSEM_ECONN;
     err[0] = '\0';
     for (size_t k = 0; k < count; k++) {
@@ -380,6 +380,8 @@ static int ask_all(redsem__topo *t, redsem__node *n, size_t first, int64_t deadl
         }
         if (rc == REDSEM_EPERM)
             worst = rc;
+        if (rc == REDSEM_ETLS)
+            refused_tls++;
         int w = snprintf(err + used, used < errlen ? errlen - used : 0, "%sSentinel %s:%d: %s",
                          used ? "; " : "", s->host, s->port, why);
         if (w > 0)
@@ -387,6 +389,11 @@ static int ask_all(redsem__topo *t, redsem__node *n, size_t first, int64_t deadl
     }
     if (used == 0)
         snprintf(err, errlen, "no Sentinel could be asked before the deadline");
+    /* Every Sentinel refused TLS (its certificate did not verify): a configuration error that
+     * retrying will not mend, as for a data node. With any other failure among them (one
+     * down, one slow) it stays ECONN, retried: the others may answer on the next try. */
+    if (worst != REDSEM_EPERM && refused_tls == count)
+        worst = REDSEM_ETLS;
     /* err is "Sentinel h:p: why; ..." */
     char tail[64];
     snprintf(tail, sizeof tail, " (primary '%s')", t->given.master);
