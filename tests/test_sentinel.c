@@ -199,7 +199,11 @@ Test(sentinel, wait_for_replicas, TO)
     OK(two, redsem_client_get_stats(two, &st0));
     OK(two, redsem_permit_refresh(p));
     OK(two, redsem_client_get_stats(two, &st1));
-    cr_assert_eq(st1.requests - st0.requests, 2, "a synced refresh is the script and WAIT");
+    /* the script and WAIT; and ROLE in the same write when the connection's last check is
+     * more than a second old (a slow machine) */
+    cr_assert(st1.requests - st0.requests == 2 || st1.requests - st0.requests == 3,
+              "a synced refresh is the script and WAIT: %llu requests",
+              (unsigned long long)(st1.requests - st0.requests));
     OK(two, redsem_permit_release(p));
     redsem_permit_free(p);
     p = NULL;
