@@ -4,6 +4,7 @@
  * under a client, and the clear refusals. The failover under contended load, with counts, is
  * in the fault suite. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -656,4 +657,96 @@ Test(sentinel, a_refused_primary_certificate_behind_sentinel_is_etls, TO)
     cr_assert_eq(rc, REDSEM_ETLS, "%s: %s", redsem_err_name(rc), err);
     cr_assert(strstr(err, "expired") != NULL, "%s", err);
     tls_sentinel_stop(&e);
+}
+
+/* ---------------------------------------------------------------- one client, many threads */
+
+typedef struct shared_thread {
+    redsem_client *c;
+    int idx;
+    _Atomic int *phase; /* 0 before the switch, 1 after it was seen + 500 ms, 2 stop */
+    int errors;
+    char msg[256];
+    char after[64]; /* a semaphore acquired in phase 1 */
+} shared_thread;
+
+static void *shared_loop(void *arg)
+{
+    shared_thread *t = arg;
+    for (int n = 0; atomic_load(t->phase) < 2; n++) {
+        int phase = atomic_load(t->phase);
+        char name[64];
+        snprintf(name, sizeof name, "shared-%d-%d", t->idx, n);
+        redsem_sem *s = NULL;
+        redsem_permit *p = NULL;
+        int rc = redsem_sem_open(t->c, name, REDSEM_STRATEGY_FAIR, 1, 60000, &s);
+        if (rc == REDSEM_OK)
+            rc = redsem_sem_acquire(s, 5000, &p);
+        if (rc == REDSEM_OK) {
+            rc = redsem_permit_release(p);
+            if (rc == REDSEM_ELOST) /* granted on the old primary at the switch */
+                rc = REDSEM_OK;
+        }
+        if (rc != REDSEM_OK && t->errors++ == 0)
+            snprintf(t->msg, sizeof t->msg, "%s: %s", redsem_err_name(rc),
+                     redsem_client_errmsg(t->c));
+        if (rc == REDSEM_OK && phase == 1 && t->after[0] == '\0')
+            snprintf(t->after, sizeof t->after, "%s", name);
+        redsem_permit_free(p);
+        redsem_sem_free(s);
+    }
+    return NULL;
+}
+
+/* 8 threads share one client (its lanes share one subscription) through SENTINEL FAILOVER:
+ * no error, and each thread's first acquire that starts 500 ms after the switch is on the new
+ * primary. Run under ThreadSanitizer in CI's TSan build when built there. */
+Test(sentinel, threads_sharing_a_client_follow_a_planned_failover, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 20000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    _Atomic int phase = 0;
+    shared_thread t[8];
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) {
+        t[i] = (shared_thread){.c = cl, .idx = i, .phase = &phase};
+        cr_assert_eq(pthread_create(&th[i], NULL, shared_loop, &t[i]), 0);
+    }
+    tf_sleep_ms(500);
+    int old_port = ts_sentinels_primary_port(&c);
+    cr_assert_eq(ts_command(&c.sentinel[0], NULL, 0, "SENTINEL", "FAILOVER", "mymaster", NULL),
+                 0, "SENTINEL FAILOVER refused");
+    int new_port = old_port;
+    int64_t t0 = tf_now_ms();
+    while (tf_now_ms() - t0 < 30000 &&
+           ((new_port = ts_sentinels_primary_port(&c)) == old_port || new_port < 0))
+        tf_sleep_ms(10);
+    cr_assert(new_port > 0 && new_port != old_port, "no failover within 30 s");
+    tf_sleep_ms(500);
+    atomic_store(&phase, 1);
+    for (int i = 0; i < 200; i++) {
+        bool all = true;
+        for (int k = 0; k < 8; k++)
+            all = all && t[k].after[0] != '\0';
+        if (all)
+            break;
+        tf_sleep_ms(50);
+    }
+    atomic_store(&phase, 2);
+    for (int i = 0; i < 8; i++)
+        pthread_join(th[i], NULL);
+    ts_server *old = server_on(&c, old_port), *now = server_on(&c, new_port);
+    for (int i = 0; i < 8; i++) {
+        cr_expect_eq(t[i].errors, 0, "thread %d: %d errors, the first %s", i, t[i].errors,
+                     t[i].msg);
+        cr_assert_neq(t[i].after[0], '\0', "thread %d acquired nothing after the switch", i);
+        cr_expect_eq(granted_on_new(old, now, t[i].after), 1,
+                     "thread %d: %s was not granted on the new primary", i, t[i].after);
+    }
+    redsem_client_free(cl);
+    stop_cluster(&c);
 }
