@@ -20,7 +20,10 @@ extern "C" {
  * same write as other threads' calls: pipelined). The blocking acquires waiting for a
  * wake-up share one separate wait connection (one BLPOP on all their lists), so blocked
  * waiters never starve the requests of other threads (in a Redis Cluster: one wait
- * connection per waiting acquire). The text of redsem_client_errmsg() is per thread, like errno. Three things remain
+ * connection per waiting acquire). Under Sentinel the client also keeps one connection to one
+ * Sentinel, subscribed to its failover announcements, which no thread waits on: the calling
+ * threads read it without blocking before their requests. The text of
+ * redsem_client_errmsg() is per thread, like errno. Three things remain
  * the caller's to order: freeing a handle (no call on it may be running or start after), the
  * handle setters redsem_sem_set_wait_lease_ms(), redsem_sem_set_guard_lease_ms() and
  * redsem_lock_set_reentrant() (before the handle is shared), and the use of one permit by two
