@@ -750,3 +750,35 @@ Test(sentinel, threads_sharing_a_client_follow_a_planned_failover, TO)
     redsem_client_free(cl);
     stop_cluster(&c);
 }
+
+/* Each connection to a Sentinel-named primary re-checks ROLE once its last check is older
+ * than a second, in the same write as a request (one more request counted, no extra round
+ * trip), and not more often. */
+Test(sentinel, role_is_rechecked_every_second, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 20000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    redsem_client_stats a, b;
+    tf_sleep_ms(1100);
+    OK(cl, redsem_client_get_stats(cl, &a));
+    OK(cl, redsem_client_ping(cl));
+    OK(cl, redsem_client_get_stats(cl, &b));
+    cr_assert_eq(b.requests - a.requests, 2, "PING after 1.1 s idle: %llu requests (ROLE and PING)",
+                 (unsigned long long)(b.requests - a.requests));
+    cr_assert_eq(b.connects, a.connects, "no new connection");
+    int64_t t0 = tf_now_ms();
+    for (int i = 0; i < 50; i++)
+        OK(cl, redsem_client_ping(cl));
+    int64_t secs = (tf_now_ms() - t0) / 1000;
+    redsem_client_stats d;
+    OK(cl, redsem_client_get_stats(cl, &d));
+    cr_assert(d.requests - b.requests >= 50 && d.requests - b.requests <= 50 + 1 + (uint64_t)secs,
+              "50 PINGs in %lld s: %llu requests", (long long)secs,
+              (unsigned long long)(d.requests - b.requests));
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
