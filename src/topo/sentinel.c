@@ -3,34 +3,34 @@
  * node then connects to that address and checks with ROLE that it is the primary (node.c).
  *
  * The client also follows the Sentinels' announcements, as the guide asks: one connection per
- * client (the watch, shared by its lanes) stays subscribed to +switch-master on one Sentinel.
- * It is made by the first resolve, on the connection of the Sentinel that answered (the
- * question and SUBSCRIBE in one write: the Sentinel runs both before anything else, so no
- * switch falls between them), and made again on the next Sentinel when it is lost. While it
- * is up, the primary's address is the one that Sentinel gave, updated by each +switch-master
- * for our primary's name, and a resolve takes it from there (no round trip). The watch is read
- * without blocking (poll with no wait, hiredis' reader on what is pending) before requests on
- * the primary's connections (at most every SWITCH_POLL_MS, else one atomic load); a
+ * client (the watch, shared by its lanes) stays subscribed to +switch-master and
+ * +promoted-slave on one Sentinel (on_message says what each tells). It is made by the first
+ * resolve, on the connection of the Sentinel that answered (the question and SUBSCRIBE in one
+ * write: the Sentinel runs both before anything else, so no switch falls between them), and
+ * made again on the next Sentinel when it is lost. While it is up, the primary's address is
+ * the one that Sentinel gave, updated by each announcement for our primary's name, and a
+ * resolve takes it from there (no round trip). The watch is read without blocking (a
+ * non-blocking recv or SSL_read, hiredis' reader on what arrived) before requests on the
+ * primary's connections, at most every SWITCH_POLL_MS (in between one atomic load); a
  * connection to an address the primary moved away from is given up before the request is
- * sent, as after READONLY (node.c): a planned failover (SENTINEL FAILOVER) leaves the old
+ * sent, as after READONLY (node.c). A planned failover (SENTINEL FAILOVER) leaves the old
  * primary a writable primary for seconds, until Sentinel demotes it, and neither READONLY nor
  * a lost connection would tell its clients. Besides, node.c re-checks ROLE every
  * REDSEM__ROLE_CHECK_MS on each connection (in the same write as a request), for the switches
- * the watch misses (no Sentinel reachable to subscribe to).
+ * the watch misses (no Sentinel to subscribe to), once the old primary is demoted.
  *
- * Without the watch (a topology not given one) every resolve asks the Sentinels, as at every
+ * Without a watch (a topology not given one) every resolve asks the Sentinels, as at every
  * reconnect: a call that lost its connection to a primary that failed over (Sentinel closes
  * clients' connections when it reconfigures a server) finds the new one within its retry
  * window. */
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
@@ -45,7 +45,7 @@
 struct redsem__sentinel_watch {
     pthread_mutex_t mu;
     pid_t pid;                  /* the process that made it (fork: see watch_free) */
-    redsem__conn *sub;          /* SUBSCRIBE +switch-master on Sentinel `first`; NULL: none */
+    redsem__conn *sub;          /* subscribed on Sentinel `first`; NULL: none */
     size_t first;               /* the Sentinel to ask first: the subscribed or last good one */
     bool subscribing;           /* a thread is making sub (outside mu) */
     int64_t retry_ns;           /* no new subscription from a request before this */
@@ -509,7 +509,7 @@ bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errle
                               strcmp(n->ep.host, w->host) != 0);
     if (moved)
         snprintf(err, errlen, "%s:%d is no longer the primary: Sentinel %s:%d announced "
-                 "+switch-master to %s:%d", n->ep.host ? n->ep.host : "?", n->ep.port,
+                 "the switch to %s:%d", n->ep.host ? n->ep.host : "?", n->ep.port,
                  t->given.hosts[w->first].host, t->given.hosts[w->first].port, w->host, w->port);
     else
         n->watch_epoch = atomic_load_explicit(&w->epoch, memory_order_relaxed);
