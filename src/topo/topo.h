@@ -1,6 +1,7 @@
 /* redsem - the topology layer: which node serves a key. A standalone server (one node at a
- * fixed address), a Sentinel-managed primary (one node whose address the Sentinels give,
- * asked again at every reconnect), or a Redis Cluster (cluster.c: one node per primary, chosen
+ * fixed address), a Sentinel-managed primary (one node whose address the Sentinels give: from
+ * the client's subscription to their announcements, or asked at a reconnect while it is
+ * down; sentinel.c), or a Redis Cluster (cluster.c: one node per primary, chosen
  * by the key's hash slot, redirections followed). Every key of one semaphore or lock shares a
  * hash tag, so one key routes a whole call. Not API. */
 #ifndef REDSEM_TOPO_H
