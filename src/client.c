@@ -145,6 +145,7 @@ static int lane_new(redsem_client *c, bool for_wait, redsem__lane **ret)
     } else {
         l->topo.single.clock = &c->clock; /* one server: one clock for every lane */
         l->topo.single.scripts = &c->scripts; /* and one script cache */
+        l->topo.watch = c->sentinel_watch;    /* and one watch of the Sentinels */
     }
     pthread_mutex_lock(&c->pool_mu);
     l->epoch = c->fault_epoch;
@@ -744,7 +745,9 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
         return REDSEM_ENOMEM;
     }
     c->prefix_len = strlen(c->prefix);
-    if (redsem__wake_init(c) != REDSEM_OK) {
+    if ((c->ep.kind == REDSEM__EP_SENTINEL &&
+         (c->sentinel_watch = redsem__sentinel_watch_new()) == NULL) ||
+        redsem__wake_init(c) != REDSEM_OK) {
         redsem_client_free(c);
         snprintf(err, errlen, "out of memory");
         return REDSEM_ENOMEM;
@@ -841,6 +844,7 @@ void redsem_client_free(redsem_client *c)
         redsem__free(c->lanes[i]);
     }
     redsem__free(c->lanes);
+    redsem__sentinel_watch_free(c->sentinel_watch); /* after the lanes that point to it */
     if (c->pid == getpid()) {
         /* in a forked child another thread of the parent may have held them: leave them */
         pthread_mutex_destroy(&c->pool_mu);

@@ -116,6 +116,7 @@ struct redsem_client {
     redsem__clock clock; /* the server's, shared by the lanes (not in a cluster) */
     _Atomic size_t seed_first; /* a cluster's seed that last gave a lane the map (topo.h) */
     redsem__script_cache scripts; /* what the server has cached, shared the same way */
+    redsem__sentinel_watch *sentinel_watch; /* Sentinel: the lanes' shared watch (topo.h) */
     char *prefix;
     size_t prefix_len;
     pid_t pid; /* owner process */

@@ -21,7 +21,10 @@ extern "C" {
  * same write as other threads' calls: pipelined). The blocking acquires waiting for a
  * wake-up share one separate wait connection (one BLPOP on all their lists), so blocked
  * waiters never starve the requests of other threads (in a Redis Cluster: one wait
- * connection per waiting acquire). The text of redsem_client_errmsg() is per thread, like errno. Three things remain
+ * connection per waiting acquire). Under Sentinel the client also keeps one connection to one
+ * Sentinel, subscribed to its failover announcements, which no thread waits on: the calling
+ * threads read it without blocking before their requests. The text of
+ * redsem_client_errmsg() is per thread, like errno. Three things remain
  * the caller's to order: freeing a handle (no call on it may be running or start after), the
  * handle setters redsem_sem_set_wait_lease_ms(), redsem_sem_set_guard_lease_ms() and
  * redsem_lock_set_reentrant() (before the handle is shared), and the use of one permit by two
@@ -124,14 +127,19 @@ REDSEM_API void redsem_options_free(redsem_options *options);
  *           a primary managed by Sentinel: the Sentinels (1..16; port default 26379) are
  *           asked in turn (SENTINEL get-master-addr-by-name MASTER; the first that answers
  *           is asked first next time), the address given is connected to with user,
- *           password and db, and must answer ROLE as the primary. The Sentinels are asked
- *           again at every reconnect: after a failover (a lost connection, or a READONLY
- *           reply from a demoted primary) a call resends to the new primary within its
- *           retry window (redsem_options_set_retry_ms(): make it longer than a failover
- *           takes). sentinel_user/sentinel_password (percent-encoded) are the Sentinels' own
- *           credentials. rediss+sentinel:// uses TLS for the Sentinels and the data nodes
- *           alike (the same CA and client certificate options; each verified by its own
- *           host name).
+ *           password and db, and must answer ROLE as the primary. The client stays
+ *           subscribed to one Sentinel's +switch-master and +promoted-slave announcements
+ *           (on the next Sentinel when that one goes away; one connection per client),
+ *           reads them without blocking before its requests, takes the primary's address
+ *           from them while subscribed (else asks again at every reconnect), and re-checks
+ *           ROLE on each connection every second (in the same write as a request). After a
+ *           failover (an announcement, a lost connection, a READONLY reply or a ROLE that is
+ *           no longer master) a call stops using the old primary before sending and resends
+ *           to the new one within its retry window (redsem_options_set_retry_ms(): make it
+ *           longer than a failover takes). sentinel_user/sentinel_password (percent-encoded)
+ *           are the Sentinels' own credentials. rediss+sentinel:// uses TLS for the
+ *           Sentinels and the data nodes alike (the same CA and client certificate options;
+ *           each verified by its own host name).
  *             redis+cluster://[user[:password]@]host[:port][,host[:port]...][/]
  *           a Redis Cluster (Since: 0.3): the seed nodes (1..16; port default 6379) are
  *           asked in turn for the slot map (CLUSTER SLOTS) when the client is made, within
@@ -377,11 +385,14 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *          that is not the primary, no cluster seed that answers); REDSEM_EINVAL also for a
  *          cluster URL whose seed is not in cluster mode; REDSEM_ETIMEDOUT (connect timeout);
  *          REDSEM_ETLS (the
- *          server's certificate was refused: unknown CA, expired, name mismatch);
+ *          server's certificate was refused: unknown CA, expired, name mismatch; under
+ *          Sentinel, a data node's, or every Sentinel's: one that fails otherwise, down or
+ *          slow, makes it REDSEM_ECONN);
  *          REDSEM_EPERM (AUTH refused: WRONGPASS, NOAUTH, NOPERM; also a Sentinel's; INFO
  *          refused by the ACL, or with NOAUTH by a server that wants a password the URL
- *          does not give, unless eviction is allowed); REDSEM_EEVICTION (the server may evict keys: maxmemory with
- *          a policy other than noeviction, see redsem_options_set_allow_eviction());
+ *          does not give, unless eviction is allowed); REDSEM_EEVICTION (the server may
+ *          evict keys: maxmemory with a policy other than noeviction, see
+ *          redsem_options_set_allow_eviction());
  *          REDSEM_ESERVER (SELECT refused or other error reply); REDSEM_EPROTO. On failure no
  *          client exists, so the detail is not available through redsem_client_errmsg(); use
  *          redsem_client_new_verbose() for it.

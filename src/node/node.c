@@ -170,12 +170,85 @@ static int raw_roundtrip_n(redsem__node *n, const char *cmd, size_t len, int64_t
     return redsem__io_status(io, err_no, err, errlen);
 }
 
+static const char role_cmd[] = "*1\r\n$4\r\nROLE\r\n";
+
+/* Whether a ROLE reply names something other than a primary ("slave", "sentinel"). An error
+ * reply tells nothing (the connect's check passed: not expected) and is let through. */
+static bool role_not_primary(const redisReply *r)
+{
+    return r->type != REDIS_REPLY_ERROR &&
+           (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+            r->element[0]->type != REDIS_REPLY_STRING || strcmp(r->element[0]->str, "master") != 0);
+}
+
+/* Before a request on the open connection of a node found through Sentinel: whether its
+ * topology learnt that the primary moved away from it (+switch-master: the old primary stays
+ * a writable primary until Sentinel demotes it, seconds later, so neither READONLY nor a lost
+ * connection would tell). Then the connection is dropped, nothing was sent, and err says why:
+ * the caller goes on as after READONLY. */
+static bool primary_moved(redsem__node *n, char *err, size_t errlen)
+{
+    if (!n->connected || n->moved == NULL || !n->moved(n->resolve_arg, n, err, errlen))
+        return false;
+    drop_connection(n);
+    return true;
+}
+
+/* raw_roundtrip_n, with ROLE in front in the same write (no extra round trip) when the node
+ * was found through Sentinel and last checked more than REDSEM__ROLE_CHECK_MS ago. On
+ * REDSEM_OK with *demoted set, the server no longer says it is the primary: no reply is kept
+ * and err says why (a replica applies no write: what ran there is as if refused with
+ * READONLY). nrets <= REDSEM__BATCH_MAX. */
+static int roundtrip_checked(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
+                             redisReply **rets, int nrets, bool *written, bool *demoted,
+                             char *err, size_t errlen)
+{
+    *demoted = false;
+    int64_t now = redsem__now_ns();
+    char *all = NULL;
+    if (n->resolve != NULL && nrets <= REDSEM__BATCH_MAX &&
+        now - n->role_checked_ns >= REDSEM__ROLE_CHECK_MS * REDSEM__NS_PER_MS)
+        all = redsem__malloc(sizeof role_cmd - 1 + len); /* NULL: checked next time */
+    if (all == NULL)
+        return raw_roundtrip_n(n, cmd, len, deadline_ns, rets, nrets, written, err, errlen);
+    memcpy(all, role_cmd, sizeof role_cmd - 1);
+    memcpy(all + sizeof role_cmd - 1, cmd, len);
+    redisReply *got[REDSEM__BATCH_MAX + 1];
+    int rc = raw_roundtrip_n(n, all, sizeof role_cmd - 1 + len, deadline_ns, got, nrets + 1,
+                             written, err, errlen);
+    redsem__free(all);
+    if (rc != REDSEM_OK)
+        return rc;
+    *demoted = role_not_primary(got[0]);
+    freeReplyObject(got[0]);
+    if (*demoted) {
+        for (int i = 1; i <= nrets; i++)
+            freeReplyObject(got[i]);
+        snprintf(err, errlen, "%s:%d is no longer the primary (ROLE)", n->ep.host, n->ep.port);
+        return REDSEM_OK;
+    }
+    n->role_checked_ns = now;
+    memcpy(rets, got + 1, (size_t)nrets * sizeof *rets);
+    return REDSEM_OK;
+}
+
 int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
                                  redisReply **rets, int k, bool *written)
 {
     char err[256];
     int64_t dl = n->ctx->deadline_cap_ns; /* 0: the socket's timeout (the command timeout) */
-    int rc = raw_roundtrip_n(n, cmd, len, dl, rets, k, written, err, sizeof err);
+    bool demoted = false;
+    int rc;
+    if (primary_moved(n, err, sizeof err)) {
+        *written = false;
+        rc = REDSEM_ECONN;
+    } else {
+        rc = roundtrip_checked(n, cmd, len, dl, rets, k, written, &demoted, err, sizeof err);
+        if (rc == REDSEM_OK && demoted) {
+            *written = false; /* refused by a replica, as with READONLY */
+            rc = REDSEM_ECONN;
+        }
+    }
     if (rc != REDSEM_OK) {
         drop_connection(n);
         redsem__ctx_err(n->ctx, rc, "%s", err);
@@ -299,6 +372,8 @@ static int check_primary(redsem__node *n, int64_t deadline_ns, char *err, size_t
                  n->ep.port, r->element[0]->str);
         rc = REDSEM_ECONN;
     }
+    if (rc == REDSEM_OK)
+        n->role_checked_ns = redsem__now_ns();
     freeReplyObject(r);
     return rc;
 }
@@ -527,14 +602,28 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
                 break;
             }
         }
+        if (primary_moved(n, err, sizeof err)) {
+            /* Sentinel switched the primary, the old one still accepts writes: nothing was
+             * sent; resolve again and resend, as after READONLY below */
+            redsem__ctx_err(n->ctx, REDSEM_ECONN, "%s", err);
+            rc = REDSEM_ECONN;
+            goto retry;
+        }
         int64_t sent = redsem__now_ns();
         /* 0: an ordinary request, bounded by the socket's timeout (the command timeout) */
         int64_t dl = deadline_ns;
         if (n->ctx->deadline_cap_ns && (dl == 0 || n->ctx->deadline_cap_ns < dl))
             dl = n->ctx->deadline_cap_ns;
-        bool written = false;
+        bool written = false, demoted = false;
         redisReply *rets[3] = {NULL, NULL, NULL};
-        rc = raw_roundtrip_n(n, cmd, len, dl, rets, nrets, &written, err, sizeof err);
+        rc = roundtrip_checked(n, cmd, len, dl, rets, nrets, &written, &demoted, err,
+                               sizeof err);
+        if (rc == REDSEM_OK && demoted) {
+            drop_connection(n);
+            redsem__ctx_err(n->ctx, REDSEM_ECONN, "%s", err);
+            rc = REDSEM_ECONN;
+            goto retry;
+        }
         if (rc == REDSEM_OK && first)
             freeReplyObject(rets[0]); /* ASKING's +OK (an error there shows in the next) */
         redisReply *r = rets[first], *r2 = has_then ? rets[first + 1] : NULL;

@@ -95,6 +95,18 @@ struct redsem__node {
      * the caller's next request resolves again. NULL: a fixed address. */
     int (*resolve)(void *arg, redsem__node *n, int64_t deadline_ns, char *err, size_t errlen);
     void *resolve_arg;
+    /* Set with resolve by the Sentinel topology: called (with resolve_arg) before every
+     * request on an open connection; true when the primary has moved away from the address
+     * connected to (a +switch-master the topology read from its Sentinel subscription), err
+     * saying so. The request is then handled as after READONLY: the connection is dropped
+     * and, with REDSEM__REQ_RETRY, the request resent after a new resolve; nothing was sent.
+     * watch_epoch is the hook's own (what it last checked this connection against). */
+    bool (*moved)(void *arg, redsem__node *n, char *err, size_t errlen);
+    uint64_t watch_epoch;
+    /* With resolve: when the server last said it is the primary (ROLE, CLOCK_MONOTONIC ns):
+     * at connect, then again, in the same write as a request, once this is older than
+     * REDSEM__ROLE_CHECK_MS; a server that no longer says "master" is handled as READONLY. */
+    int64_t role_checked_ns;
     /* A Redis Cluster primary (topo/cluster.c): a redirection reply becomes REDSEM__EREDIRECT
      * with its detail in redirect, and a failed connect is not retried here (the topology
      * asks the cluster where the slot went, then retries). asking: send ASKING before every
@@ -115,6 +127,10 @@ void redsem__node_disconnect(redsem__node *n);
 /* Connect and run the handshake. On failure err says why and *retryable whether another
  * try may help. */
 int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t errlen);
+
+/* How often a node found through Sentinel re-checks that its server is the primary (ROLE,
+ * sent in the same write as the next request). */
+#define REDSEM__ROLE_CHECK_MS 1000
 
 /* Request flags. */
 #define REDSEM__REQ_RETRY 0x1 /* re-send after a connection-level failure (idempotent) */

@@ -30,6 +30,7 @@ int redsem__topo_init(redsem__topo *t, redsem__ctx *ctx, const redsem__endpoint 
     int rc = redsem__node_init(&t->single, ctx, &data, cfg, err, errlen);
     t->single.resolve = redsem__sentinel_resolve;
     t->single.resolve_arg = t;
+    t->single.moved = redsem__sentinel_moved;
     return rc;
 }
 

@@ -1,6 +1,7 @@
 /* redsem - the topology layer: which node serves a key. A standalone server (one node at a
- * fixed address), a Sentinel-managed primary (one node whose address the Sentinels give,
- * asked again at every reconnect), or a Redis Cluster (cluster.c: one node per primary, chosen
+ * fixed address), a Sentinel-managed primary (one node whose address the Sentinels give: from
+ * the client's subscription to their announcements, or asked at a reconnect while it is
+ * down; sentinel.c), or a Redis Cluster (cluster.c: one node per primary, chosen
  * by the key's hash slot, redirections followed). Every key of one semaphore or lock shares a
  * hash tag, so one key routes a whole call. Not API. */
 #ifndef REDSEM_TOPO_H
@@ -28,6 +29,9 @@ typedef struct redsem__topo {
      * their credentials. CLUSTER: the seed nodes and every node's credentials. */
     redsem__endpoint given;
     size_t first;
+    /* SENTINEL: the client's watch of the Sentinels' announcements (sentinel.c), shared by
+     * its lanes, not owned; NULL: none (every resolve asks the Sentinels). */
+    struct redsem__sentinel_watch *watch;
     redsem__ctx *ctx;
     /* CLUSTER: the nodes known (primaries of the slot map, seeds, ASK targets, nodes that
      * left the map and are not dropped yet), each with its own connection and script cache,
@@ -74,12 +78,29 @@ int redsem__topo_route(redsem__topo *t, const char *key, size_t len, int flags,
 /* Connect to the topology (the first node) now: client creation fails early and clearly. */
 int redsem__topo_connect(redsem__topo *t, char *err, size_t errlen);
 
-/* sentinel.c: ask the Sentinels of t for the primary's address, into n->ep (the node's
- * resolve hook). REDSEM_OK; REDSEM_ECONN (no Sentinel answered, or none knows the primary:
- * err says what each said); REDSEM_ETIMEDOUT; REDSEM_EPERM (a Sentinel refused the
- * credentials); REDSEM_ENOMEM. */
+/* sentinel.c: the primary's address into n->ep (the node's resolve hook): the watch's, while
+ * it is subscribed (no round trip); else the Sentinels of t are asked in turn, and the first
+ * that answers also takes the watch's subscription. REDSEM_OK; REDSEM_ECONN (no Sentinel
+ * answered, or none knows the primary: err says what each said); REDSEM_ETIMEDOUT;
+ * REDSEM_EPERM (a Sentinel refused the credentials); REDSEM_ETLS (every Sentinel that was
+ * reached refused TLS: its certificate did not verify); REDSEM_ENOMEM. */
 int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, char *err,
                              size_t errlen);
+/* sentinel.c: the node's moved hook (node.h): reads the watch's pending announcements (at
+ * most every few ms; else one atomic load), subscribes again when the subscription was lost
+ * (on the next Sentinel, at most once a second; the calling request waits for it), and says
+ * whether the primary moved away from n's address (err says where to). Thread-safe (the
+ * watch's mutex). */
+bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errlen);
+
+/* The watch (sentinel.c): one subscription to +switch-master on one Sentinel and the address
+ * it names, shared by every lane of a client (each lane's topology points to it). Made
+ * before the lanes (NULL: out of memory), freed after them; in a forked child its memory
+ * and connection are freed and its mutex left alone (the parent's threads may have held
+ * it). */
+typedef struct redsem__sentinel_watch redsem__sentinel_watch;
+redsem__sentinel_watch *redsem__sentinel_watch_new(void);
+void redsem__sentinel_watch_free(redsem__sentinel_watch *w);
 
 /* cluster.c: the hash slot of a key (CRC16-XMODEM of its hash tag, or of the whole key
  * without one, mod 16384: the Redis Cluster specification's HASH_SLOT). */

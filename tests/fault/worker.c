@@ -26,7 +26,7 @@
  *                [--renew-threads M] [--renew-hold-min-us U] [--renew-hold-max-us U]
  *                [--same-id-after-unknown] [--fork-probe-ms MS]
  *                [--cmd-timeout-ms MS] [--retry-ms MS] [--register] [--think-us U]
- *                [--guard-lease-ms MS] [--wait-lease-ms MS]
+ *                [--guard-lease-ms MS] [--wait-lease-ms MS] [--sync-replicas N]
  * --count and --duration-ms are per thread. Exit status 0; 2 on a usage error; 3 if it could
  * not set up. */
 #include <getopt.h>
@@ -50,7 +50,7 @@ static struct {
     int64_t lease_ms, hold_min_us, hold_max_us, count, duration_ms, timeout_ms;
     int64_t cmd_timeout_ms, retry_ms, think_us, guard_lease_ms, wait_lease_ms, fork_probe_ms;
     int64_t renew_hold_min_us, renew_hold_max_us;
-    int slot, threads, renew_threads;
+    int slot, threads, renew_threads, sync_replicas;
     bool reg, same_id;
 } o = {.limit = 1, .lease_ms = 1000, .hold_max_us = 3000, .timeout_ms = 2000,
        .cmd_timeout_ms = -1, .retry_ms = -1, .guard_lease_ms = -1, .wait_lease_ms = -1,
@@ -123,7 +123,8 @@ static void parse(int argc, char **argv)
         {"guard-lease-ms", 1, 0, 'q'}, {"wait-lease-ms", 1, 0, 'w'}, {"threads", 1, 0, 'N'},
         {"log-dir", 1, 0, 'D'},     {"renew-threads", 1, 0, 'M'},
         {"same-id-after-unknown", 0, 0, 'U'}, {"fork-probe-ms", 1, 0, 'F'},
-        {"renew-hold-min-us", 1, 0, 'x'}, {"renew-hold-max-us", 1, 0, 'y'}, {0, 0, 0, 0}};
+        {"renew-hold-min-us", 1, 0, 'x'}, {"renew-hold-max-us", 1, 0, 'y'},
+        {"sync-replicas", 1, 0, 'S'}, {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
@@ -154,6 +155,7 @@ static void parse(int argc, char **argv)
         case 'F': o.fork_probe_ms = strtoll(optarg, NULL, 10); break;
         case 'x': o.renew_hold_min_us = strtoll(optarg, NULL, 10); break;
         case 'y': o.renew_hold_max_us = strtoll(optarg, NULL, 10); break;
+        case 'S': o.sync_replicas = atoi(optarg); break;
         default: usage();
         }
     }
@@ -182,6 +184,8 @@ static redsem_client *connect_client(fw_log *lg)
         (void)redsem_options_set_command_timeout_ms(opt, o.cmd_timeout_ms);
     if (o.retry_ms >= 0)
         (void)redsem_options_set_retry_ms(opt, o.retry_ms);
+    if (o.sync_replicas > 0) /* WAIT after grants and refreshes, 300 ms */
+        (void)redsem_options_set_sync_replicas(opt, o.sync_replicas, 300);
     redsem_client *cl = NULL;
     for (;;) {
         char err[256] = "";

@@ -97,8 +97,13 @@ void ts_sentinels_stop(ts_sentinels *c)
 
 int ts_sentinels_primary_port(const ts_sentinels *c)
 {
+    return ts_sentinels_primary_port_of(c, 0);
+}
+
+int ts_sentinels_primary_port_of(const ts_sentinels *c, int i)
+{
     struct timeval tv = {2, 0};
-    redisContext *rc = redisConnectUnixWithTimeout(c->sentinel[0].sock, tv);
+    redisContext *rc = redisConnectUnixWithTimeout(c->sentinel[i].sock, tv);
     if (rc == NULL || rc->err) {
         if (rc)
             redisFree(rc);

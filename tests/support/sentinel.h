@@ -20,5 +20,7 @@ int ts_sentinels_start(ts_sentinels *c);
 void ts_sentinels_stop(ts_sentinels *c);
 /* The port of the primary the first Sentinel names now, or -1. */
 int ts_sentinels_primary_port(const ts_sentinels *c);
+/* The same as Sentinel i (0..2) names it. */
+int ts_sentinels_primary_port_of(const ts_sentinels *c, int i);
 
 #endif
