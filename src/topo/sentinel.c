@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
+#include <sodium.h>
 
 #include "topo/topo.h"
 
@@ -235,9 +236,15 @@ static int sentinel_request(redsem__conn *c, const redsem__args *a, const redsem
     int err_no = 0;
     int io = redsem__conn_write(c, all != NULL ? all : cmd, (size_t)len + (size_t)len2,
                                 deadline_ns, &err_no);
+    /* an AUTH carries the Sentinels' password: zeroed before the memory is freed */
+    sodium_memzero(cmd, (size_t)len);
     redisFreeCommand(cmd);
-    if (cmd2 != NULL)
+    if (cmd2 != NULL) {
+        sodium_memzero(cmd2, (size_t)len2);
         redisFreeCommand(cmd2);
+    }
+    if (all != NULL)
+        sodium_memzero(all, (size_t)len + (size_t)len2);
     redsem__free(all);
     if (io == REDSEM__IO_OK)
         io = redsem__conn_read(c, ret, deadline_ns, &err_no, err, errlen);
