@@ -396,7 +396,10 @@ int redsem__conn_read(redsem__conn *c, redisReply **ret, int64_t deadline_ns, in
             int64_t now = redsem__now_ns();
             if (now >= deadline_ns)
                 return REDSEM__IO_TIMEOUT;
-            if (now + c->io_timeout_ns <= deadline_ns + REDSEM__RECV_SLACK_MS * REDSEM__NS_PER_MS) {
+            /* now + timeout <= deadline + slack, without overflow (a deadline may be
+             * INT64_MAX: none; deadline_ns > now here) */
+            if (deadline_ns - now >=
+                c->io_timeout_ns - REDSEM__RECV_SLACK_MS * REDSEM__NS_PER_MS) {
                 /* blocking: SO_RCVTIMEO (the command timeout) ends by the deadline; if it
                  * ends before it, the loop waits on for the rest */
                 n = recv(c->fd, buf, sizeof buf, 0);
