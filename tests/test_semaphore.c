@@ -750,8 +750,9 @@ static void cycle_requests(redsem_client *c, redsem_sem *s, uint64_t *acq, uint6
 }
 
 /* A fresh client's first acquire and first refresh cost the round trips of a warm client's,
- * whether the server has the scripts cached or not (each script's first call is one EVAL
- * carrying its body; no SCRIPT LOAD round trip). And a locked acquire is two requests, the
+ * whether the server has the scripts cached or not (each script's first call is its SCRIPT
+ * LOAD pipelined before its EVALSHA, one round trip; the SCRIPT LOAD is not counted in
+ * stats.requests). And a locked acquire is two requests, the
  * guard and the script that checks and deletes it: the grant's reply is the last one, so
  * the caller's validity is not shortened by a trailing guard release. A private server: the
  * SCRIPT FLUSH must not disturb the suite's other tests. */
@@ -878,4 +879,139 @@ Test(sem, own_guard_left_by_a_lost_reply_is_taken_again_locked, TO)
     cr_assert_str_eq(out, other, "the other id's guard was touched");
     redsem_sem_free(s);
     redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- script cache eviction */
+
+/* A field of INFO (e.g. "evicted_scripts" in stats, "calls" of "cmdstat_eval" in
+ * commandstats): its number, or -1 if the server does not report it. */
+static long long info_number(const ts_server *srv, const char *section, const char *line,
+                             const char *sub)
+{
+    static char out[1 << 16];
+    cr_assert_eq(ts_command(srv, out, sizeof out, "INFO", section, NULL), 0, "INFO: %s", out);
+    char want[128];
+    snprintf(want, sizeof want, "\n%s:", line);
+    const char *p = strstr(out, want);
+    if (p == NULL)
+        return -1;
+    p += strlen(want);
+    if (sub != NULL) {
+        char s[64];
+        snprintf(s, sizeof s, "%s=", sub);
+        const char *eol = strchr(p, '\r');
+        const char *q = strstr(p, s);
+        if (q == NULL || (eol != NULL && q > eol))
+            return -1;
+        p = q + strlen(s);
+    }
+    return strtoll(p, NULL, 10);
+}
+
+/* Another application EVALs 600 distinct scripts between each of redsem's rounds. Valkey 8
+ * and Redis 7.4 keep at most 500 scripts that came by EVAL (least recently used evicted)
+ * and never evict one loaded by SCRIPT LOAD: redsem's scripts, loaded by SCRIPT LOAD with
+ * their first EVALSHA, must never meet NOSCRIPT (redsem <= 0.4.6 sent bodies by EVAL: 95
+ * NOSCRIPT in 60 pairs on Valkey 8). On a server that does not evict (Redis 7.0) the test
+ * checks the same thing from the server's own counters: every EVAL it ran was the other
+ * application's, and every body redsem sent went by SCRIPT LOAD, once per script. Run it
+ * against another server with REDSEM_REDIS_SERVER=/path/to/valkey-server. */
+STRATEGY_TEST(sem, scripts_survive_an_application_that_evals_many, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    redsem_client *c = tf_client_for(url, -1, 0);
+    redsem_client *d = tf_client_for(url, -1, 0); /* another holder's client */
+    redsem_sem *s = open_sem(c, "evict", strategy, 1, 10000);
+    redsem_sem *ds = open_sem(d, "evict", strategy, 1, 10000);
+    redisContext *app = redisConnectUnix(srv.sock);
+    cr_assert(app != NULL && !app->err);
+    enum { ROUNDS = 5, DISTINCT = 600 };
+    long long evals = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        redsem_permit *p = NULL, *q = NULL;
+        OK(c, redsem_sem_acquire(s, 2000, &p));
+        OK(c, redsem_permit_refresh(p));
+        /* a try that finds the permit taken, then a release that frees it */
+        EXPECT(d, REDSEM_EBUSY, redsem_sem_try_acquire(ds, &q));
+        OK(c, redsem_permit_release(p));
+        OK(d, redsem_sem_acquire(ds, 2000, &q));
+        OK(d, redsem_permit_release(q));
+        redsem_permit_free(p);
+        redsem_permit_free(q);
+        cr_assert_eq(holders_now(s), 0);
+        for (int i = 0; i < DISTINCT; i++) {
+            char body[64];
+            snprintf(body, sizeof body, "return 'application script %d'", round * DISTINCT + i);
+            cr_assert_eq(redisAppendCommand(app, "EVAL %s 0", body), REDIS_OK);
+        }
+        for (int i = 0; i < DISTINCT; i++) {
+            redisReply *r = NULL;
+            cr_assert_eq(redisGetReply(app, (void **)&r), REDIS_OK);
+            cr_assert(r != NULL && r->type == REDIS_REPLY_STRING, "EVAL: %s",
+                      r && r->str ? r->str : "?");
+            freeReplyObject(r);
+        }
+        evals += DISTINCT;
+    }
+    redisFree(app);
+    redsem_client_stats sc, sd;
+    OK(c, redsem_client_get_stats(c, &sc));
+    OK(d, redsem_client_get_stats(d, &sd));
+    cr_assert_eq(sc.noscript + sd.noscript, 0, "redsem met %llu NOSCRIPT replies",
+                 (unsigned long long)(sc.noscript + sd.noscript));
+    long long evicted = info_number(&srv, "stats", "evicted_scripts", NULL);
+    long long eval_calls = info_number(&srv, "commandstats", "cmdstat_eval", "calls");
+    long long load_calls = info_number(&srv, "commandstats", "cmdstat_script|load", "calls");
+    unsigned long long loads = sc.script_loads + sd.script_loads;
+    cr_log_info("%s: evicted_scripts %lld, EVAL calls %lld, SCRIPT LOAD calls %lld, redsem "
+                "loads %llu", ts_redis_server_path(), evicted, eval_calls, load_calls, loads);
+    cr_assert_eq(eval_calls, evals, "the server ran %lld EVALs, the application sent %lld: "
+                 "redsem sent bodies by EVAL", eval_calls, evals);
+    cr_assert_eq(load_calls, (long long)loads, "SCRIPT LOAD calls %lld, redsem's loads %llu",
+                 load_calls, loads);
+    /* each script once per client: sem_open, acquire, refresh, release, status (and
+     * locked: guard_acquire) on c; sem_open, acquire, release (guard_acquire) on d */
+    cr_assert_leq(sc.script_loads, 6, "%llu loads", (unsigned long long)sc.script_loads);
+    cr_assert_leq(sd.script_loads, 4, "%llu loads", (unsigned long long)sd.script_loads);
+    if (evicted >= 0) /* a server that evicts: the application's scripts were evicted */
+        cr_assert_gt(evicted, 0, "the server evicted no script: the test proves nothing here");
+    redsem_sem_free(s);
+    redsem_sem_free(ds);
+    redsem_client_free(c);
+    redsem_client_free(d);
+    ts_server_stop(&srv);
+}
+
+/* A user whose ACL refuses SCRIPT LOAD (but allows EVAL and EVALSHA) loses nothing: the
+ * refused SCRIPT LOAD and the NOSCRIPT of the EVALSHA after it are answered with EVAL of
+ * the body, once per script, and later bodies go by EVAL at once; the NOSCRIPT that follows
+ * a refused SCRIPT LOAD is not counted as a lost script. */
+Test(sem, a_user_without_script_load_sends_bodies_by_eval, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    char out[256], url[512];
+    cr_assert_eq(ts_command(&srv, out, sizeof out, "ACL", "SETUSER", "dave", "on", ">pw",
+                            "~redsem:*", "+@all", "-script", NULL), 0, "%s", out);
+    snprintf(url, sizeof url, "unix://dave:pw@%s", srv.sock);
+    redsem_client *c = tf_client_for(url, -1, 0);
+    redsem_sem *s = open_sem(c, "noload", REDSEM_STRATEGY_FAIR, 1, 10000);
+    for (int i = 0; i < 3; i++) {
+        redsem_permit *p = NULL;
+        OK(c, redsem_sem_acquire(s, 2000, &p));
+        OK(c, redsem_permit_refresh(p));
+        OK(c, redsem_permit_release(p));
+        redsem_permit_free(p);
+    }
+    redsem_client_stats st;
+    OK(c, redsem_client_get_stats(c, &st));
+    cr_assert_eq(st.noscript, 0, "%llu NOSCRIPT counted", (unsigned long long)st.noscript);
+    /* sem_open's SCRIPT LOAD was refused, then its EVAL; the other three by EVAL at once */
+    cr_assert_eq(st.script_loads, 5, "%llu loads", (unsigned long long)st.script_loads);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
 }

@@ -8,8 +8,8 @@
  *
  * Each script's SHA1 (the name EVALSHA calls it by) is computed here with OpenSSL's
  * libcrypto, so that a client knows every script's SHA without asking the server: its first
- * call of a script is one EVAL carrying the body (which also caches it on the server), later
- * calls are EVALSHA. No call costs a SCRIPT LOAD round trip.
+ * call of a script is SCRIPT LOAD of the body pipelined before the EVALSHA (one round trip),
+ * later calls are EVALSHA alone (src/node/script.c).
  *
  * The prelude is a header followed by helper blocks, each starting with a line
  * "-- @fn NAME". A block is copied into a script only if the script, or a block already

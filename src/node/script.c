@@ -1,5 +1,6 @@
-/* redsem - the node's script cache: every script's SHA1 is known at build time; EVAL with the
- * body on first use, EVALSHA after, EVAL again after NOSCRIPT. */
+/* redsem - the node's script cache: every script's SHA1 is known at build time; SCRIPT LOAD
+ * pipelined before the EVALSHA on first use, EVALSHA alone after, the pair again after
+ * NOSCRIPT. */
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -8,12 +9,24 @@
 
 #define REDSEM__NOSCRIPT_RETRIES 5
 
+static bool error_starts(const redisReply *r, const char *word)
+{
+    return r->type == REDIS_REPLY_ERROR && r->str != NULL &&
+           strncmp(r->str, word, strlen(word)) == 0;
+}
+
 /* Every script's SHA1 is known at build time (tools/embed-lua.c). A script this client has
- * not run yet goes out as EVAL with its body, which runs it and caches it on the server in
- * the same round trip; after that, EVALSHA. A NOSCRIPT reply (SCRIPT FLUSH, a restart, a
- * failover to a server that never saw it) is answered with EVAL of the body: one more round
- * trip only when the server really lost the script, never a SCRIPT LOAD. NOSCRIPT means the
- * script did not run, so sending it again is safe whatever the call. */
+ * not run yet on a server goes out as SCRIPT LOAD with its body followed by its EVALSHA, in
+ * one write: one round trip, whose replies are SCRIPT LOAD's (the SHA1) then EVALSHA's. After
+ * that, EVALSHA alone. SCRIPT LOAD rather than EVAL with the body: Valkey 8 and Redis 7.4
+ * keep at most 500 scripts that came by EVAL, evicting the least recently used, and never
+ * evict one loaded by SCRIPT LOAD (nor one sent by EVAL and loaded since), so another
+ * application that EVALs many distinct scripts on the same server cannot push redsem's
+ * out. A NOSCRIPT reply (SCRIPT FLUSH, a restart, a failover to a server that never saw it)
+ * is answered the same way: one more round trip only when the server really lost the script.
+ * NOSCRIPT means the script did not run, so sending it again is safe whatever the call. A
+ * server that refuses SCRIPT LOAD (an ACL without script|load, a renamed command) gets the
+ * body by EVAL from then on (the script cache's eval_body), as redsem <= 0.4.6 sent it. */
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *ka, int flags,
                  redsem__req_info *info, redisReply **ret_reply)
 {
@@ -27,9 +40,17 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
     bool resend_body = false; /* after a NOSCRIPT: the body, whatever another lane marked */
     for (int attempt = 0;; attempt++) {
         bool body = resend_body || !atomic_load(&n->scripts->sent[script]);
-        redsem__args a;
+        /* load: SCRIPT LOAD before the EVALSHA; else the body by EVAL (SCRIPT LOAD refused) */
+        bool load = body && !atomic_load(&n->scripts->eval_body);
+        redsem__args a, la;
         redsem__args_init(&a);
-        if (body) {
+        redsem__args_init(&la);
+        if (load) {
+            redsem__args_str(&la, "SCRIPT");
+            redsem__args_str(&la, "LOAD");
+            redsem__args_mem(&la, d->text, d->len);
+        }
+        if (body && !load) {
             redsem__args_str(&a, "EVAL");
             redsem__args_mem(&a, d->text, d->len);
         } else {
@@ -39,7 +60,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         redsem__args_i64(&a, nkeys);
         for (int i = 0; i < ka->n; i++)
             redsem__args_mem(&a, ka->v[i], ka->len[i]);
-        redisReply *r = NULL, *w = NULL;
+        redisReply *r = NULL, *w = NULL, *lr = NULL;
         /* WAIT N timeout after a write that must reach the replicas: in the same write, so
          * in the same round trip; the reply says how many acknowledged (replication is
          * asynchronous: this is how long the caller waits for it, not a guarantee) */
@@ -49,8 +70,8 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         redsem__args_str(&wa, "WAIT");
         redsem__args_i64(&wa, n->sync_replicas);
         redsem__args_i64(&wa, n->sync_timeout_ms);
-        int rc = redsem__node_request2(n, &a, sync ? &wa : NULL, flags, 0, &r, sync ? &w : NULL,
-                                       info);
+        int rc = redsem__node_request3(n, load ? &la : NULL, &a, sync ? &wa : NULL, flags, 0,
+                                       load ? &lr : NULL, &r, sync ? &w : NULL, info);
         if (rc == REDSEM_OK && sync) {
             /* The script ran whatever WAIT says: a refused or odd WAIT counts as no replica
              * (the caller then gives a grant back), with the reason in errmsg. */
@@ -73,12 +94,26 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
             return rc;
         if (body)
             REDSEM__COUNT(n->ctx, script_loads, 1);
+        /* SCRIPT LOAD answered the SHA1: the server holds the script, whatever the EVALSHA
+         * after it met (a redirection, an error from inside the script). Refused (not a
+         * compile error, which only a broken build makes): send bodies by EVAL from now on. */
+        bool refused = false;
+        if (lr != NULL) {
+            if (lr->type == REDIS_REPLY_STRING)
+                atomic_store(&n->scripts->sent[script], true);
+            else if (lr->type == REDIS_REPLY_ERROR && !error_starts(lr, "ERR Error compiling"))
+                refused = true;
+            freeReplyObject(lr);
+        }
         /* Each NOSCRIPT gets one retry with the body; a server whose cache is flushed again
          * between the two (SCRIPT FLUSH in a loop) gets a few more, then the error. */
-        if (!body && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0 &&
+        if (!(body && !load) && error_starts(r, "NOSCRIPT") &&
             attempt < REDSEM__NOSCRIPT_RETRIES) {
             freeReplyObject(r);
-            REDSEM__COUNT(n->ctx, noscript, 1);
+            if (refused)
+                atomic_store(&n->scripts->eval_body, true); /* not a lost script */
+            else
+                REDSEM__COUNT(n->ctx, noscript, 1);
             atomic_store(&n->scripts->sent[script], false);
             resend_body = true;
             continue;
@@ -87,7 +122,8 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
          * script leaves it cached too); a compile error could only come from a broken build
          * and is reported below each time. */
         if (r->type != REDIS_REPLY_ERROR ||
-            (strncmp(r->str, "ERR Error compiling", 19) != 0 && !redsem__redirect_reply(r)))
+            (!error_starts(r, "ERR Error compiling") && !error_starts(r, "NOSCRIPT") &&
+             !redsem__redirect_reply(r)))
             atomic_store(&n->scripts->sent[script], true); /* (a redirection ran nothing) */
         if (r->type == REDIS_REPLY_ERROR) {
             rc = redsem__node_error_reply(n, r, d->name);
@@ -126,12 +162,6 @@ static void eval_alone(redsem__node *n, redsem__batch_item *it, bool maybe)
     if (maybe && it->info != NULL)
         it->info->maybe_applied = true;
     text_copy(it->errmsg, n->ctx->errmsg);
-}
-
-static bool error_starts(const redisReply *r, const char *word)
-{
-    return r->type == REDIS_REPLY_ERROR && r->str != NULL &&
-           strncmp(r->str, word, strlen(word)) == 0;
 }
 
 /* Format every item's EVALSHA into one buffer; NULL without memory. */
