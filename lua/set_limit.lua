@@ -1,8 +1,10 @@
 -- set_limit: change the recorded limit; basic: wake as many waiters as there are new
 -- permits; fair and locked: hand the new permits to the head of the queue (grant_heads).
 -- KEYS: basic: 1 meta, 2 holders, 3 waiters, 4 signal;
---       fair/locked: 1 meta, 2 owners, 3 timeouts, 4 wake-up list prefix.
--- ARGV: 1 strategy, 2 new limit.  Returns {old limit}.
+--       fair/locked: 1 meta, 2 owners, 3 timeouts, 4 wake-up list prefix (not a key: unused
+--       since 0.4.7).
+-- ARGV: 1 strategy, 2 new limit.  Returns {old limit}; fair/locked, waiters granted:
+-- {'wake', {old limit}, wake-ups...}, which the caller pushes (prelude.lua's grant_heads).
 local now, now_us, now_us_str = clock()
 local meta, strategy, limit = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'exp', 'used', 'fence')
@@ -27,7 +29,8 @@ if limit > old then
   else
     local st = {used = tonumber(m[4]) or 0, fence = m[5], now_us = now_us,
       now_us_str = now_us_str}
-    grant_heads(meta, KEYS[2], KEYS[3], KEYS[4], limit, st, nil, 1)
+    grant_heads(meta, KEYS[2], KEYS[3], limit, st, nil, 1)
+    return with_wakes(st, {old})
   end
 end
 return {old}

@@ -48,6 +48,8 @@ static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args
     int rc = redsem__eval(c, script, nkeys, a, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, info, &r);
     if (rc != REDSEM_OK)
         return rc;
+    /* fair, locked: other waiters this attempt granted (a cleanup, a waiter leaving) */
+    (void)redsem__wake_push(c, s->k_sigprefix, &r);
     rc = redsem__parse_attempt(c, r, att, redsem__script_defs[script].name);
     freeReplyObject(r);
     if (rc == REDSEM_OK)
@@ -436,7 +438,15 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
     redsem__args_i64(&a, p->weight);
     redsem__req_info info;
     long long st;
-    int rc = redsem__eval_status(c, script, 4, &a, REDSEM__REQ_RETRY, &info, "release", &st);
+    redisReply *r = NULL;
+    int rc = redsem__eval(c, script, 4, &a, REDSEM__REQ_RETRY, &info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    /* fair, locked: the waiters this release granted are woken here, a second round trip
+     * (their lists are data the script could not name in KEYS: docs/design.md section 5) */
+    (void)redsem__wake_push(c, s->k_sigprefix, &r);
+    rc = redsem__reply_status(c, r, "release", &st);
+    freeReplyObject(r);
     if (rc != REDSEM_OK)
         return rc;
     /* After a lost reply the request was re-sent; "not held" then may mean that the first copy
@@ -475,8 +485,13 @@ int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_i64(&a, limit);
     long long old;
-    rc = redsem__eval_status(c, REDSEM__SCRIPT_SET_LIMIT, 4, &a, REDSEM__REQ_RETRY, NULL,
-                             "set_limit", &old);
+    redisReply *r = NULL;
+    rc = redsem__eval(c, REDSEM__SCRIPT_SET_LIMIT, 4, &a, REDSEM__REQ_RETRY, NULL, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    (void)redsem__wake_push(c, s->k_sigprefix, &r); /* fair, locked: the waiters granted */
+    rc = redsem__reply_status(c, r, "set_limit", &old);
+    freeReplyObject(r);
     if (rc == REDSEM_OK)
         s->limit = limit;
     return rc;

@@ -1015,3 +1015,119 @@ Test(sem, a_user_without_script_load_sends_bodies_by_eval, TO)
     redsem_client_free(c);
     ts_server_stop(&srv);
 }
+
+/* ---------------------------------------------------------------- planted wake-up fields */
+
+/* Every key name on srv, sorted, one per line, into out. */
+static void all_keys(const ts_server *srv, char *out, size_t outlen)
+{
+    redisContext *rc = redisConnectUnix(srv->sock);
+    cr_assert(rc != NULL && !rc->err);
+    redisReply *r = redisCommand(rc, "KEYS *");
+    cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    out[0] = '\0';
+    for (size_t i = 0; i < r->elements; i++) {
+        size_t l = strlen(out);
+        snprintf(out + l, outlen - l, "%s\n", r->element[i]->str);
+    }
+    freeReplyObject(r);
+    redisFree(rc);
+}
+
+/* The c:<id> and L:<id> fields of a fair semaphore's meta hash are data: a user who can
+ * write the semaphore's keys could plant a waiter whose "client id list" is any key, and a
+ * "lease" that makes a write fail after others. A release that grants such a waiter must
+ * write nothing outside redsem's keys (no key outside the prefix is created or changed) and
+ * must not fail halfway (it returns REDSEM_OK, and the waiter holds the permit with a sane
+ * deadline). A private server: the test lists every key. */
+Test(sem, planted_wake_fields_write_nothing_outside_redsem, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    redsem_client *c = tf_client_for(url, -1, 0);
+    redisContext *rc = redisConnectUnix(srv.sock);
+    cr_assert(rc != NULL && !rc->err);
+    /* someone else's keys: a list, a hash, a string */
+    freeReplyObject(redisCommand(rc, "RPUSH victim keep"));
+    freeReplyObject(redisCommand(rc, "HSET victim:hash f v"));
+    freeReplyObject(redisCommand(rc, "SET victim:string v"));
+    static const char *const lists[] = {
+        "victim", "victim:hash", "victim:string", "other:wake:0123456789abcdef:ids",
+        "redsem:wake:0123456789ABCDEF:ids", "redsem:wake:0123456789abcdef:ids:x", "",
+    };
+    static const char *const leases[] = {
+        "inf", "1e400", "nan", "-5", "0", "99999999999999999999", "abc", "", "2592000001",
+        "1e3", " 10", "10000",
+    };
+    const char *fake = "abababababababababababababababababababab"; /* a holder id's form */
+    int n = 0;
+    for (size_t li = 0; li < sizeof lists / sizeof *lists; li++)
+        for (size_t ei = 0; ei < sizeof leases / sizeof *leases; ei++) {
+            char name[64];
+            snprintf(name, sizeof name, "planted%d", n++);
+            redsem_sem *s = open_sem(c, name, REDSEM_STRATEGY_FAIR, 1, 10000);
+            redsem_permit *p = NULL;
+            OK(c, redsem_sem_try_acquire(s, &p));
+            /* a queued waiter planted by hand, with a wait lease of a minute */
+            redisReply *r = redisCommand(rc, "EVAL %s 3 redsem:{%s}:meta redsem:{%s}:owners "
+                                         "redsem:{%s}:timeouts %s %s %s",
+                                         "local t = redis.call('TIME') "
+                                         "redis.call('ZADD', KEYS[2], '1', ARGV[1]) "
+                                         "redis.call('ZADD', KEYS[3], t[1] * 1000 + 60000, "
+                                         "ARGV[1]) "
+                                         "redis.call('HSET', KEYS[1], 'q', '1', 'c:' .. ARGV[1], "
+                                         "ARGV[2], 'L:' .. ARGV[1], ARGV[3]) "
+                                         "return 1",
+                                         name, name, name, fake, lists[li], leases[ei]);
+            cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER, "plant: %s",
+                      r && r->str ? r->str : "?");
+            freeReplyObject(r);
+            OK(c, redsem_permit_release(p));
+            redsem_permit_free(p);
+            /* the planted waiter holds the permit, with a deadline within a minute from now
+             * (its wait lease, or a direct grant of at most the lease it asked for) */
+            redsem_status *st = NULL;
+            OK(c, redsem_sem_status(s, 4, &st));
+            cr_assert_eq(redsem_status_holder_count(st), 1, "list '%s', lease '%s'", lists[li],
+                         leases[ei]);
+            cr_assert_eq(redsem_status_waiter_count(st), 0);
+            int64_t left = -1;
+            cr_assert_eq(redsem_status_holder(st, 0, NULL, NULL, &left), REDSEM_OK);
+            cr_assert(left > 0 && left <= 60000, "list '%s', lease '%s': %lld ms left",
+                      lists[li], leases[ei], (long long)left);
+            redsem_status_free(st);
+            r = redisCommand(rc, "PTTL redsem:{%s}:meta", name);
+            cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 10000,
+                      "list '%s', lease '%s': meta's TTL %lld", lists[li], leases[ei],
+                      r ? r->integer : -9);
+            freeReplyObject(r);
+            redsem_sem_free(s);
+        }
+    /* nothing outside the prefix was created or changed */
+    char keys[1 << 16];
+    all_keys(&srv, keys, sizeof keys);
+    for (char *line = keys, *nl; *line != '\0'; line = nl + 1) {
+        nl = strchr(line, '\n');
+        *nl = '\0';
+        cr_assert(strncmp(line, "redsem:", 7) == 0 || strcmp(line, "victim") == 0 ||
+                      strcmp(line, "victim:hash") == 0 || strcmp(line, "victim:string") == 0,
+                  "a key outside redsem's: '%s'", line);
+        cr_assert(strstr(line, "0123456789") == NULL, "a planted list was written: '%s'",
+                  line);
+    }
+    redisReply *r = redisCommand(rc, "LRANGE victim 0 -1");
+    cr_assert(r != NULL && r->elements == 1 && strcmp(r->element[0]->str, "keep") == 0,
+              "the list 'victim' was written (%zu elements)", r ? r->elements : 0);
+    freeReplyObject(r);
+    r = redisCommand(rc, "HLEN victim:hash");
+    cr_assert(r != NULL && r->integer == 1);
+    freeReplyObject(r);
+    r = redisCommand(rc, "PTTL victim");
+    cr_assert(r != NULL && r->integer == -1, "the list 'victim' was given a TTL");
+    freeReplyObject(r);
+    redisFree(rc);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
