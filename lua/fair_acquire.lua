@@ -33,7 +33,9 @@
 -- or waits for another weight; {-5, limit, now us} n exceeds the limit (a queued waiter
 -- then leaves the queue). -3, -4 and -5 write nothing else. Where this call granted other
 -- waiters (a cleanup, a waiter leaving), the reply comes as {'wake', reply, wake-ups...}
--- (prelude.lua's with_wakes).
+-- (prelude.lua's with_wakes). An error 'PARTIAL ...' when the meta hash is gone while
+-- timeouts has live entries (prelude.lua's partly_missing), before anything is written
+-- (locked: after the guard's deletion).
 -- locked: the guard is checked first and deleted at once (the compare-and-delete that the
 -- book runs after the acquire): the script is atomic, so nothing can run between the
 -- deletion and the rest of the script, and the caller gets the grant one round trip sooner.
@@ -61,6 +63,10 @@ local direct = list ~= nil and ARGV[11] == '1'
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'used', 'q',
   'w:' .. id, 'L:' .. id)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
+if not m[1] then
+  local e = partly_missing(meta, timeouts, now)
+  if e then return e end
+end
 local limit_str = m[2] or ARGV[2]
 local limit = tonumber(limit_str)
 local st = {used = tonumber(m[6]) or 0, fence = m[3], now_us = now_us, now_us_str = now_us_str}

@@ -14,7 +14,12 @@ local meta, owners, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
 local tkey, wkey = 't:' .. id, 'w:' .. id
 local m = redis.call('HMGET', meta, tkey, wkey, 'limit', 'fence')
-if not m[1] then return -1 end
+if not m[1] then
+  -- the meta hash gone (evicted): this permit's record is lost, and its entry would keep
+  -- the semaphore refused (prelude.lua's partly_missing) until its lease ends
+  if not m[3] then redis.call('ZREM', timeouts, id) end
+  return -1
+end
 -- read before the first write: a foreign key at owners fails the release before it changes
 -- anything (the scripts' convention, prelude.lua)
 local waiting = redis.call('ZCARD', owners) > 0

@@ -1131,3 +1131,45 @@ Test(sem, planted_wake_fields_write_nothing_outside_redsem, TO)
     redsem_client_free(c);
     ts_server_stop(&srv);
 }
+
+/* ---------------------------------------------------------------- partly evicted keys */
+
+/* A server whose maxmemory policy evicts keys (anything but noeviction) may evict the meta
+ * hash alone. The next acquire then found a "new" semaphore and, the meta hash's count gone
+ * (fair: used; basic: extra, the weights above 1), granted past the limit: a second holder
+ * of a limit-1 fair semaphore, a third and fourth permit of a limit-2 basic one held by a
+ * weight-2 permit (issue 29.3). The scripts refuse instead while the deadline set has live
+ * entries, with an error that says so; nothing is granted or written. The holder's release
+ * finds its record gone (REDSEM_ELOST) and removes its entry, after which the name works
+ * again. */
+STRATEGY_TEST(sem, an_evicted_meta_hash_gives_no_second_holder, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("evicted");
+    uint32_t limit = strategy == REDSEM_STRATEGY_BASIC ? 2 : 1;
+    redsem_sem *s = open_sem(c, name, strategy, limit, 10000);
+    redsem_permit *p = NULL, *q = NULL;
+    OK(c, redsem_sem_acquire_n(s, limit, 1000, &p));
+    char meta[600];
+    snprintf(meta, sizeof meta, "redsem:{%s}:meta", name);
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "DEL", meta, NULL), 0);
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_try_acquire(s, &q));
+    cr_assert(strstr(redsem_client_errmsg(c), "partly missing (evicted?)") != NULL, "%s",
+              redsem_client_errmsg(c));
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_acquire(s, 200, &q));
+    cr_assert_null(q);
+    char out[64];
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "EXISTS", meta, NULL), 0);
+    cr_assert_str_eq(out, "0", "the refused acquires wrote the meta hash");
+    if (strategy == REDSEM_STRATEGY_BASIC) {
+        OK(c, redsem_permit_release(p)); /* basic: its entry is the holders set's */
+    } else {
+        EXPECT(c, REDSEM_ELOST, redsem_permit_release(p));
+    }
+    OK(c, redsem_sem_try_acquire(s, &q));
+    OK(c, redsem_permit_release(q));
+    redsem_permit_free(p);
+    redsem_permit_free(q);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
