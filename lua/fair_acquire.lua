@@ -5,7 +5,9 @@
 --       w:<id> -> weight of a holder or waiter of more than one permit)
 --       2 owners (zset: the queue, waiter id -> arrival number), 3 timeouts (zset id ->
 --       deadline, ms, of holders and waiters), 4 wake-up list prefix (not a key: unused
---       since 0.4.7, kept in its place), 5 guard (locked only)
+--       since 0.4.7, kept in its place), 5 guard (locked only), 6 and 7 (optional, one
+--       server only) the caller's client's id list and its bell: a waiter of this client
+--       granted here is woken there at once (grant_heads), the others by the caller
 -- ARGV: 1 id, 2 limit (used if new), 3 lease ms, 4 mode (0 try, 1 wait, 2 again, 3 last),
 --       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked),
 --       8 not after (server us; 0: none), 9 weight n (permits wanted, >= 1; absent: 1),
@@ -46,7 +48,7 @@ if strategy == 'locked' then
 end
 local now, now_us, now_us_str = clock()
 if too_late(ARGV[8], now_us, now_us_str) then return {-3, now_us} end
-local meta, owners, timeouts = KEYS[1], KEYS[2], KEYS[3]
+local meta, owners, timeouts, own, own_bell = KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7]
 -- Cheap conversions on the hot path, as in basic_acquire.lua: mode compared as a string,
 -- the client's numbers converted by arithmetic, numbers passed to redis.call as strings.
 local id, mode = ARGV[1], ARGV[4]
@@ -106,7 +108,7 @@ end
 -- grant_heads(), then the keys' expiry as it left it: a direct grant may have moved it
 -- (st.exp), past what this request would set (exp) or not
 local function grant(self_id, selfw)
-  local got = grant_heads(meta, owners, timeouts, limit, st, self_id, selfw)
+  local got = grant_heads(meta, owners, timeouts, limit, st, self_id, selfw, own, own_bell)
   if st.exp then
     m[4] = st.exp
     if exp and exp <= st.exp then exp = nil end

@@ -147,11 +147,13 @@ end
 -- ZRANGE of the head, HMGET of its weight, wake-up list, lease and the keys' expiry, ZREM,
 -- HSET, then ZSCORE, ZADD (+ HSET and 3 PEXPIREAT when the expiry moves) for a direct grant,
 -- HDEL of its c: and L: fields.
--- The wake-up is not pushed here: the list it goes to is named by data (the waiter's id, or
--- the id list its client recorded), and a script may only touch the keys it was given. It is
--- appended to st.wakes, which the script returns to its caller ({'wake', reply, kind,
--- target, element, ...}: with_wakes), and the caller pushes it with wake_push.lua, naming the
--- list in KEYS (src/wake.c, redsem__wake_push; docs/design.md section 5). Two kinds:
+-- The wake-up goes to a list named by data (the waiter's id, or the id list its client
+-- recorded), and a script may only touch the keys it was given: pushed here only when it is
+-- the caller's own id list, `own` (a declared key, with its bell `own_bell`: the caller's
+-- client; nil in a cluster), as wake_push.lua pushes; otherwise appended to st.wakes, which
+-- the script returns to its caller ({'wake', reply, kind, target, element, ...}:
+-- with_wakes), and the caller pushes it with wake_push.lua, naming the list in KEYS
+-- (src/wake.c, redsem__wake_push; docs/design.md section 2). Two kinds:
 -- 'i' target = the client's id list recorded by the waiter (c:<id>, fair_acquire.lua's
 --   ARGV[10]; redsem >= 0.4.3 on one server, not a cluster): "<id> <meta key>" is pushed
 --   there (RPUSH: oldest first), one list per client for all its fair waiters, which the
@@ -172,7 +174,7 @@ end
 -- for a waiter without L:, the permit keeps the deadline the wait lease gave it, the element
 -- is "<id> <meta key>" (the meta key tells apart one id's waits on two semaphores), and the
 -- waiter's next attempt takes it with its lease: the same path as an idempotent retry.
-local function grant_heads(meta, owners, timeouts, limit, st, self, selfw)
+local function grant_heads(meta, owners, timeouts, limit, st, self, selfw, own, own_bell)
   local got = nil
   while st.used < limit do
     local h = redis.call('ZRANGE', owners, '0', '0')[1]
@@ -221,14 +223,24 @@ local function grant_heads(meta, owners, timeouts, limit, st, self, selfw)
     if h == self then
       got = tok
     else
-      local w = st.wakes or {}
-      st.wakes = w
+      local e = '1'
       if list then
-        local e = h .. ' ' .. meta
+        e = h .. ' ' .. meta
         if direct then e = e .. ' ' .. tok_str .. ' ' .. st.now_us_str .. ' ' .. lease end
-        w[#w + 1] = 'i'; w[#w + 1] = list; w[#w + 1] = e
+      end
+      if list and list == own then
+        -- pcall: a foreign key of another type there, or an ACL that does not cover it,
+        -- loses this wake-up only (its waiter's poll finds the grant)
+        if redis.pcall('RPUSH', own, e) == 1 then
+          redis.call('PEXPIRE', own, IDLE_STR)
+          if redis.pcall('RPUSH', own_bell, e) == 1 then
+            redis.call('PEXPIRE', own_bell, IDLE_STR)
+          end
+        end
       else
-        w[#w + 1] = 's'; w[#w + 1] = h; w[#w + 1] = '1'
+        local w = st.wakes or {}
+        st.wakes = w
+        w[#w + 1] = list and 'i' or 's'; w[#w + 1] = list or h; w[#w + 1] = e
       end
     end
   end

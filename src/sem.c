@@ -110,6 +110,19 @@ static bool wake_by_id(const redsem_sem *s)
     return s->strategy != REDSEM_STRATEGY_BASIC && s->client->ep.kind != REDSEM__EP_CLUSTER;
 }
 
+/* Fair and locked on one server: the client's id list and its bell as two more KEYS (after
+ * nkeys), so that a script that grants a waiter of this same client wakes it at once; the
+ * waiters of other clients are woken by this client after the reply (redsem__wake_push), their
+ * lists being no key the script was given. The number of KEYS. */
+static int own_wake_keys(const redsem_sem *s, redsem__args *a, int nkeys)
+{
+    if (!wake_by_id(s))
+        return nkeys;
+    redsem__args_str(a, s->client->wake_ids);
+    redsem__args_str(a, s->client->wake_bell);
+    return nkeys + 2;
+}
+
 static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
                         redsem__req_info *info)
 {
@@ -138,6 +151,7 @@ static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, reds
     redsem__args_str(&a, s->k_timeouts);
     redsem__args_str(&a, s->k_sigprefix);
     redsem__args_str(&a, s->k_guard);
+    int nkeys = own_wake_keys(s, &a, 5);
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
     redsem__args_i64(&a, s->limit);
     redsem__args_i64(&a, s->lease_ms);
@@ -159,7 +173,7 @@ static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, reds
      * did not run (a timeout, a lost connection, a refusal), the guard expires after
      * guard_lease_ms: one more request to a server that did not answer would double this
      * call's time, which must end one command timeout after the attempt's request was sent. */
-    return eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, info, att);
+    return eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, nkeys, &a, info, att);
 }
 
 static const char *basic_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)
@@ -420,7 +434,7 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
     redsem_sem *s = h;
     redsem__args a;
     redsem__args_init(&a);
-    int script;
+    int script, nkeys = 4;
     redsem__args_str(&a, s->k_meta);
     if (is_basic(s)) {
         script = REDSEM__SCRIPT_BASIC_RELEASE;
@@ -432,6 +446,7 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
         redsem__args_str(&a, s->k_owners);
         redsem__args_str(&a, s->k_timeouts);
         redsem__args_str(&a, s->k_sigprefix);
+        nkeys = own_wake_keys(s, &a, 4);
     }
     redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
     /* the weight: a release of weight 1 then reads nothing more on the server (basic) */
@@ -439,7 +454,7 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
     redsem__req_info info;
     long long st;
     redisReply *r = NULL;
-    int rc = redsem__eval(c, script, 4, &a, REDSEM__REQ_RETRY, &info, &r);
+    int rc = redsem__eval(c, script, nkeys, &a, REDSEM__REQ_RETRY, &info, &r);
     if (rc != REDSEM_OK)
         return rc;
     /* fair, locked: the waiters this release granted are woken here, a second round trip
@@ -482,11 +497,12 @@ int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
     redsem__args_str(&a, is_basic(s) ? s->k_holders : s->k_owners);
     redsem__args_str(&a, is_basic(s) ? s->k_waiters : s->k_timeouts);
     redsem__args_str(&a, is_basic(s) ? s->k_signal : s->k_sigprefix);
+    int nkeys = own_wake_keys(s, &a, 4);
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_i64(&a, limit);
     long long old;
     redisReply *r = NULL;
-    rc = redsem__eval(c, REDSEM__SCRIPT_SET_LIMIT, 4, &a, REDSEM__REQ_RETRY, NULL, &r);
+    rc = redsem__eval(c, REDSEM__SCRIPT_SET_LIMIT, nkeys, &a, REDSEM__REQ_RETRY, NULL, &r);
     if (rc != REDSEM_OK)
         return rc;
     (void)redsem__wake_push(c, s->k_sigprefix, &r); /* fair, locked: the waiters granted */
