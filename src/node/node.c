@@ -166,11 +166,11 @@ static int raw_roundtrip_n(redsem__node *n, const char *cmd, size_t len, int64_t
 }
 
 int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
-                                 redisReply **rets, int k, bool *written)
+                                 redisReply **rets, int k, int uncounted, bool *written)
 {
     char err[256];
     int64_t dl = n->ctx->deadline_cap_ns; /* 0: the socket's timeout (the command timeout) */
-    int rc = raw_roundtrip_n(n, cmd, len, dl, rets, k, 0, written, err, sizeof err);
+    int rc = raw_roundtrip_n(n, cmd, len, dl, rets, k, uncounted, written, err, sizeof err);
     if (rc != REDSEM_OK) {
         drop_connection(n);
         redsem__ctx_err(n->ctx, rc, "%s", err);

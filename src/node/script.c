@@ -164,20 +164,30 @@ static void eval_alone(redsem__node *n, redsem__batch_item *it, bool maybe)
     text_copy(it->errmsg, n->ctx->errmsg);
 }
 
-/* Format every item's EVALSHA into one buffer; NULL without memory. */
-static char *format_batch(redsem__batch_item *const *items, int k, size_t *len)
+/* Format a SCRIPT LOAD of each of the nload scripts, then every item's EVALSHA, into one
+ * buffer; NULL without memory. */
+static char *format_batch(const int *loads, int nload, redsem__batch_item *const *items, int k,
+                          size_t *len)
 {
     char *all = NULL;
     size_t total = 0;
-    for (int i = 0; i < k; i++) {
-        const redsem__script_def *d = &redsem__script_defs[items[i]->script];
+    for (int i = 0; i < nload + k; i++) {
         redsem__args a;
         redsem__args_init(&a);
-        redsem__args_str(&a, "EVALSHA");
-        redsem__args_mem(&a, d->sha, 40);
-        redsem__args_i64(&a, items[i]->nkeys);
-        for (int j = 0; j < items[i]->ka->n; j++)
-            redsem__args_mem(&a, items[i]->ka->v[j], items[i]->ka->len[j]);
+        if (i < nload) {
+            const redsem__script_def *d = &redsem__script_defs[loads[i]];
+            redsem__args_str(&a, "SCRIPT");
+            redsem__args_str(&a, "LOAD");
+            redsem__args_mem(&a, d->text, d->len);
+        } else {
+            const redsem__batch_item *it = items[i - nload];
+            const redsem__script_def *d = &redsem__script_defs[it->script];
+            redsem__args_str(&a, "EVALSHA");
+            redsem__args_mem(&a, d->sha, 40);
+            redsem__args_i64(&a, it->nkeys);
+            for (int j = 0; j < it->ka->n; j++)
+                redsem__args_mem(&a, it->ka->v[j], it->ka->len[j]);
+        }
         char *cmd = NULL;
         int l = redsem__args_format(&a, &cmd);
         char *grown = l < 0 ? NULL : redsem__realloc(all, total + (size_t)l);
@@ -200,10 +210,20 @@ void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
 {
     bool alone[REDSEM__BATCH_MAX], maybe[REDSEM__BATCH_MAX];
     bool batch = k > 1 && n->connected && !n->cluster && !n->asking;
+    bool eval_body = atomic_load(&n->scripts->eval_body);
+    /* the scripts the server is not known to hold: loaded first, in the same write */
+    int loads[REDSEM__BATCH_MAX], nload = 0;
+    bool refused[REDSEM__SCRIPT_COUNT] = {false};
     for (int i = 0; i < k; i++) {
-        alone[i] = !batch || !atomic_load(&n->scripts->sent[items[i].script]) ||
+        bool known = atomic_load(&n->scripts->sent[items[i].script]);
+        alone[i] = !batch || (!known && eval_body) ||
                    ((items[i].flags & REDSEM__REQ_SYNC) && n->sync_replicas > 0);
         maybe[i] = false;
+        int l = 0;
+        while (!alone[i] && !known && l < nload && loads[l] != items[i].script)
+            l++;
+        if (!alone[i] && !known && l == nload)
+            loads[nload++] = items[i].script;
     }
     int nbatch = 0;
     redsem__batch_item *sub[REDSEM__BATCH_MAX];
@@ -214,20 +234,35 @@ void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
             sub[nbatch++] = &items[i];
         }
     if (nbatch == 1) {
-        alone[idx[0]] = true;
-        nbatch = 0;
+        alone[idx[0]] = true; /* (its SCRIPT LOAD goes with it there) */
+        nbatch = nload = 0;
     }
     if (nbatch > 0) {
         size_t len = 0;
-        char *cmd = format_batch(sub, nbatch, &len);
-        redisReply *rets[REDSEM__BATCH_MAX];
+        char *cmd = format_batch(loads, nload, sub, nbatch, &len);
+        redisReply *all[2 * REDSEM__BATCH_MAX], **rets = all + nload;
         bool written = false;
         int64_t sent = redsem__now_ns();
         int rc = cmd == NULL ? redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory")
-                             : redsem__node_roundtrip_batch(n, cmd, len, rets, nbatch, &written);
+                             : redsem__node_roundtrip_batch(n, cmd, len, all, nload + nbatch,
+                                                            nload, &written);
         redsem__free(cmd);
-        if (written)
+        if (written) {
             REDSEM__COUNT(n->ctx, pipelined, (uint64_t)nbatch);
+            REDSEM__COUNT(n->ctx, script_loads, (uint64_t)nload);
+        }
+        /* as in redsem__node_eval: a SCRIPT LOAD that answered the SHA1 cached the script; a
+         * refused one (not a compile error) sends bodies by EVAL from now on, and the
+         * NOSCRIPT of its EVALSHAs is no lost script */
+        for (int l = 0; l < nload && rc == REDSEM_OK; l++) {
+            if (all[l]->type == REDIS_REPLY_STRING)
+                atomic_store(&n->scripts->sent[loads[l]], true);
+            else if (!error_starts(all[l], "ERR Error compiling")) {
+                refused[loads[l]] = true;
+                atomic_store(&n->scripts->eval_body, true);
+            }
+            freeReplyObject(all[l]);
+        }
         int64_t recv = redsem__now_ns();
         for (int j = 0; j < nbatch; j++) {
             redsem__batch_item *it = sub[j];
@@ -250,7 +285,8 @@ void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
                 error_starts(r, "READONLY") || redsem__redirect_reply(r)) {
                 /* nothing ran: the whole story (a body, a wait, a new primary) alone */
                 if (error_starts(r, "NOSCRIPT")) {
-                    REDSEM__COUNT(n->ctx, noscript, 1);
+                    if (!refused[it->script])
+                        REDSEM__COUNT(n->ctx, noscript, 1);
                     atomic_store(&n->scripts->sent[it->script], false);
                 }
                 freeReplyObject(r);
