@@ -457,8 +457,9 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
     int rc = redsem__eval(c, script, nkeys, &a, REDSEM__REQ_RETRY, &info, &r);
     if (rc != REDSEM_OK)
         return rc;
-    /* fair, locked: the waiters this release granted are woken here, a second round trip
-     * (their lists are data the script could not name in KEYS: docs/design.md section 5) */
+    /* fair, locked: the waiters of other clients this release granted are woken here, a
+     * second round trip (their lists are data the script could not name in KEYS:
+     * docs/design.md section 2) */
     (void)redsem__wake_push(c, s->k_sigprefix, &r);
     rc = redsem__reply_status(c, r, "release", &st);
     freeReplyObject(r);

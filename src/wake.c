@@ -889,7 +889,8 @@ static void push_some(redsem_client *c, const char *sigprefix, const redisReply 
             t->len < WAKE_KEY_MAX && id_list_name(c, t->str, t->len)) {
             memcpy(keys[k], t->str, t->len);
             keys[k][t->len] = '\0';
-        } else if (kind->str[0] == 's' && t->len == REDSEM_ID_LEN && spl + REDSEM_ID_LEN < WAKE_KEY_MAX) {
+        } else if (kind->str[0] == 's' && t->len == REDSEM_ID_LEN &&
+                   spl + REDSEM_ID_LEN < WAKE_KEY_MAX) {
             char id[REDSEM_ID_LEN + 1];
             memcpy(id, t->str, REDSEM_ID_LEN);
             id[REDSEM_ID_LEN] = '\0';
