@@ -342,7 +342,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_i
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ECONFLICT (the server has another strategy);
  *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
  *          REDSEM_EFORKED.
- * Server: one EVALSHA of set_limit.lua. Thread safety: any thread, at the same time as others
+ * Server: one EVALSHA of set_limit.lua (fair, locked: then one of wake_push.lua if it granted
+ * waiters of other clients, since 0.4.7). Thread safety: any thread, at the same time as others
  * (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_sem_set_limit(redsem_sem *sem, uint32_t limit);
