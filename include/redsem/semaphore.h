@@ -97,7 +97,8 @@ REDSEM_API int redsem_strategy_parse(const char *name, redsem_strategy *ret_stra
  *          (e.g. WRONGTYPE: a key of that name is not ours; nothing is overwritten);
  *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of sem_open.lua: creates PREFIX{NAME}:meta (strategy, limit) if absent,
- *         with a TTL, else compares.
+ *         with a TTL, else compares; not while permits or waiters are still recorded without
+ *         it (keys partly evicted: the acquires then fail, REDSEM_ESERVER, since 0.4.7).
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.1
  */
