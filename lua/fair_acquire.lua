@@ -5,9 +5,7 @@
 --       w:<id> -> weight of a holder or waiter of more than one permit)
 --       2 owners (zset: the queue, waiter id -> arrival number), 3 timeouts (zset id ->
 --       deadline, ms, of holders and waiters), 4 wake-up list prefix (not a key: unused
---       since 0.4.7, kept in its place), 5 guard (locked only), 6 and 7 (optional, one
---       server only) the caller's client's id list and its bell: a waiter of this client
---       granted here is woken there at once (grant_heads), the others by the caller
+--       since 0.4.7, kept in its place), 5 guard (locked only)
 -- ARGV: 1 id, 2 limit (used if new), 3 lease ms, 4 mode (0 try, 1 wait, 2 again, 3 last),
 --       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked),
 --       8 not after (server us; 0: none), 9 weight n (permits wanted, >= 1; absent: 1),
@@ -22,7 +20,7 @@
 -- (meta 'q'). Queued waiters are granted only at the head of the queue, by grant_heads():
 -- every script that frees weight or moves the head (release, the cleanup of expired
 -- entries, a waiter leaving, set_limit) hands permits to the head while it fits and wakes
--- the waiters it granted (returned with the reply, with_wakes: the caller pushes them). A
+-- the waiters it granted (returned with the reply: the caller pushes them). A
 -- waiter's attempt finds the permit handed to it (t:<id>) and
 -- takes it with the lease of its own handle. Every step is O(log N) per grant.
 -- Expired requests are removed by deadline (at most 256 per call) on the paths that wait.
@@ -35,7 +33,7 @@
 -- or waits for another weight; {-5, limit, now us} n exceeds the limit (a queued waiter
 -- then leaves the queue). -3, -4 and -5 write nothing else. Where this call granted other
 -- waiters (a cleanup, a waiter leaving), the reply comes as {'wake', reply, wake-ups...}
--- (prelude.lua's with_wakes). An error 'PARTIAL ...' when the meta hash is gone while
+-- (the wake-ups of prelude.lua's grant_heads, which the caller pushes). An error 'PARTIAL ...' when the meta hash is gone while
 -- timeouts has live entries (prelude.lua's partly_missing), before anything is written
 -- (locked: after the guard's deletion).
 -- locked: the guard is checked first and deleted at once (the compare-and-delete that the
@@ -48,7 +46,7 @@ if strategy == 'locked' then
 end
 local now, now_us, now_us_str = clock()
 if too_late(ARGV[8], now_us, now_us_str) then return {-3, now_us} end
-local meta, owners, timeouts, own, own_bell = KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7]
+local meta, owners, timeouts = KEYS[1], KEYS[2], KEYS[3]
 -- Cheap conversions on the hot path, as in basic_acquire.lua: mode compared as a string,
 -- the client's numbers converted by arithmetic, numbers passed to redis.call as strings.
 local id, mode = ARGV[1], ARGV[4]
@@ -108,7 +106,7 @@ end
 -- grant_heads(), then the keys' expiry as it left it: a direct grant may have moved it
 -- (st.exp), past what this request would set (exp) or not
 local function grant(self_id, selfw)
-  local got = grant_heads(meta, owners, timeouts, limit, st, self_id, selfw, own, own_bell)
+  local got = grant_heads(meta, owners, timeouts, limit, st, self_id, selfw)
   if st.exp then
     m[4] = st.exp
     if exp and exp <= st.exp then exp = nil end
@@ -125,7 +123,8 @@ end
 
 if n > limit then
   if queued then leave() end
-  return with_wakes(st, {-5, limit, now_us})
+  if st.wakes then return {'wake', {-5, limit, now_us}, unpack(st.wakes)} end
+  return {-5, limit, now_us}
 end
 if queued and held ~= n then return {-4, held, now_us} end
 
@@ -187,7 +186,7 @@ local function granted(tok, tok_str)
   -- (a grant by grant_heads, tok_str nil, removed it already)
   if m[9] and tok_str then redis.call('HDEL', meta, 'L:' .. id) end
   local r = '1 ' .. (tok_str or string.format('%d', tok)) .. ' ' .. limit_str .. ' ' .. now_us_str
-  if st.wakes then return with_wakes(st, r) end
+  if st.wakes then return {'wake', r, unpack(st.wakes)} end
   return r
 end
 
@@ -229,7 +228,7 @@ local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
 local function busy()
   local r = '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str .. ' ' .. (st.fence or '0')
-  if st.wakes then return with_wakes(st, r) end
+  if st.wakes then return {'wake', r, unpack(st.wakes)} end
   return r
 end
 if mode == '0' then return busy() end

@@ -1,8 +1,8 @@
 -- fair_release: remove the caller's own permit, give its weight back, and hand the permits
 -- that frees to the head of the queue (grant_heads), waking the waiters granted.
 -- KEYS: 1 meta, 2 owners, 3 timeouts, 4 wake-up list prefix (not a key: unused since 0.4.7),
---       5 and 6 (optional, one server only) the caller's client's id list and its bell (a
---       waiter of the same client is woken at once, grant_heads).
+--       5 and 6 (optional, one server only: a client with waiters) the caller's client's id
+--       list and its bell (a waiter of the same client is woken at once, grant_heads).
 -- ARGV: 1 id (2 the weight, unused: the server's record decides).
 -- Returns 1 removed, -1 not there (whether the lease had run out is judged by the
 -- client on its validity clock, see basic_release.lua); {'wake', 1, wake-ups...} removed
@@ -38,6 +38,6 @@ if waiting then
   -- the server's clock is read only if a waiter is granted (grant_heads)
   local st = {used = used, fence = m[4]}
   grant_heads(meta, owners, timeouts, tonumber(m[3]) or 0, st, nil, 1, KEYS[5], KEYS[6])
-  return with_wakes(st, 1)
+  if st.wakes then return {'wake', 1, unpack(st.wakes)} end
 end
 return 1

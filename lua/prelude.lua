@@ -151,8 +151,9 @@ end
 -- recorded), and a script may only touch the keys it was given: pushed here only when it is
 -- the caller's own id list, `own` (a declared key, with its bell `own_bell`: the caller's
 -- client; nil in a cluster), as wake_push.lua pushes; otherwise appended to st.wakes, which
--- the script returns to its caller ({'wake', reply, kind, target, element, ...}:
--- with_wakes), and the caller pushes it with wake_push.lua, naming the list in KEYS
+-- the script returns to its caller with its reply as {'wake', reply, kind, target, element,
+-- ...} (inline in each script: a helper would be a closure made on every run), and the
+-- caller pushes it with wake_push.lua, naming the list in KEYS
 -- (src/wake.c, redsem__wake_push; docs/design.md section 2). Two kinds:
 -- 'i' target = the client's id list recorded by the waiter (c:<id>, fair_acquire.lua's
 --   ARGV[10]; redsem >= 0.4.3 on one server, not a cluster): "<id> <meta key>" is pushed
@@ -245,14 +246,6 @@ local function grant_heads(meta, owners, timeouts, limit, st, self, selfw, own, 
     end
   end
   return got
-end
-
--- @fn with_wakes
--- A script's reply, with the wake-ups grant_heads left in st.wakes for the caller to push:
--- {'wake', reply, kind, target, element, ...}; the reply alone when there are none.
-local function with_wakes(st, reply)
-  if not st.wakes then return reply end
-  return {'wake', reply, unpack(st.wakes)}
 end
 
 -- @fn wake_one

@@ -12,7 +12,7 @@
 -- turn, N, now us, rank in the queue}; {-3, now us} the request came after its not-after
 -- time; status {exists 0/1, N, W, grants in the window, waiters, ms until a new request's
 -- turn, fence, now us}; open {N}. A call that made waiters entitled to a slot returns its
--- reply as {'wake', reply, 's', id, '1', ...} (as prelude.lua's with_wakes): the caller
+-- reply as {'wake', reply, 's', id, '1', ...} (as prelude.lua's grant_heads has them returned): the caller
 -- pushes '1' to each waiter's list, KEYS[5] .. id, with wake_push.lua (naming it in KEYS).
 -- A grant at time t is admitted iff fewer than N grants have times in (t - W, t] and fewer
 -- than N - that many waiters rank ahead of it; so any two grants N apart in time order are at

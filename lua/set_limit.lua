@@ -2,8 +2,9 @@
 -- permits; fair and locked: hand the new permits to the head of the queue (grant_heads).
 -- KEYS: basic: 1 meta, 2 holders, 3 waiters, 4 signal;
 --       fair/locked: 1 meta, 2 owners, 3 timeouts, 4 wake-up list prefix (not a key: unused
---       since 0.4.7), 5 and 6 (optional, one server only) the caller's client's id list and
---       its bell (a waiter of the same client is woken at once, grant_heads).
+--       since 0.4.7), 5 and 6 (optional, one server only: a client with waiters) the caller's
+--       client's id list and its bell (a waiter of the same client is woken at once,
+--       grant_heads).
 -- ARGV: 1 strategy, 2 new limit.  Returns {old limit}; fair/locked, waiters granted:
 -- {'wake', {old limit}, wake-ups...}, which the caller pushes (prelude.lua's grant_heads).
 local now, now_us, now_us_str = clock()
@@ -37,7 +38,7 @@ if limit > old then
     local st = {used = tonumber(m[4]) or 0, fence = m[5], now_us = now_us,
       now_us_str = now_us_str}
     grant_heads(meta, KEYS[2], KEYS[3], limit, st, nil, 1, KEYS[5], KEYS[6])
-    return with_wakes(st, {old})
+    if st.wakes then return {'wake', {old}, unpack(st.wakes)} end
   end
 end
 return {old}

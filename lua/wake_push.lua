@@ -1,5 +1,5 @@
 -- wake_push: push the wake-ups another script returned ({'wake', reply, kind, target,
--- element, ...}: prelude.lua's grant_heads and with_wakes, rate.lua's wake_entitled) to the
+-- element, ...}: prelude.lua's grant_heads, rate.lua's wake_entitled) to the
 -- waiters' lists, which that script could not name in its KEYS (src/wake.c,
 -- redsem__wake_push, forms and checks the names).
 -- KEYS: for wake-up i: 2i-1 its list, 2i the list's bell (kind 'i'; kind 's': the list

@@ -110,13 +110,16 @@ static bool wake_by_id(const redsem_sem *s)
     return s->strategy != REDSEM_STRATEGY_BASIC && s->client->ep.kind != REDSEM__EP_CLUSTER;
 }
 
-/* Fair and locked on one server: the client's id list and its bell as two more KEYS (after
- * nkeys), so that a script that grants a waiter of this same client wakes it at once; the
- * waiters of other clients are woken by this client after the reply (redsem__wake_push), their
- * lists being no key the script was given. The number of KEYS. */
+/* Fair and locked on one server, a release or set_limit while this client has waiters in its
+ * shared wait: the client's id list and its bell as two more KEYS (after nkeys), so that a
+ * script that grants a waiter of this same client wakes it at once; the waiters of other
+ * clients (and this client's, when it passes none) are woken by this client after the reply
+ * (redsem__wake_push), their lists being no key the script was given. Not without waiters:
+ * two more keys cost the server about 1.5k instructions a call (bench/script-cost.sh), for
+ * nothing. The number of KEYS. */
 static int own_wake_keys(const redsem_sem *s, redsem__args *a, int nkeys)
 {
-    if (!wake_by_id(s))
+    if (!wake_by_id(s) || !redsem__wake_any(s->client))
         return nkeys;
     redsem__args_str(a, s->client->wake_ids);
     redsem__args_str(a, s->client->wake_bell);
@@ -151,7 +154,6 @@ static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, reds
     redsem__args_str(&a, s->k_timeouts);
     redsem__args_str(&a, s->k_sigprefix);
     redsem__args_str(&a, s->k_guard);
-    int nkeys = own_wake_keys(s, &a, 5);
     redsem__args_mem(&a, id, REDSEM_ID_LEN);
     redsem__args_i64(&a, s->limit);
     redsem__args_i64(&a, s->lease_ms);
@@ -173,7 +175,7 @@ static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, reds
      * did not run (a timeout, a lost connection, a refusal), the guard expires after
      * guard_lease_ms: one more request to a server that did not answer would double this
      * call's time, which must end one command timeout after the attempt's request was sent. */
-    return eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, nkeys, &a, info, att);
+    return eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, info, att);
 }
 
 static const char *basic_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)

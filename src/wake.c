@@ -812,6 +812,14 @@ int redsem__wake_waiters(redsem_client *c)
     return n;
 }
 
+bool redsem__wake_any(redsem_client *c)
+{
+    pthread_mutex_lock(&c->wake_mu);
+    bool any = c->wn > 0;
+    pthread_mutex_unlock(&c->wake_mu);
+    return any;
+}
+
 void redsem__wake_cancelled(redsem_client *c)
 {
     bool poke = false;
