@@ -33,9 +33,10 @@
 -- or waits for another weight; {-5, limit, now us} n exceeds the limit (a queued waiter
 -- then leaves the queue). -3, -4 and -5 write nothing else. Where this call granted other
 -- waiters (a cleanup, a waiter leaving), the reply comes as {'wake', reply, wake-ups...}
--- (the wake-ups of prelude.lua's grant_heads, which the caller pushes). An error 'PARTIAL ...' when the meta hash is gone while
--- timeouts has live entries (prelude.lua's partly_missing), before anything is written
--- (locked: after the guard's deletion).
+-- (the wake-ups of prelude.lua's grant_heads, which the caller pushes). An error 'PARTIAL
+-- ...' when the meta hash has no fence (gone, or re-created by sem_open) while timeouts has
+-- live entries (prelude.lua's partly_missing), before anything is written (locked: after
+-- the guard's deletion).
 -- locked: the guard is checked first and deleted at once (the compare-and-delete that the
 -- book runs after the acquire): the script is atomic, so nothing can run between the
 -- deletion and the rest of the script, and the caller gets the grant one round trip sooner.
@@ -63,10 +64,6 @@ local direct = list ~= nil and ARGV[11] == '1'
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'used', 'q',
   'w:' .. id, 'L:' .. id)
 if m[1] and m[1] ~= strategy then return conflict(meta, m, strategy) end
-if not m[1] then
-  local e = partly_missing(meta, timeouts, now)
-  if e then return e end
-end
 local limit_str = m[2] or ARGV[2]
 local limit = tonumber(limit_str)
 local st = {used = tonumber(m[6]) or 0, fence = m[3], now_us = now_us, now_us_str = now_us_str}
@@ -77,11 +74,19 @@ local all = exp and {meta, owners, timeouts} -- only when their expiry moves
 if exp then check_types(all, 'hzz') end
 
 -- A semaphore kept by redsem 0.2 (owners ranked holders and waiters by ticket; no 'used' or
--- 'q' in meta) must not be mixed with this layout: refuse until its entries are gone.
+-- 'q' in meta) must not be mixed with this layout: refuse until its entries are gone. (Its
+-- meta hash holds more than the configuration: its holders' tokens. One that holds only
+-- the configuration was re-created by sem_open or set_limit after the keys were partly
+-- lost: partly_missing below.)
 if m[1] and not m[6] and not m[7] and
-    redis.call('ZCARD', owners) + redis.call('ZCARD', timeouts) > 0 then
+    redis.call('ZCARD', owners) + redis.call('ZCARD', timeouts) > 0 and
+    redis.call('HLEN', meta) > (m[2] and 2 or 1) + (m[4] and 1 or 0) then
   return redis.error_reply('CONFLICT ' .. meta .. ' is in use by redsem 0.2 clients (fair ' ..
     'queue without weights); let its permits and waiters end first')
+end
+if not m[3] then
+  local e = partly_missing(meta, timeouts, now)
+  if e then return e end
 end
 
 -- Whether this request is queued (ZSCORE of a missing member is false in Lua). A first

@@ -17,9 +17,10 @@ local id = ARGV[1]
 local tkey, wkey = 't:' .. id, 'w:' .. id
 local m = redis.call('HMGET', meta, tkey, wkey, 'limit', 'fence')
 if not m[1] then
-  -- the meta hash gone (evicted): this permit's record is lost, and its entry would keep
-  -- the semaphore refused (prelude.lua's partly_missing) until its lease ends
-  if not m[3] then redis.call('ZREM', timeouts, id) end
+  -- the meta hash lost (evicted; no fence: gone, or re-created by sem_open): this permit's
+  -- record is lost, and its entry would keep the semaphore refused (prelude.lua's
+  -- partly_missing) until its lease ends
+  if not m[4] then redis.call('ZREM', timeouts, id) end
   return -1
 end
 -- read before the first write: a foreign key at owners fails the release before it changes

@@ -71,17 +71,19 @@ local function conflict(meta_key, m, want)
 end
 
 -- @fn partly_missing
--- The meta hash is gone while the deadline set `z` (basic: holders; fair, locked: timeouts)
--- still has live entries: the keys were partly lost (a maxmemory policy other than
--- noeviction evicts keys one at a time; a user deleted one). Starting afresh would forget the
--- permits the meta hash counted (used, extra) and grant past the limit: an error instead,
--- which the client reports as it is, until those entries end (their leases or wait leases).
--- nil when the keys are whole. Called only when the meta hash is missing (a new semaphore).
+-- The meta hash has no fence (it is gone, or was re-created by sem_open or set_limit, which
+-- record only the strategy and limit: every grant records a fence) while the deadline set `z`
+-- (basic: holders; fair, locked: timeouts) still has live entries: the keys were partly lost
+-- (a maxmemory policy other than noeviction evicts keys one at a time; a user deleted one).
+-- Starting afresh would forget the permits the meta hash counted (used, extra) and grant
+-- past the limit: an error instead, which the client reports as it is, until those entries
+-- end (their leases or wait leases). nil when the keys are whole. Called only when the fence
+-- is missing (a semaphore's first grant), so the usual path pays nothing.
 local function partly_missing(meta, z, now)
   local live = redis.call('ZCOUNT', z, '(' .. string.format('%d', now), '+inf')
   if live == 0 then return nil end
   return redis.error_reply('PARTIAL semaphore keys partly missing (evicted?): ' .. meta ..
-    ' is gone while ' .. z .. ' has ' .. live .. ' live entries; redsem needs ' ..
+    ' was lost while ' .. z .. ' has ' .. live .. ' live entries; redsem needs ' ..
     'maxmemory-policy noeviction. Refused until they end')
 end
 

@@ -1,10 +1,6 @@
 -- sem_open: record a new semaphore's strategy and limit, or compare with the recorded ones.
--- KEYS: 1 meta, 2 (since 0.4.7) the deadline zset (basic: holders; fair, locked: timeouts).
--- ARGV: 1 strategy, 2 limit.
--- Returns {limit}; a CONFLICT error if the server has another strategy or limit. A meta hash
--- gone while the deadline zset has live entries (keys partly evicted: prelude.lua's
--- partly_missing) is not re-created: recording a fresh one would let the next acquire
--- forget the permits still held; the acquires report the state instead.
+-- KEYS: 1 meta.  ARGV: 1 strategy, 2 limit.
+-- Returns {limit}; a CONFLICT error if the server has another strategy or limit.
 local now = clock()
 local meta = KEYS[1]
 local m = redis.call('HMGET', meta, 'strategy', 'limit')
@@ -14,7 +10,6 @@ if m[1] then
   end
   return {tonumber(m[2])}
 end
-if KEYS[2] and partly_missing(meta, KEYS[2], now) then return {tonumber(ARGV[2])} end
 local exp = now + IDLE
 redis.call('HSET', meta, 'strategy', ARGV[1], 'limit', ARGV[2], 'exp', exp)
 redis.call('PEXPIREAT', meta, exp)

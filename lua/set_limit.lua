@@ -17,7 +17,7 @@ if strategy == 'basic' then check_types({KEYS[3], KEYS[4]}, 'zl')
 else check_types({KEYS[2], KEYS[3]}, 'zz') end
 -- the meta hash gone while permits or waiters remain (keys partly evicted): recording a
 -- fresh one would let the next acquire forget them (prelude.lua's partly_missing)
-if not m[1] then
+if not m[5] then
   local e = partly_missing(meta, strategy == 'basic' and KEYS[2] or KEYS[3], now)
   if e then return e end
 end

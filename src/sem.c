@@ -269,12 +269,10 @@ int redsem_sem_open(redsem_client *c, const char *name, redsem_strategy strategy
     redsem__args a;
     redsem__args_init(&a);
     redsem__args_str(&a, s->k_meta);
-    /* the deadline zset: a meta hash evicted alone is not re-created (sem_open.lua) */
-    redsem__args_str(&a, strategy == REDSEM_STRATEGY_BASIC ? s->k_holders : s->k_timeouts);
     redsem__args_str(&a, redsem_strategy_name(strategy));
     redsem__args_i64(&a, limit);
     redisReply *r = NULL;
-    rc = redsem__eval(c, REDSEM__SCRIPT_SEM_OPEN, 2, &a, REDSEM__REQ_RETRY, NULL, &r);
+    rc = redsem__eval(c, REDSEM__SCRIPT_SEM_OPEN, 1, &a, REDSEM__REQ_RETRY, NULL, &r);
     if (rc == REDSEM_OK) {
         if (r->type != REDIS_REPLY_ARRAY || r->elements != 1 ||
             r->element[0]->type != REDIS_REPLY_INTEGER)

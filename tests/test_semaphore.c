@@ -1158,17 +1158,17 @@ STRATEGY_TEST(sem, an_evicted_meta_hash_gives_no_second_holder, TO)
               redsem_client_errmsg(c));
     EXPECT(c, REDSEM_ESERVER, redsem_sem_acquire(s, 200, &q));
     cr_assert_null(q);
-    /* a new handle's open does not record a fresh meta hash, and its acquires and
-     * set_limit are refused the same way */
+    char out[64];
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "EXISTS", meta, NULL), 0);
+    cr_assert_str_eq(out, "0", "the refused acquires wrote the meta hash");
+    /* a new handle's open records a fresh meta hash (strategy and limit only): its
+     * acquires and set_limit are refused the same way */
     redsem_sem *s2 = open_sem(c, name, strategy, limit, 10000);
     EXPECT(c, REDSEM_ESERVER, redsem_sem_try_acquire(s2, &q));
     EXPECT(c, REDSEM_ESERVER, redsem_sem_set_limit(s2, limit + 1));
     cr_assert(strstr(redsem_client_errmsg(c), "partly missing (evicted?)") != NULL, "%s",
               redsem_client_errmsg(c));
     redsem_sem_free(s2);
-    char out[64];
-    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "EXISTS", meta, NULL), 0);
-    cr_assert_str_eq(out, "0", "the refused acquires wrote the meta hash");
     if (strategy == REDSEM_STRATEGY_BASIC) {
         OK(c, redsem_permit_release(p)); /* basic: its entry is the holders set's */
     } else {

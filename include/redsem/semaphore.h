@@ -97,8 +97,7 @@ REDSEM_API int redsem_strategy_parse(const char *name, redsem_strategy *ret_stra
  *          (e.g. WRONGTYPE: a key of that name is not ours; nothing is overwritten);
  *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of sem_open.lua: creates PREFIX{NAME}:meta (strategy, limit) if absent,
- *         with a TTL, else compares; not while permits or waiters are still recorded without
- *         it (keys partly evicted: the acquires then fail, REDSEM_ESERVER, since 0.4.7).
+ *         with a TTL, else compares.
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.1
  */
@@ -212,7 +211,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *          try, timeout 0, does not leave a queue it is in);
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER
  *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed; "PARTIAL
- *          semaphore keys partly missing (evicted?)": the meta hash is gone while permits
+ *          semaphore keys partly missing (evicted?)": the meta hash was lost while permits
  *          or waiters are still recorded, refused until they end, since 0.4.7);
  *          REDSEM_EPERM (NOPERM ...); REDSEM_ECONFLICT (the semaphore was re-created with
  *          another strategy); REDSEM_EPROTO; REDSEM_EFORKED; REDSEM_EREPLICA (with
