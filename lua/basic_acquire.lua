@@ -9,7 +9,9 @@
 -- docs/design.md, "What a script costs"), {-3, now us}: the request came after its not-after time,
 -- {-4, weight held, now us}: the id holds a permit of another weight, or {-5, limit, now
 -- us}: n exceeds the limit. Nothing is written for -3, -4, -5 (but a registered waiter
--- that finds n above a lowered limit leaves the waiters set).
+-- that finds n above a lowered limit leaves the waiters set). An error 'PARTIAL ...' when
+-- the meta hash has no fence (gone, or re-created by sem_open) while holders has live
+-- entries (prelude.lua's partly_missing).
 -- Weights: meta 'extra' = sum over holders of (weight - 1), and 'w:<id>' = the weight of a
 -- holder of more than one permit; so the permits held are ZCARD(holders) + extra, read in
 -- the same HMGET as before: a weight-1 acquire costs what it did.
@@ -26,6 +28,10 @@ if ARGV[7] and ARGV[7] ~= '1' then n = tonumber(ARGV[7]) or 1 end
 local tkey = 't:' .. id
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'fence', 'exp', tkey, 'extra')
 if m[1] and m[1] ~= 'basic' then return conflict(meta, m, 'basic') end
+if not m[3] then
+  local e = partly_missing(meta, holders, now)
+  if e then return e end
+end
 local limit_str = m[2] or ARGV[2]
 local limit = tonumber(limit_str)
 if n > limit then

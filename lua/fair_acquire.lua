@@ -4,13 +4,13 @@
 -- KEYS: 1 meta (hash: strategy, limit, fence, exp, used, q, t:<id> -> token of each holder,
 --       w:<id> -> weight of a holder or waiter of more than one permit)
 --       2 owners (zset: the queue, waiter id -> arrival number), 3 timeouts (zset id ->
---       deadline, ms, of holders and waiters), 4 wake-up list prefix (a waiter blocks on
---       KEYS[4] .. id), 5 guard (locked only)
+--       deadline, ms, of holders and waiters), 4 wake-up list prefix (not a key: unused
+--       since 0.4.7, kept in its place), 5 guard (locked only)
 -- ARGV: 1 id, 2 limit (used if new), 3 lease ms, 4 mode (0 try, 1 wait, 2 again, 3 last),
 --       5 wait lease ms, 6 strategy ('fair' or 'locked'), 7 guard token (locked),
 --       8 not after (server us; 0: none), 9 weight n (permits wanted, >= 1; absent: 1),
 --       10 the client's id list (absent or '': none): a waiter records it as c:<id>, and is
---       then woken by "<id> <KEYS[1]>" pushed there (grant_heads), not on KEYS[4] .. id,
+--       then woken by "<id> <KEYS[1]>" pushed there (grant_heads), not on its own list,
 --       11 '1': with ARGV[10], the waiter also records its lease (ARGV[3]) as L:<id>, and
 --       grant_heads gives it the permit with that lease (a direct grant: the element is then
 --       "<id> <KEYS[1]> <token> <server us> <lease>"); absent: it does not (a client that waits for
@@ -20,7 +20,8 @@
 -- (meta 'q'). Queued waiters are granted only at the head of the queue, by grant_heads():
 -- every script that frees weight or moves the head (release, the cleanup of expired
 -- entries, a waiter leaving, set_limit) hands permits to the head while it fits and wakes
--- the waiters it granted. A waiter's attempt finds the permit handed to it (t:<id>) and
+-- the waiters it granted (returned with the reply: the caller pushes them). A
+-- waiter's attempt finds the permit handed to it (t:<id>) and
 -- takes it with the lease of its own handle. Every step is O(log N) per grant.
 -- Expired requests are removed by deadline (at most 256 per call) on the paths that wait.
 -- Returns '1 token limit now-us' granted; '0 ms-until-the-earliest-deadline (-1 none) limit
@@ -30,7 +31,12 @@
 -- {-2} the locked strategy's guard is not held by the caller;
 -- {-3, now us} the request came after its not-after time; {-4, weight, now us} the id holds
 -- or waits for another weight; {-5, limit, now us} n exceeds the limit (a queued waiter
--- then leaves the queue). -3, -4 and -5 write nothing else.
+-- then leaves the queue). -3, -4 and -5 write nothing else. Where this call granted other
+-- waiters (a cleanup, a waiter leaving), the reply comes as {'wake', reply, wake-ups...}
+-- (the wake-ups of prelude.lua's grant_heads, which the caller pushes). An error 'PARTIAL
+-- ...' when the meta hash has no fence (gone, or re-created by sem_open) while timeouts has
+-- live entries (prelude.lua's partly_missing), before anything is written (locked: after
+-- the guard's deletion).
 -- locked: the guard is checked first and deleted at once (the compare-and-delete that the
 -- book runs after the acquire): the script is atomic, so nothing can run between the
 -- deletion and the rest of the script, and the caller gets the grant one round trip sooner.
@@ -41,7 +47,7 @@ if strategy == 'locked' then
 end
 local now, now_us, now_us_str = clock()
 if too_late(ARGV[8], now_us, now_us_str) then return {-3, now_us} end
-local meta, owners, timeouts, sigp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local meta, owners, timeouts = KEYS[1], KEYS[2], KEYS[3]
 -- Cheap conversions on the hot path, as in basic_acquire.lua: mode compared as a string,
 -- the client's numbers converted by arithmetic, numbers passed to redis.call as strings.
 local id, mode = ARGV[1], ARGV[4]
@@ -68,11 +74,19 @@ local all = exp and {meta, owners, timeouts} -- only when their expiry moves
 if exp then check_types(all, 'hzz') end
 
 -- A semaphore kept by redsem 0.2 (owners ranked holders and waiters by ticket; no 'used' or
--- 'q' in meta) must not be mixed with this layout: refuse until its entries are gone.
+-- 'q' in meta) must not be mixed with this layout: refuse until its entries are gone. (Its
+-- meta hash holds more than the configuration: its holders' tokens. One that holds only
+-- the configuration was re-created by sem_open or set_limit after the keys were partly
+-- lost: partly_missing below.)
 if m[1] and not m[6] and not m[7] and
-    redis.call('ZCARD', owners) + redis.call('ZCARD', timeouts) > 0 then
+    redis.call('ZCARD', owners) + redis.call('ZCARD', timeouts) > 0 and
+    redis.call('HLEN', meta) > (m[2] and 2 or 1) + (m[4] and 1 or 0) then
   return redis.error_reply('CONFLICT ' .. meta .. ' is in use by redsem 0.2 clients (fair ' ..
     'queue without weights); let its permits and waiters end first')
+end
+if not m[3] then
+  local e = partly_missing(meta, timeouts, now)
+  if e then return e end
 end
 
 -- Whether this request is queued (ZSCORE of a missing member is false in Lua). A first
@@ -97,7 +111,7 @@ end
 -- grant_heads(), then the keys' expiry as it left it: a direct grant may have moved it
 -- (st.exp), past what this request would set (exp) or not
 local function grant(self_id, selfw)
-  local got = grant_heads(meta, owners, timeouts, sigp, limit, st, self_id, selfw)
+  local got = grant_heads(meta, owners, timeouts, limit, st, self_id, selfw)
   if st.exp then
     m[4] = st.exp
     if exp and exp <= st.exp then exp = nil end
@@ -114,6 +128,7 @@ end
 
 if n > limit then
   if queued then leave() end
+  if st.wakes then return {'wake', {-5, limit, now_us}, unpack(st.wakes)} end
   return {-5, limit, now_us}
 end
 if queued and held ~= n then return {-4, held, now_us} end
@@ -175,7 +190,9 @@ local function granted(tok, tok_str)
   if n == 1 and m[8] and not queued then redis.call('HDEL', meta, 'w:' .. id) end
   -- (a grant by grant_heads, tok_str nil, removed it already)
   if m[9] and tok_str then redis.call('HDEL', meta, 'L:' .. id) end
-  return '1 ' .. (tok_str or string.format('%d', tok)) .. ' ' .. limit_str .. ' ' .. now_us_str
+  local r = '1 ' .. (tok_str or string.format('%d', tok)) .. ' ' .. limit_str .. ' ' .. now_us_str
+  if st.wakes then return {'wake', r, unpack(st.wakes)} end
+  return r
 end
 
 local head = false -- whether anybody is queued, as fits_now() last saw
@@ -215,7 +232,9 @@ local first = redis.call('ZRANGE', timeouts, '0', '0', 'WITHSCORES')
 local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
 local function busy()
-  return '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str .. ' ' .. (st.fence or '0')
+  local r = '0 ' .. next_ms .. ' ' .. limit_str .. ' ' .. now_us_str .. ' ' .. (st.fence or '0')
+  if st.wakes then return {'wake', r, unpack(st.wakes)} end
+  return r
 end
 if mode == '0' then return busy() end
 if mode == '3' then

@@ -1,9 +1,12 @@
 -- fair_release: remove the caller's own permit, give its weight back, and hand the permits
 -- that frees to the head of the queue (grant_heads), waking the waiters granted.
--- KEYS: 1 meta, 2 owners, 3 timeouts, 4 wake-up list prefix.  ARGV: 1 id (2 the weight,
--- unused: the server's record decides).
+-- KEYS: 1 meta, 2 owners, 3 timeouts, 4 wake-up list prefix (not a key: unused since 0.4.7),
+--       5 and 6 (optional, one server only: a client with waiters) the caller's client's id
+--       list and its bell (a waiter of the same client is woken at once, grant_heads).
+-- ARGV: 1 id (2 the weight, unused: the server's record decides).
 -- Returns 1 removed, -1 not there (whether the lease had run out is judged by the
--- client on its validity clock, see basic_release.lua).
+-- client on its validity clock, see basic_release.lua); {'wake', 1, wake-ups...} removed
+-- and waiters granted, whose wake-ups the caller pushes (prelude.lua's grant_heads).
 -- First writes are ZREM/HDEL (not DENYOOM): release works when the server is out of memory;
 -- Redis checks maxmemory only before a script's first write, so HINCRBY after them runs.
 -- One HMGET reads the permit and what grant_heads needs (limit, fence); 'used' comes back
@@ -13,7 +16,13 @@ local meta, owners, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local id = ARGV[1]
 local tkey, wkey = 't:' .. id, 'w:' .. id
 local m = redis.call('HMGET', meta, tkey, wkey, 'limit', 'fence')
-if not m[1] then return -1 end
+if not m[1] then
+  -- the meta hash lost (evicted; no fence: gone, or re-created by sem_open): this permit's
+  -- record is lost, and its entry would keep the semaphore refused (prelude.lua's
+  -- partly_missing) until its lease ends
+  if not m[4] then redis.call('ZREM', timeouts, id) end
+  return -1
+end
 -- read before the first write: a foreign key at owners fails the release before it changes
 -- anything (the scripts' convention, prelude.lua)
 local waiting = redis.call('ZCARD', owners) > 0
@@ -28,7 +37,8 @@ if used < 0 then
 end
 if waiting then
   -- the server's clock is read only if a waiter is granted (grant_heads)
-  grant_heads(meta, owners, timeouts, KEYS[4], tonumber(m[3]) or 0, {used = used, fence = m[4]},
-    nil, 1)
+  local st = {used = used, fence = m[4]}
+  grant_heads(meta, owners, timeouts, tonumber(m[3]) or 0, st, nil, 1, KEYS[5], KEYS[6])
+  if st.wakes then return {'wake', 1, unpack(st.wakes)} end
 end
 return 1

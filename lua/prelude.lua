@@ -2,12 +2,11 @@
 -- Conventions of all scripts:
 --   * time comes only from the server: clock() reads TIME (allowed in scripts since Redis 5,
 --     which replicate effects, not scripts);
---   * every key is passed in KEYS; the only name formed here is a fair waiter's wake-up list,
---     KEYS[4] .. id, where KEYS[4] (a declared key prefix) carries the semaphore's hash tag,
---     so the list is always in the semaphore's cluster slot; the names taken from data are
---     the id list a fair waiter of a one-server client records and that list's bell,
---     list .. ':bell' (see grant_heads): those pushes are the one write that may fail after
---     others (redis.pcall: see there);
+--   * every key a script reads or writes is passed in KEYS, and no key name is formed here
+--     (tests/check-lua-keys.c checks it): the wake-ups of waiters whose lists a script cannot
+--     know in advance (a fair waiter's own list, a client's id list and its bell) are
+--     returned to the caller, which pushes them with wake_push.lua, naming those lists in
+--     KEYS (see grant_heads);
 --   * numbers passed to redis.call are formatted by Redis with %.17g, exactly but slowly:
 --     on hot paths pass strings (string.format('%d', n) takes the integer path, or the
 --     digits of TIME itself);
@@ -71,6 +70,23 @@ local function conflict(meta_key, m, want)
     ' with limit ' .. tostring(m[2]) .. '; this handle wants ' .. want)
 end
 
+-- @fn partly_missing
+-- The meta hash has no fence (it is gone, or was re-created by sem_open or set_limit, which
+-- record only the strategy and limit: every grant records a fence) while the deadline set `z`
+-- (basic: holders; fair, locked: timeouts) still has live entries: the keys were partly lost
+-- (a maxmemory policy other than noeviction evicts keys one at a time; a user deleted one).
+-- Starting afresh would forget the permits the meta hash counted (used, extra) and grant
+-- past the limit: an error instead, which the client reports as it is, until those entries
+-- end (their leases or wait leases). nil when the keys are whole. Called only when the fence
+-- is missing (a semaphore's first grant), so the usual path pays nothing.
+local function partly_missing(meta, z, now)
+  local live = redis.call('ZCOUNT', z, '(' .. string.format('%d', now), '+inf')
+  if live == 0 then return nil end
+  return redis.error_reply('PARTIAL semaphore keys partly missing (evicted?): ' .. meta ..
+    ' was lost while ' .. z .. ' has ' .. live .. ' live entries; redsem needs ' ..
+    'maxmemory-policy noeviction. Refused until they end')
+end
+
 -- @fn new_exp
 -- New expiry for a semaphore's keys if `need` (an absolute deadline) is not covered yet.
 local function new_exp(exp, need)
@@ -131,32 +147,37 @@ end
 -- here, only if a permit is granted). `self`, `selfw`: the caller's own id and weight (not
 -- woken; its token is returned). `timeouts`: the deadline zset. Cost per grant O(log N):
 -- ZRANGE of the head, HMGET of its weight, wake-up list, lease and the keys' expiry, ZREM,
--- HSET, then LPUSH + PEXPIRE of its own list, or ZSCORE, ZADD (+ HSET and 3 PEXPIREAT when
--- the expiry moves), HDEL of its c: and L: fields and RPUSH to its client's id list
--- (+ PEXPIRE, RPUSH and PEXPIRE of the bell when the list was empty).
--- The wake-up: a waiter that recorded its client's id list (c:<id>, fair_acquire.lua's
--- ARGV[10]; redsem >= 0.4.3 on one server, not a cluster) gets an element pushed there
--- (RPUSH: oldest first): one list per client for all its fair waiters, which the client
--- drains (wake.c, wake_drain.lua). When the push makes the list non-empty it also pushes the
--- element to the list's bell, list .. ':bell', which the client's one BLPOP watches (so that
--- the first wake-up needs no drain): a bell popped and lost (a connection dropped) loses no
--- wake-up, since the elements stay in the list until drained. Those two are the names a
--- script takes from data, not KEYS: they are only recorded by a client of one server (whose
--- shared BLPOP watches keys of many semaphores at once anyway), never by a cluster client.
--- Any other waiter (a cluster client's, or redsem <= 0.4.2's) is woken on its own list,
--- sigp .. id, which carries the semaphore's hash tag.
+-- HSET, then ZSCORE, ZADD (+ HSET and 3 PEXPIREAT when the expiry moves) for a direct grant,
+-- HDEL of its c: and L: fields.
+-- The wake-up goes to a list named by data (the waiter's id, or the id list its client
+-- recorded), and a script may only touch the keys it was given: pushed here only when it is
+-- the caller's own id list, `own` (a declared key, with its bell `own_bell`: the caller's
+-- client; nil in a cluster), as wake_push.lua pushes; otherwise appended to st.wakes, which
+-- the script returns to its caller with its reply as {'wake', reply, kind, target, element,
+-- ...} (inline in each script: a helper would be a closure made on every run), and the
+-- caller pushes it with wake_push.lua, naming the list in KEYS
+-- (src/wake.c, redsem__wake_push; docs/design.md section 2). Two kinds:
+-- 'i' target = the client's id list recorded by the waiter (c:<id>, fair_acquire.lua's
+--   ARGV[10]; redsem >= 0.4.3 on one server, not a cluster): "<id> <meta key>" is pushed
+--   there (RPUSH: oldest first), one list per client for all its fair waiters, which the
+--   client drains (wake.c, wake_drain.lua), and to the list's bell when the push made the
+--   list non-empty; the caller checks the name is an id list of its own prefix;
+-- 's' target = the waiter's id: any other waiter (a cluster client's, or redsem <= 0.4.2's)
+--   is woken on its own list, KEYS[4] .. id, which carries the semaphore's hash tag.
 -- The element, and the lease (a direct grant, since 0.4.5): a waiter that also recorded its
 -- lease (L:<id>, fair_acquire.lua's ARGV[11]: a client that waits for no replicas) is given
 -- the permit with that lease here, its deadline in timeouts set to now + lease, and its
 -- element is "<id> <meta key> <token> <server us now> <lease>": the client takes the permit
--- from it without another attempt (wake.c, acquire.c); the keys' expiry is moved if it
--- does not cover the new deadline by IDLE/2 (st.exp: the expiry set here). Only while the
--- waiter's wait lease still runs (a waiter whose entry expired, not yet cleaned up, gets no
--- fresh lease); otherwise, and for a waiter without L:, the permit keeps the deadline the
--- wait lease gave it, the element is "<id> <meta key>" (the meta key tells apart one id's
--- waits on two semaphores), and the waiter's next attempt takes it with its lease: the same
--- path as an idempotent retry.
-local function grant_heads(meta, owners, timeouts, sigp, limit, st, self, selfw)
+-- from it without another attempt (wake.c, acquire.c); its validity counts from the grant's
+-- server time, so a wake-up pushed a round trip later shortens nothing. The keys' expiry is
+-- moved if it does not cover the new deadline by IDLE/2 (st.exp: the expiry set here). Only
+-- while the waiter's wait lease still runs (a waiter whose entry expired, not yet cleaned up,
+-- gets no fresh lease), and only for a lease of 1..2592000000 ms in digits (L: is data: a
+-- field planted by another user must not make a write fail after others); otherwise, and
+-- for a waiter without L:, the permit keeps the deadline the wait lease gave it, the element
+-- is "<id> <meta key>" (the meta key tells apart one id's waits on two semaphores), and the
+-- waiter's next attempt takes it with its lease: the same path as an idempotent retry.
+local function grant_heads(meta, owners, timeouts, limit, st, self, selfw, own, own_bell)
   local got = nil
   while st.used < limit do
     local h = redis.call('ZRANGE', owners, '0', '0')[1]
@@ -178,11 +199,12 @@ local function grant_heads(meta, owners, timeouts, sigp, limit, st, self, selfw)
     redis.call('HSET', meta, 't:' .. h, tok_str, 'fence', tok_str, 'used',
       string.format('%d', st.used))
     local direct = false
-    if list and lease then
+    local lease_ms = lease and #lease >= 1 and #lease <= 10 and not string.find(lease, '%D') and lease + 0
+    if list and lease_ms and lease_ms >= 1 and lease_ms <= 2592000000 then
       local now_ms = (st.now_us - st.now_us % 1000) / 1000
-      local until_ms = now_ms + (tonumber(lease) or 0)
+      local until_ms = now_ms + lease_ms
       local d = tonumber(redis.call('ZSCORE', timeouts, h))
-      if d and d > now_ms and until_ms > now_ms then
+      if d and d > now_ms then
         redis.call('ZADD', timeouts, string.format('%d', until_ms), h)
         direct = true
         -- the keys' expiry covers every deadline by IDLE/2 (their types were read above)
@@ -203,21 +225,26 @@ local function grant_heads(meta, owners, timeouts, sigp, limit, st, self, selfw)
     end
     if h == self then
       got = tok
-    elseif list then
-      -- pcall: the list's name comes from data, so it cannot be checked before the first
-      -- write as KEYS are (a foreign key of another type there, or an ACL that does not
-      -- cover it). The grant stands either way; refused, the waiter finds it by its poll.
-      local e = h .. ' ' .. meta
-      if direct then e = e .. ' ' .. tok_str .. ' ' .. st.now_us_str .. ' ' .. lease end
-      if redis.pcall('RPUSH', list, e) == 1 then
-        redis.call('PEXPIRE', list, IDLE_STR)
-        if redis.pcall('RPUSH', list .. ':bell', e) == 1 then
-          redis.call('PEXPIRE', list .. ':bell', IDLE_STR)
-        end
-      end
     else
-      redis.call('LPUSH', sigp .. h, '1')
-      redis.call('PEXPIRE', sigp .. h, IDLE_STR)
+      local e = '1'
+      if list then
+        e = h .. ' ' .. meta
+        if direct then e = e .. ' ' .. tok_str .. ' ' .. st.now_us_str .. ' ' .. lease end
+      end
+      if list and list == own then
+        -- pcall: a foreign key of another type there, or an ACL that does not cover it,
+        -- loses this wake-up only (its waiter's poll finds the grant)
+        if redis.pcall('RPUSH', own, e) == 1 then
+          redis.call('PEXPIRE', own, IDLE_STR)
+          if redis.pcall('RPUSH', own_bell, e) == 1 then
+            redis.call('PEXPIRE', own_bell, IDLE_STR)
+          end
+        end
+      else
+        local w = st.wakes or {}
+        st.wakes = w
+        w[#w + 1] = list and 'i' or 's'; w[#w + 1] = list or h; w[#w + 1] = e
+      end
     end
   end
   return got

@@ -4,13 +4,16 @@
 -- KEYS: 1 meta (hash: strategy 'rate', limit N, window W ms, fence, exp, t:<id> -> token of
 --       each grant still in the log), 2 grants (zset id -> grant time, server us),
 --       3 queue (zset id -> ticket), 4 timeouts (zset id -> wait deadline, ms; same members),
---       5 wake-up list prefix (a waiter BLPOPs on KEYS[5] .. id)
+--       5 wake-up list prefix (not a key: a waiter BLPOPs on KEYS[5] .. id, which the
+--       caller forms and pushes to)
 -- ARGV: 1 id, 2 N, 3 W ms (N = 0: whatever is recorded, status only), 4 mode (0 try, 1 wait,
 --       2 again, 3 last, 4 status, 5 open), 5 wait lease ms, 6 not after (server us; 0: none)
 -- Returns: granted {1, token, N, now us, grant us}; not granted {0, ms until this request's
 -- turn, N, now us, rank in the queue}; {-3, now us} the request came after its not-after
 -- time; status {exists 0/1, N, W, grants in the window, waiters, ms until a new request's
--- turn, fence, now us}; open {N}.
+-- turn, fence, now us}; open {N}. A call that made waiters entitled to a slot returns its
+-- reply as {'wake', reply, 's', id, '1', ...} (as prelude.lua's grant_heads has them returned): the caller
+-- pushes '1' to each waiter's list, KEYS[5] .. id, with wake_push.lua (naming it in KEYS).
 -- A grant at time t is admitted iff fewer than N grants have times in (t - W, t] and fewer
 -- than N - that many waiters rank ahead of it; so any two grants N apart in time order are at
 -- least W apart, and no half-open interval of length W holds more than N grants. Each call is
@@ -19,7 +22,7 @@
 local now, now_us, now_us_str = clock()
 local mode = tonumber(ARGV[4])
 if mode <= 3 and too_late(ARGV[6], now_us) then return {-3, now_us} end
-local meta, grants, queue, timeouts, sigp = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local meta, grants, queue, timeouts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 local tkey = 't:' .. id
 local m = redis.call('HMGET', meta, 'strategy', 'limit', 'window', 'fence', 'exp', tkey)
@@ -99,16 +102,22 @@ if m[6] then
 end
 
 -- Wake the waiters that k removals ahead of them made entitled to a slot (ranks
--- n - live - k .. n - live - 1 now), except `id` itself.
+-- n - live - k .. n - live - 1 now), except `id` itself: their wake-ups are returned (out),
+-- for the caller to push to their lists.
+local wakes = nil
 local function wake_entitled(k)
   local last = n - live - 1
   if k == 0 or last < 0 then return end
   for _, v in ipairs(redis.call('ZRANGE', queue, math.max(0, last - k + 1), last)) do
     if v ~= id then
-      redis.call('LPUSH', sigp .. v, '1')
-      redis.call('PEXPIRE', sigp .. v, IDLE_STR)
+      wakes = wakes or {}
+      wakes[#wakes + 1] = 's'; wakes[#wakes + 1] = v; wakes[#wakes + 1] = '1'
     end
   end
+end
+local function out(r)
+  if not wakes then return r end
+  return {'wake', r, unpack(wakes)}
 end
 
 -- Bounded cleanup: lapsed grants (and their tokens), waiters whose wait lease ran out.
@@ -135,18 +144,18 @@ if live + r < n then
     redis.call('ZREM', timeouts, id)
   end
   save({'fence', tok_str, tkey, tok_str})
-  return {1, tok, n, now_us, now_us}
+  return out({1, tok, n, now_us, now_us})
 end
 
 local t = turn_ms(r)
-if mode == 0 then return {0, t, n, now_us, r} end
+if mode == 0 then return out({0, t, n, now_us, r}) end
 if mode == 3 then
   if not fresh then
     redis.call('ZREM', queue, id)
     redis.call('ZREM', timeouts, id)
     wake_entitled(1)
   end
-  return {0, t, n, now_us, r}
+  return out({0, t, n, now_us, r})
 end
 -- Queue (or stay queued) under the wait lease; a new waiter's ticket is taken now.
 local fields = {}
@@ -157,4 +166,4 @@ if fresh then
 end
 redis.call('ZADD', timeouts, string.format('%d', now + wait_lease), id)
 save(fields)
-return {0, t, n, now_us, r}
+return out({0, t, n, now_us, r})

@@ -731,6 +731,7 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     redsem__clock_init(&c->clock);
     for (int i = 0; i < REDSEM__SCRIPT_COUNT; i++)
         atomic_init(&c->scripts.sent[i], false);
+    atomic_init(&c->scripts.eval_body, false);
     pthread_mutex_init(&c->pool_mu, NULL);
     pthread_mutex_init(&c->renew_mu, NULL);
     pthread_mutex_init(&c->wake_mu, NULL);

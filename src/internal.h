@@ -269,10 +269,21 @@ static inline bool redsem__cancelled(void)
 {
     return redsem__cancel != NULL && atomic_load(redsem__cancel);
 }
+/* wake.c: a script's reply that came with wake-ups for waiters it granted ({'wake', reply,
+ * kind, target, element, ...}: prelude.lua's grant_heads, rate.lua): *reply becomes the
+ * script's own reply (owned by the caller; the wrapper is freed), and the wake-ups are pushed
+ * with wake_push.lua, whose KEYS name the lists: a kind-'i' target only if it is an id list
+ * of this client's prefix (PREFIXwake:<16 hex>:ids, and not in a cluster), a kind-'s'
+ * target (a holder id) as sigprefix + id. A wake-up that cannot be pushed (a fault, a
+ * planted name) is dropped: the grant stands and its waiter's poll finds it; the calling
+ * thread's error text is kept. Any other reply is left as it is. Returns REDSEM_OK. */
+int redsem__wake_push(redsem_client *c, const char *sigprefix, struct redisReply **reply);
 /* Waits registered in the client's shared wait now, parked ones included (wake.c; for the
  * white-box tests). */
 int redsem__wake_waiters(redsem_client *c);
 
+/* Whether any wait is registered in the client's shared wait now (wake.c); O(1). */
+bool redsem__wake_any(redsem_client *c);
 /* Wake the shared-wait waiters whose cancel flag is set (wake.c); may send one request. */
 void redsem__wake_cancelled(redsem_client *c);
 /* A parked wait (wake.c): as redsem__blpop(), but no thread sleeps while it lasts. It is

@@ -73,7 +73,12 @@ static int run_script(redsem_rate *r, const char *id, int mode, redsem__req_info
     bool acquire = mode <= REDSEM__MODE_LAST;
     redsem__args_i64(&a, acquire ? redsem__not_after_us(c, r->k_meta) : 0);
     int flags = REDSEM__REQ_RETRY | (acquire ? REDSEM__REQ_SYNC : 0);
-    return redsem__eval(c, REDSEM__SCRIPT_RATE, 5, &a, flags, info, ret_reply);
+    int rc = redsem__eval(c, REDSEM__SCRIPT_RATE, 5, &a, flags, info, ret_reply);
+    /* the waiters this call made entitled to a slot: woken on their own lists, which the
+     * script could not name in KEYS (rate.lua) */
+    if (rc == REDSEM_OK)
+        (void)redsem__wake_push(c, r->k_sigprefix, ret_reply);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- open */

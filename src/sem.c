@@ -59,6 +59,8 @@ static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args
     int rc = redsem__eval(c, script, nkeys, a, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, info, &r);
     if (rc != REDSEM_OK)
         return rc;
+    /* fair, locked: other waiters this attempt granted (a cleanup, a waiter leaving) */
+    (void)redsem__wake_push(c, s->k_sigprefix, &r);
     rc = redsem__parse_attempt(c, r, att, redsem__script_defs[script].name);
     freeReplyObject(r);
     if (rc == REDSEM_OK)
@@ -117,6 +119,22 @@ static int take_guard(redsem_sem *s, const char *id, bool *taken)
 static bool wake_by_id(const redsem_sem *s)
 {
     return s->strategy != REDSEM_STRATEGY_BASIC && s->client->ep.kind != REDSEM__EP_CLUSTER;
+}
+
+/* Fair and locked on one server, a release or set_limit while this client has waiters in its
+ * shared wait: the client's id list and its bell as two more KEYS (after nkeys), so that a
+ * script that grants a waiter of this same client wakes it at once; the waiters of other
+ * clients (and this client's, when it passes none) are woken by this client after the reply
+ * (redsem__wake_push), their lists being no key the script was given. Not without waiters:
+ * two more keys cost the server about 1.5k instructions a call (bench/script-cost.sh), for
+ * nothing. The number of KEYS. */
+static int own_wake_keys(const redsem_sem *s, redsem__args *a, int nkeys)
+{
+    if (!wake_by_id(s) || !redsem__wake_any(s->client))
+        return nkeys;
+    redsem__args_str(a, s->client->wake_ids);
+    redsem__args_str(a, s->client->wake_bell);
+    return nkeys + 2;
 }
 
 static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
@@ -429,7 +447,7 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
     redsem_sem *s = h;
     redsem__args a;
     redsem__args_init(&a);
-    int script;
+    int script, nkeys = 4;
     redsem__args_str(&a, s->k_meta);
     if (is_basic(s)) {
         script = REDSEM__SCRIPT_BASIC_RELEASE;
@@ -441,13 +459,23 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
         redsem__args_str(&a, s->k_owners);
         redsem__args_str(&a, s->k_timeouts);
         redsem__args_str(&a, s->k_sigprefix);
+        nkeys = own_wake_keys(s, &a, 4);
     }
     redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
     /* the weight: a release of weight 1 then reads nothing more on the server (basic) */
     redsem__args_i64(&a, p->weight);
     redsem__req_info info;
     long long st;
-    int rc = redsem__eval_status(c, script, 4, &a, REDSEM__REQ_RETRY, &info, "release", &st);
+    redisReply *r = NULL;
+    int rc = redsem__eval(c, script, nkeys, &a, REDSEM__REQ_RETRY, &info, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    /* fair, locked: the waiters of other clients this release granted are woken here, a
+     * second round trip (their lists are data the script could not name in KEYS:
+     * docs/design.md section 2) */
+    (void)redsem__wake_push(c, s->k_sigprefix, &r);
+    rc = redsem__reply_status(c, r, "release", &st);
+    freeReplyObject(r);
     if (rc != REDSEM_OK)
         return rc;
     /* After a lost reply the request was re-sent; "not held" then may mean that the first copy
@@ -483,11 +511,17 @@ int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
     redsem__args_str(&a, is_basic(s) ? s->k_holders : s->k_owners);
     redsem__args_str(&a, is_basic(s) ? s->k_waiters : s->k_timeouts);
     redsem__args_str(&a, is_basic(s) ? s->k_signal : s->k_sigprefix);
+    int nkeys = own_wake_keys(s, &a, 4);
     redsem__args_str(&a, redsem_strategy_name(s->strategy));
     redsem__args_i64(&a, limit);
     long long old;
-    rc = redsem__eval_status(c, REDSEM__SCRIPT_SET_LIMIT, 4, &a, REDSEM__REQ_RETRY, NULL,
-                             "set_limit", &old);
+    redisReply *r = NULL;
+    rc = redsem__eval(c, REDSEM__SCRIPT_SET_LIMIT, nkeys, &a, REDSEM__REQ_RETRY, NULL, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    (void)redsem__wake_push(c, s->k_sigprefix, &r); /* fair, locked: the waiters granted */
+    rc = redsem__reply_status(c, r, "set_limit", &old);
+    freeReplyObject(r);
     if (rc == REDSEM_OK)
         s->limit = limit;
     return rc;

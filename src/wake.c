@@ -19,7 +19,8 @@
  *
  * A fair or locked waiter (since 0.4.3) is woken through its client's id list,
  * PREFIXwake:<tag>:ids, whose elements say which waiters were granted ("<id> <meta key>",
- * prelude.lua's grant_heads); a push that makes the list non-empty also rings its bell
+ * prelude.lua's grant_heads, pushed by the client of the call that granted them:
+ * redsem__wake_push); a push that makes the list non-empty also rings its bell
  * (the same name + ":bell"), and the waiters' key in the BLPOP is that bell: one key for
  * every fair waiter of the client. A leader that pops the bell drains the list
  * (wake_drain.lua, up to WAKE_DRAIN_MAX at a time, again while a drain comes back full) and
@@ -811,6 +812,14 @@ int redsem__wake_waiters(redsem_client *c)
     return n;
 }
 
+bool redsem__wake_any(redsem_client *c)
+{
+    pthread_mutex_lock(&c->wake_mu);
+    bool any = c->wn > 0;
+    pthread_mutex_unlock(&c->wake_mu);
+    return any;
+}
+
 void redsem__wake_cancelled(redsem_client *c)
 {
     bool poke = false;
@@ -840,4 +849,112 @@ void redsem__wake_cancelled(redsem_client *c)
     pthread_mutex_unlock(&c->wake_mu);
     if (poke)
         poke_leader(c, redsem__errbuf(c));
+}
+
+/* ---------------------------------------------------------------- wake-ups to push */
+
+/* Whether name (len bytes) is an id list of a client with c's key prefix,
+ * PREFIXwake:<16 hex digits>:ids, as redsem__wake_init() names them: the only list a
+ * kind-'i' wake-up may go to, whatever a meta hash's c: field says. */
+static bool id_list_name(const redsem_client *c, const char *name, size_t len)
+{
+    static const char ids[] = ":ids";
+    size_t pl = c->prefix_len, want = pl + 5 + 16 + sizeof ids - 1;
+    if (len != want || memcmp(name, c->prefix, pl) != 0 || memcmp(name + pl, "wake:", 5) != 0 ||
+        memcmp(name + pl + 5 + 16, ids, sizeof ids - 1) != 0)
+        return false;
+    for (size_t i = pl + 5; i < pl + 5 + 16; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
+            return false;
+    return true;
+}
+
+/* wake-ups per wake_push.lua call: 2 keys and 2 arguments each (REDSEM__MAX_ARGS) */
+#define WAKE_PUSH_MAX (REDSEM__MAX_ARGS / 4)
+#define WAKE_KEY_MAX 1100 /* prefix (<= 256) + '{' + name (<= 512) + a suffix + id (40) */
+
+/* One wake_push.lua call for the wake-ups of r from r->element[from], at most
+ * WAKE_PUSH_MAX of them; *next: the index after the last one taken. Names that are not a
+ * waiter's list are skipped: an id list of another prefix or form (a planted c: field), or,
+ * in a cluster, any id list (a cluster client records none; a key of another slot could
+ * not be named in the same call), an id that is not a holder id. */
+static void push_some(redsem_client *c, const char *sigprefix, const redisReply *r, size_t from,
+                      size_t *next)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    char keys[WAKE_PUSH_MAX][WAKE_KEY_MAX];
+    const redisReply *kinds[WAKE_PUSH_MAX], *elems[WAKE_PUSH_MAX];
+    int k = 0;
+    size_t i = from;
+    size_t spl = strlen(sigprefix);
+    for (; i + 2 < r->elements && k < WAKE_PUSH_MAX; i += 3) {
+        const redisReply *kind = r->element[i], *t = r->element[i + 1], *e = r->element[i + 2];
+        if (kind->type != REDIS_REPLY_STRING || t->type != REDIS_REPLY_STRING ||
+            e->type != REDIS_REPLY_STRING || kind->len != 1 || e->len > 1024)
+            continue;
+        if (kind->str[0] == 'i' && c->ep.kind != REDSEM__EP_CLUSTER &&
+            t->len < WAKE_KEY_MAX && id_list_name(c, t->str, t->len)) {
+            memcpy(keys[k], t->str, t->len);
+            keys[k][t->len] = '\0';
+        } else if (kind->str[0] == 's' && t->len == REDSEM_ID_LEN &&
+                   spl + REDSEM_ID_LEN < WAKE_KEY_MAX) {
+            char id[REDSEM_ID_LEN + 1];
+            memcpy(id, t->str, REDSEM_ID_LEN);
+            id[REDSEM_ID_LEN] = '\0';
+            if (!redsem__valid_id(id))
+                continue;
+            snprintf(keys[k], sizeof keys[k], "%s%s", sigprefix, id);
+        } else {
+            continue;
+        }
+        kinds[k] = kind;
+        elems[k] = e;
+        k++;
+    }
+    *next = i;
+    if (k == 0)
+        return;
+    char bells[WAKE_PUSH_MAX][WAKE_KEY_MAX + 8];
+    for (int j = 0; j < k; j++) {
+        redsem__args_str(&a, keys[j]);
+        if (kinds[j]->str[0] == 'i') {
+            size_t kl = strlen(keys[j]);
+            memcpy(bells[j], keys[j], kl);
+            memcpy(bells[j] + kl, ":bell", sizeof ":bell");
+            redsem__args_str(&a, bells[j]);
+        } else {
+            redsem__args_str(&a, keys[j]);
+        }
+    }
+    for (int j = 0; j < k; j++) {
+        redsem__args_mem(&a, kinds[j]->str, 1);
+        redsem__args_mem(&a, elems[j]->str, elems[j]->len);
+    }
+    redisReply *pr = NULL;
+    if (redsem__eval(c, REDSEM__SCRIPT_WAKE_PUSH, 2 * k, &a, REDSEM__REQ_RETRY, NULL, &pr) ==
+        REDSEM_OK)
+        freeReplyObject(pr);
+}
+
+int redsem__wake_push(redsem_client *c, const char *sigprefix, redisReply **reply)
+{
+    redisReply *r = *reply;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len != 4 ||
+        memcmp(r->element[0]->str, "wake", 4) != 0)
+        return REDSEM_OK;
+    /* the reply is the script's own; the wrapper goes */
+    *reply = r->element[1];
+    r->element[1] = NULL;
+    /* a wake-up that cannot be pushed is not this call's failure: the grant stands, and its
+     * waiter finds it by its next attempt (acquire.c's poll); keep the caller's error text */
+    char saved[REDSEM__ERRMSG_LEN];
+    char *err = redsem__errbuf(c);
+    memcpy(saved, err, sizeof saved);
+    for (size_t i = 2; i + 2 < r->elements;)
+        push_some(c, sigprefix, r, i, &i);
+    memcpy(err, saved, sizeof saved);
+    freeReplyObject(r);
+    return REDSEM_OK;
 }

@@ -556,14 +556,15 @@ Test(faults, a_wait_cut_by_a_lost_connection_leaves_the_queue_locked, TO)
 /* Found by the fault suite (scenario 9, an ACL user without SCRIPT LOAD): the lock's first
  * acquire failed at SCRIPT LOAD, before any request that could grant, yet returned
  * REDSEM_EUNKNOWN: redsem__eval returned on the load path without initialising the caller's
- * outcome record, whose maybe_applied was stack garbage. The first call of a script is an
- * EVAL now (no SCRIPT LOAD): a user without EVAL is refused there, before anything ran. */
+ * outcome record, whose maybe_applied was stack garbage. A script's first call is SCRIPT LOAD
+ * pipelined before its EVALSHA, and a refused SCRIPT LOAD falls back to EVAL of the body
+ * (node/script.c): a user without either is refused there, before anything ran. */
 Test(faults, a_refused_script_load_is_eperm_not_unknown, TO)
 {
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
     cr_assert_eq(ts_command(&srv, NULL, 0, "ACL", "SETUSER", "noload", "on", ">pw", "~redsem:*",
-                            "+@all", "-eval", NULL),
+                            "+@all", "-eval", "-script|load", NULL),
                  0);
     char url[512];
     snprintf(url, sizeof url, "unix://noload:pw@%s", srv.sock);

@@ -191,8 +191,9 @@ Test(lock, invalid_arguments_are_einval, TO)
 }
 
 /* A fresh client's first lock acquire and refresh are one request each, like a warm
- * client's, on a server that has never seen the scripts (each script's first call is one
- * EVAL carrying its body; no SCRIPT LOAD round trip). A private server: SCRIPT FLUSH must not
+ * client's, on a server that has never seen the scripts (each script's first call is its
+ * SCRIPT LOAD pipelined before its EVALSHA, one round trip; the SCRIPT LOAD is not counted in
+ * stats.requests). A private server: SCRIPT FLUSH must not
  * disturb the suite's other tests. */
 Test(lock, a_fresh_client_pays_no_extra_round_trip, TO)
 {

@@ -750,8 +750,9 @@ static void cycle_requests(redsem_client *c, redsem_sem *s, uint64_t *acq, uint6
 }
 
 /* A fresh client's first acquire and first refresh cost the round trips of a warm client's,
- * whether the server has the scripts cached or not (each script's first call is one EVAL
- * carrying its body; no SCRIPT LOAD round trip). And a locked acquire is two requests, the
+ * whether the server has the scripts cached or not (each script's first call is its SCRIPT
+ * LOAD pipelined before its EVALSHA, one round trip; the SCRIPT LOAD is not counted in
+ * stats.requests). And a locked acquire is two requests, the
  * guard and the script that checks and deletes it: the grant's reply is the last one, so
  * the caller's validity is not shortened by a trailing guard release. A private server: the
  * SCRIPT FLUSH must not disturb the suite's other tests. */
@@ -876,6 +877,307 @@ Test(sem, own_guard_left_by_a_lost_reply_is_taken_again_locked, TO)
     cr_assert_null(p);
     cr_assert_eq(ts_command(tf_server(), out, sizeof out, "GET", key, NULL), 0);
     cr_assert_str_eq(out, other, "the other id's guard was touched");
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- script cache eviction */
+
+/* A field of INFO (e.g. "evicted_scripts" in stats, "calls" of "cmdstat_eval" in
+ * commandstats): its number, or -1 if the server does not report it. */
+static long long info_number(const ts_server *srv, const char *section, const char *line,
+                             const char *sub)
+{
+    static char out[1 << 16];
+    cr_assert_eq(ts_command(srv, out, sizeof out, "INFO", section, NULL), 0, "INFO: %s", out);
+    char want[128];
+    snprintf(want, sizeof want, "\n%s:", line);
+    const char *p = strstr(out, want);
+    if (p == NULL)
+        return -1;
+    p += strlen(want);
+    if (sub != NULL) {
+        char s[64];
+        snprintf(s, sizeof s, "%s=", sub);
+        const char *eol = strchr(p, '\r');
+        const char *q = strstr(p, s);
+        if (q == NULL || (eol != NULL && q > eol))
+            return -1;
+        p = q + strlen(s);
+    }
+    return strtoll(p, NULL, 10);
+}
+
+/* Another application EVALs 600 distinct scripts between each of redsem's rounds. Valkey 8
+ * and Redis 7.4 keep at most 500 scripts that came by EVAL (least recently used evicted)
+ * and never evict one loaded by SCRIPT LOAD: redsem's scripts, loaded by SCRIPT LOAD with
+ * their first EVALSHA, must never meet NOSCRIPT (redsem <= 0.4.6 sent bodies by EVAL: 95
+ * NOSCRIPT in 60 pairs on Valkey 8). On a server that does not evict (Redis 7.0) the test
+ * checks the same thing from the server's own counters: every EVAL it ran was the other
+ * application's, and every body redsem sent went by SCRIPT LOAD, once per script. Run it
+ * against another server with REDSEM_REDIS_SERVER=/path/to/valkey-server. */
+STRATEGY_TEST(sem, scripts_survive_an_application_that_evals_many, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    redsem_client *c = tf_client_for(url, -1, 0);
+    redsem_client *d = tf_client_for(url, -1, 0); /* another holder's client */
+    redsem_sem *s = open_sem(c, "evict", strategy, 1, 10000);
+    redsem_sem *ds = open_sem(d, "evict", strategy, 1, 10000);
+    redisContext *app = redisConnectUnix(srv.sock);
+    cr_assert(app != NULL && !app->err);
+    enum { ROUNDS = 5, DISTINCT = 600 };
+    long long evals = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        redsem_permit *p = NULL, *q = NULL;
+        OK(c, redsem_sem_acquire(s, 2000, &p));
+        OK(c, redsem_permit_refresh(p));
+        /* a try that finds the permit taken, then a release that frees it */
+        EXPECT(d, REDSEM_EBUSY, redsem_sem_try_acquire(ds, &q));
+        OK(c, redsem_permit_release(p));
+        OK(d, redsem_sem_acquire(ds, 2000, &q));
+        OK(d, redsem_permit_release(q));
+        redsem_permit_free(p);
+        redsem_permit_free(q);
+        cr_assert_eq(holders_now(s), 0);
+        for (int i = 0; i < DISTINCT; i++) {
+            char body[64];
+            snprintf(body, sizeof body, "return 'application script %d'", round * DISTINCT + i);
+            cr_assert_eq(redisAppendCommand(app, "EVAL %s 0", body), REDIS_OK);
+        }
+        for (int i = 0; i < DISTINCT; i++) {
+            redisReply *r = NULL;
+            cr_assert_eq(redisGetReply(app, (void **)&r), REDIS_OK);
+            cr_assert(r != NULL && r->type == REDIS_REPLY_STRING, "EVAL: %s",
+                      r && r->str ? r->str : "?");
+            freeReplyObject(r);
+        }
+        evals += DISTINCT;
+    }
+    redisFree(app);
+    redsem_client_stats sc, sd;
+    OK(c, redsem_client_get_stats(c, &sc));
+    OK(d, redsem_client_get_stats(d, &sd));
+    cr_assert_eq(sc.noscript + sd.noscript, 0, "redsem met %llu NOSCRIPT replies",
+                 (unsigned long long)(sc.noscript + sd.noscript));
+    long long evicted = info_number(&srv, "stats", "evicted_scripts", NULL);
+    long long eval_calls = info_number(&srv, "commandstats", "cmdstat_eval", "calls");
+    long long load_calls = info_number(&srv, "commandstats", "cmdstat_script|load", "calls");
+    unsigned long long loads = sc.script_loads + sd.script_loads;
+    cr_log_info("%s: evicted_scripts %lld, EVAL calls %lld, SCRIPT LOAD calls %lld, redsem "
+                "loads %llu", ts_redis_server_path(), evicted, eval_calls, load_calls, loads);
+    cr_assert_eq(eval_calls, evals, "the server ran %lld EVALs, the application sent %lld: "
+                 "redsem sent bodies by EVAL", eval_calls, evals);
+    cr_assert_eq(load_calls, (long long)loads, "SCRIPT LOAD calls %lld, redsem's loads %llu",
+                 load_calls, loads);
+    /* each script once per client: sem_open, acquire, refresh, release, status (and
+     * locked: guard_acquire) on c; sem_open, acquire, release (guard_acquire) on d */
+    cr_assert_leq(sc.script_loads, 6, "%llu loads", (unsigned long long)sc.script_loads);
+    cr_assert_leq(sd.script_loads, 4, "%llu loads", (unsigned long long)sd.script_loads);
+    if (evicted >= 0) /* a server that evicts: the application's scripts were evicted */
+        cr_assert_gt(evicted, 0, "the server evicted no script: the test proves nothing here");
+    redsem_sem_free(s);
+    redsem_sem_free(ds);
+    redsem_client_free(c);
+    redsem_client_free(d);
+    ts_server_stop(&srv);
+}
+
+/* A user whose ACL refuses SCRIPT LOAD (but allows EVAL and EVALSHA) loses nothing: the
+ * refused SCRIPT LOAD and the NOSCRIPT of the EVALSHA after it are answered with EVAL of
+ * the body, once per script, and later bodies go by EVAL at once; the NOSCRIPT that follows
+ * a refused SCRIPT LOAD is not counted as a lost script. */
+Test(sem, a_user_without_script_load_sends_bodies_by_eval, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    char out[256], url[512];
+    cr_assert_eq(ts_command(&srv, out, sizeof out, "ACL", "SETUSER", "dave", "on", ">pw",
+                            "~redsem:*", "+@all", "-script", NULL), 0, "%s", out);
+    snprintf(url, sizeof url, "unix://dave:pw@%s", srv.sock);
+    redsem_client *c = tf_client_for(url, -1, 0);
+    redsem_sem *s = open_sem(c, "noload", REDSEM_STRATEGY_FAIR, 1, 10000);
+    for (int i = 0; i < 3; i++) {
+        redsem_permit *p = NULL;
+        OK(c, redsem_sem_acquire(s, 2000, &p));
+        OK(c, redsem_permit_refresh(p));
+        OK(c, redsem_permit_release(p));
+        redsem_permit_free(p);
+    }
+    redsem_client_stats st;
+    OK(c, redsem_client_get_stats(c, &st));
+    cr_assert_eq(st.noscript, 0, "%llu NOSCRIPT counted", (unsigned long long)st.noscript);
+    /* sem_open's SCRIPT LOAD was refused, then its EVAL; the other three by EVAL at once */
+    cr_assert_eq(st.script_loads, 5, "%llu loads", (unsigned long long)st.script_loads);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
+/* ---------------------------------------------------------------- planted wake-up fields */
+
+/* Every key name on srv, sorted, one per line, into out. */
+static void all_keys(const ts_server *srv, char *out, size_t outlen)
+{
+    redisContext *rc = redisConnectUnix(srv->sock);
+    cr_assert(rc != NULL && !rc->err);
+    redisReply *r = redisCommand(rc, "KEYS *");
+    cr_assert(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    out[0] = '\0';
+    for (size_t i = 0; i < r->elements; i++) {
+        size_t l = strlen(out);
+        snprintf(out + l, outlen - l, "%s\n", r->element[i]->str);
+    }
+    freeReplyObject(r);
+    redisFree(rc);
+}
+
+/* The c:<id> and L:<id> fields of a fair semaphore's meta hash are data: a user who can
+ * write the semaphore's keys could plant a waiter whose "client id list" is any key, and a
+ * "lease" that makes a write fail after others. A release that grants such a waiter must
+ * write nothing outside redsem's keys (no key outside the prefix is created or changed) and
+ * must not fail halfway (it returns REDSEM_OK, and the waiter holds the permit with a sane
+ * deadline). A private server: the test lists every key. */
+Test(sem, planted_wake_fields_write_nothing_outside_redsem, TO)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    char url[512];
+    snprintf(url, sizeof url, "unix://%s", srv.sock);
+    redsem_client *c = tf_client_for(url, -1, 0);
+    redisContext *rc = redisConnectUnix(srv.sock);
+    cr_assert(rc != NULL && !rc->err);
+    /* someone else's keys: a list, a hash, a string */
+    freeReplyObject(redisCommand(rc, "RPUSH victim keep"));
+    freeReplyObject(redisCommand(rc, "HSET victim:hash f v"));
+    freeReplyObject(redisCommand(rc, "SET victim:string v"));
+    static const char *const lists[] = {
+        "victim", "victim:hash", "victim:string", "other:wake:0123456789abcdef:ids",
+        "redsem:wake:0123456789ABCDEF:ids", "redsem:wake:0123456789abcdef:ids:x", "",
+    };
+    static const char *const leases[] = {
+        "inf", "1e400", "nan", "-5", "0", "99999999999999999999", "abc", "", "2592000001",
+        "1e3", " 10", "10000",
+    };
+    const char *fake = "abababababababababababababababababababab"; /* a holder id's form */
+    int n = 0;
+    for (size_t li = 0; li < sizeof lists / sizeof *lists; li++)
+        for (size_t ei = 0; ei < sizeof leases / sizeof *leases; ei++) {
+            char name[64];
+            snprintf(name, sizeof name, "planted%d", n++);
+            redsem_sem *s = open_sem(c, name, REDSEM_STRATEGY_FAIR, 1, 10000);
+            redsem_permit *p = NULL;
+            OK(c, redsem_sem_try_acquire(s, &p));
+            /* a queued waiter planted by hand, with a wait lease of a minute */
+            redisReply *r = redisCommand(rc, "EVAL %s 3 redsem:{%s}:meta redsem:{%s}:owners "
+                                         "redsem:{%s}:timeouts %s %s %s",
+                                         "local t = redis.call('TIME') "
+                                         "redis.call('ZADD', KEYS[2], '1', ARGV[1]) "
+                                         "redis.call('ZADD', KEYS[3], t[1] * 1000 + 60000, "
+                                         "ARGV[1]) "
+                                         "redis.call('HSET', KEYS[1], 'q', '1', 'c:' .. ARGV[1], "
+                                         "ARGV[2], 'L:' .. ARGV[1], ARGV[3]) "
+                                         "return 1",
+                                         name, name, name, fake, lists[li], leases[ei]);
+            cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER, "plant: %s",
+                      r && r->str ? r->str : "?");
+            freeReplyObject(r);
+            OK(c, redsem_permit_release(p));
+            redsem_permit_free(p);
+            /* the planted waiter holds the permit, with a deadline within a minute from now
+             * (its wait lease, or a direct grant of at most the lease it asked for) */
+            redsem_status *st = NULL;
+            OK(c, redsem_sem_status(s, 4, &st));
+            cr_assert_eq(redsem_status_holder_count(st), 1, "list '%s', lease '%s'", lists[li],
+                         leases[ei]);
+            cr_assert_eq(redsem_status_waiter_count(st), 0);
+            int64_t left = -1;
+            cr_assert_eq(redsem_status_holder(st, 0, NULL, NULL, &left), REDSEM_OK);
+            cr_assert(left > 0 && left <= 60000, "list '%s', lease '%s': %lld ms left",
+                      lists[li], leases[ei], (long long)left);
+            redsem_status_free(st);
+            r = redisCommand(rc, "PTTL redsem:{%s}:meta", name);
+            cr_assert(r != NULL && r->type == REDIS_REPLY_INTEGER && r->integer > 10000,
+                      "list '%s', lease '%s': meta's TTL %lld", lists[li], leases[ei],
+                      r ? r->integer : -9);
+            freeReplyObject(r);
+            redsem_sem_free(s);
+        }
+    /* nothing outside the prefix was created or changed */
+    char keys[1 << 16];
+    all_keys(&srv, keys, sizeof keys);
+    for (char *line = keys, *nl; *line != '\0'; line = nl + 1) {
+        nl = strchr(line, '\n');
+        *nl = '\0';
+        cr_assert(strncmp(line, "redsem:", 7) == 0 || strcmp(line, "victim") == 0 ||
+                      strcmp(line, "victim:hash") == 0 || strcmp(line, "victim:string") == 0,
+                  "a key outside redsem's: '%s'", line);
+        cr_assert(strstr(line, "0123456789") == NULL, "a planted list was written: '%s'",
+                  line);
+    }
+    redisReply *r = redisCommand(rc, "LRANGE victim 0 -1");
+    cr_assert(r != NULL && r->elements == 1 && strcmp(r->element[0]->str, "keep") == 0,
+              "the list 'victim' was written (%zu elements)", r ? r->elements : 0);
+    freeReplyObject(r);
+    r = redisCommand(rc, "HLEN victim:hash");
+    cr_assert(r != NULL && r->integer == 1);
+    freeReplyObject(r);
+    r = redisCommand(rc, "PTTL victim");
+    cr_assert(r != NULL && r->integer == -1, "the list 'victim' was given a TTL");
+    freeReplyObject(r);
+    redisFree(rc);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
+/* ---------------------------------------------------------------- partly evicted keys */
+
+/* A server whose maxmemory policy evicts keys (anything but noeviction) may evict the meta
+ * hash alone. The next acquire then found a "new" semaphore and, the meta hash's count gone
+ * (fair: used; basic: extra, the weights above 1), granted past the limit: a second holder
+ * of a limit-1 fair semaphore, a third and fourth permit of a limit-2 basic one held by a
+ * weight-2 permit (issue 29.3). The scripts refuse instead while the deadline set has live
+ * entries, with an error that says so; nothing is granted or written. The holder's release
+ * finds its record gone (REDSEM_ELOST) and removes its entry, after which the name works
+ * again. */
+STRATEGY_TEST(sem, an_evicted_meta_hash_gives_no_second_holder, TO)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("evicted");
+    uint32_t limit = strategy == REDSEM_STRATEGY_BASIC ? 2 : 1;
+    redsem_sem *s = open_sem(c, name, strategy, limit, 10000);
+    redsem_permit *p = NULL, *q = NULL;
+    OK(c, redsem_sem_acquire_n(s, limit, 1000, &p));
+    char meta[600];
+    snprintf(meta, sizeof meta, "redsem:{%s}:meta", name);
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "DEL", meta, NULL), 0);
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_try_acquire(s, &q));
+    cr_assert(strstr(redsem_client_errmsg(c), "partly missing (evicted?)") != NULL, "%s",
+              redsem_client_errmsg(c));
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_acquire(s, 200, &q));
+    cr_assert_null(q);
+    char out[64];
+    cr_assert_eq(ts_command(tf_server(), out, sizeof out, "EXISTS", meta, NULL), 0);
+    cr_assert_str_eq(out, "0", "the refused acquires wrote the meta hash");
+    /* a new handle's open records a fresh meta hash (strategy and limit only): its
+     * acquires and set_limit are refused the same way */
+    redsem_sem *s2 = open_sem(c, name, strategy, limit, 10000);
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_try_acquire(s2, &q));
+    EXPECT(c, REDSEM_ESERVER, redsem_sem_set_limit(s2, limit + 1));
+    cr_assert(strstr(redsem_client_errmsg(c), "partly missing (evicted?)") != NULL, "%s",
+              redsem_client_errmsg(c));
+    redsem_sem_free(s2);
+    if (strategy == REDSEM_STRATEGY_BASIC) {
+        OK(c, redsem_permit_release(p)); /* basic: its entry is the holders set's */
+    } else {
+        EXPECT(c, REDSEM_ELOST, redsem_permit_release(p));
+    }
+    OK(c, redsem_sem_try_acquire(s, &q));
+    OK(c, redsem_permit_release(q));
+    redsem_permit_free(p);
+    redsem_permit_free(q);
     redsem_sem_free(s);
     redsem_client_free(c);
 }

@@ -482,11 +482,16 @@ REDSEM_API int redsem_client_ping(redsem_client *client);
 
 /** Counters of what a client has sent, for operators and benchmarks. Since: 0.1 */
 typedef struct redsem_client_stats {
-    uint64_t requests;     /* requests written to Redis (each EVALSHA, SET, BLPOP ... once) */
+    uint64_t requests;     /* requests written to Redis (each EVALSHA, SET, BLPOP ... once;
+                              the SCRIPT LOAD written with a script's first EVALSHA counts
+                              in script_loads only) */
     uint64_t connects;     /* successful connections, the first one included */
-    uint64_t script_loads; /* EVALs carrying a script's body: its first use, and each retry
-                              after NOSCRIPT (redsem never sends SCRIPT LOAD) */
-    uint64_t noscript;     /* NOSCRIPT replies seen (each followed by one EVAL of the body) */
+    uint64_t script_loads; /* script bodies sent: a SCRIPT LOAD pipelined before the EVALSHA
+                              (same write, same round trip) on a script's first use on a
+                              server and after each NOSCRIPT; an EVAL with the body where
+                              the server refuses SCRIPT LOAD (ACL) */
+    uint64_t noscript;     /* NOSCRIPT replies seen (each answered by sending the body once
+                              more, as above) */
     uint64_t retries;      /* requests re-sent after a connection-level failure (or, in a
                               Redis Cluster, after TRYAGAIN or CLUSTERDOWN) */
     uint64_t wakeups;      /* blocking waits ended by a wake-up signal */

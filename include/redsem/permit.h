@@ -121,8 +121,9 @@ REDSEM_API bool redsem_permit_held(const redsem_permit *permit);
  *          REDSEM_EPROTO; REDSEM_EFORKED; REDSEM_EREPLICA (with
  *          redsem_options_set_sync_replicas(): refreshed on the primary, but fewer replicas
  *          acknowledged it in time; the validity deadline is unchanged).
- * Server: one EVALSHA (refresh.lua or lock_extend.lua; EVAL with the body on the client's
- *         first call of that script) on the permit's client.
+ * Server: one EVALSHA (refresh.lua or lock_extend.lua; on the client's first call of that
+ *         script, SCRIPT LOAD of its body pipelined before it, in the same round trip) on the
+ *         permit's client.
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h); also from the permit's own lost-lease callback (where it returns
  * REDSEM_ESTATE at once: the permit was found lost). Since: 0.1
@@ -149,7 +150,9 @@ REDSEM_API REDSEM_WUR int redsem_permit_refresh(redsem_permit *permit);
  *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
  *          REDSEM_EFORKED. After a connection-level failure the permit stays releasable; if
  *          it is never released, the lease expires on the server by itself.
- * Server: one EVALSHA (basic_release.lua, fair_release.lua or lock_release.lua).
+ * Server: one EVALSHA (basic_release.lua, fair_release.lua or lock_release.lua); fair and
+ *         locked, when the release granted queued waiters: one more, wake_push.lua, which
+ *         pushes their wake-ups to their lists (since 0.4.7; design.md section 2).
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h), lost-lease callbacks included. Since: 0.1
  */

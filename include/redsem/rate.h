@@ -129,7 +129,8 @@ REDSEM_API void redsem_rate_free(redsem_rate *rate);
  *          REDSEM_EPROTO; REDSEM_EFORKED; REDSEM_EREPLICA (with
  *          redsem_options_set_sync_replicas(): granted, but fewer replicas acknowledged it
  *          in time; the grant stays counted, so do not use it).
- * Server: one EVALSHA of rate.lua (mode try).
+ * Server: one EVALSHA of rate.lua (mode try); then one of wake_push.lua if the call made
+ *         queued waiters entitled to a slot (since 0.4.7: it wakes them on their lists).
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.3
  */
@@ -153,7 +154,8 @@ REDSEM_API REDSEM_WUR int redsem_rate_try_acquire(redsem_rate *rate, redsem_rate
  * @ret_grant   as redsem_rate_try_acquire().
  * Returns: as redsem_rate_try_acquire(); REDSEM_EBUSY also when the turn did not come in
  *          time (the queue entry is removed; retry_after_ms says when it would have).
- * Server: per attempt one EVALSHA of rate.lua; while waiting, BLPOP on
+ * Server: per attempt one EVALSHA of rate.lua (then one of wake_push.lua if it made other
+ *         waiters entitled to a slot, since 0.4.7); while waiting, BLPOP on
  *         PREFIX{NAME}:rate:signal:<id>.
  * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
  * redsem/client.h). Since: 0.3

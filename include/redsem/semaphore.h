@@ -216,13 +216,17 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *          the same identifier and a timeout of 1 ms or more to find out, idempotently: a
  *          try, timeout 0, does not leave a queue it is in);
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER
- *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed);
+ *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed; "PARTIAL
+ *          semaphore keys partly missing (evicted?)": the meta hash was lost while permits
+ *          or waiters are still recorded, refused until they end, since 0.4.7);
  *          REDSEM_EPERM (NOPERM ...); REDSEM_ECONFLICT (the semaphore was re-created with
  *          another strategy); REDSEM_EPROTO; REDSEM_EFORKED; REDSEM_EREPLICA (with
  *          redsem_options_set_sync_replicas(): granted, but fewer replicas acknowledged it
  *          in time; the permit was given back).
- * Server: per attempt one EVALSHA of basic_acquire.lua or fair_acquire.lua (EVAL with the
- *         script's body on the client's first call of it; locked: also guard_acquire.lua,
+ * Server: per attempt one EVALSHA of basic_acquire.lua or fair_acquire.lua (SCRIPT LOAD of
+ *         its body pipelined before it on the client's first call of it; fair, locked: one
+ *         more, wake_push.lua, when the attempt granted other waiters; locked: also
+ *         guard_acquire.lua,
  *         SET NX PX of the guard, before; fair_acquire.lua checks the guard and deletes it;
  *         a busy guard is retried after 100 us doubling to 5 ms, jittered); while
  *         waiting, BLPOP on the semaphore's wake-up list (basic), or (fair, locked) on the
@@ -344,7 +348,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_i
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ECONFLICT (the server has another strategy);
  *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
  *          REDSEM_EFORKED.
- * Server: one EVALSHA of set_limit.lua. Thread safety: any thread, at the same time as others
+ * Server: one EVALSHA of set_limit.lua (fair, locked: then one of wake_push.lua if it granted
+ * waiters of other clients, since 0.4.7). Thread safety: any thread, at the same time as others
  * (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_sem_set_limit(redsem_sem *sem, uint32_t limit);

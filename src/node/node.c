@@ -20,6 +20,7 @@ int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint 
     n->clock = &n->own_clock;
     for (int i = 0; i < REDSEM__SCRIPT_COUNT; i++)
         atomic_init(&n->own_scripts.sent[i], false);
+    atomic_init(&n->own_scripts.eval_body, false);
     n->scripts = &n->own_scripts;
     redsem__conn_init(&n->conn);
     n->connect_timeout_ms = cfg->connect_timeout_ms;
@@ -148,8 +149,10 @@ void redsem__node_disconnect(redsem__node *n)
 
 /* Requests on the raw connection, pipelined in one write (cmd holds them all), and their
  * nrets replies; no reconnect, no retry. On failure no reply is kept. */
+/* uncounted: leading replies whose requests are not counted in stats.requests (the SCRIPT
+ * LOAD before a script's first EVALSHA: counted in script_loads) */
 static int raw_roundtrip_n(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
-                           redisReply **rets, int nrets, bool *written, char *err,
+                           redisReply **rets, int nrets, int uncounted, bool *written, char *err,
                            size_t errlen)
 {
     int err_no = 0;
@@ -157,7 +160,7 @@ static int raw_roundtrip_n(redsem__node *n, const char *cmd, size_t len, int64_t
     int io = redsem__conn_write(&n->conn, cmd, len, deadline_ns, &err_no);
     if (io == REDSEM__IO_OK) {
         *written = true;
-        REDSEM__COUNT(n->ctx, requests, (uint64_t)nrets);
+        REDSEM__COUNT(n->ctx, requests, (uint64_t)(nrets - uncounted));
         for (int i = 0; i < nrets && io == REDSEM__IO_OK; i++) {
             io = redsem__conn_read(&n->conn, &rets[i], deadline_ns, &err_no, err, errlen);
             if (io != REDSEM__IO_OK)
@@ -200,8 +203,8 @@ static bool primary_moved(redsem__node *n, char *err, size_t errlen)
  * and err says why (a replica applies no write: what ran there is as if refused with
  * READONLY). nrets <= REDSEM__BATCH_MAX. */
 static int roundtrip_checked(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
-                             redisReply **rets, int nrets, bool *written, bool *demoted,
-                             char *err, size_t errlen)
+                             redisReply **rets, int nrets, int uncounted, bool *written,
+                             bool *demoted, char *err, size_t errlen)
 {
     *demoted = false;
     int64_t now = redsem__now_ns();
@@ -210,12 +213,13 @@ static int roundtrip_checked(redsem__node *n, const char *cmd, size_t len, int64
         now - n->role_checked_ns >= REDSEM__ROLE_CHECK_MS * REDSEM__NS_PER_MS)
         all = redsem__malloc(sizeof role_cmd - 1 + len); /* NULL: checked next time */
     if (all == NULL)
-        return raw_roundtrip_n(n, cmd, len, deadline_ns, rets, nrets, written, err, errlen);
+        return raw_roundtrip_n(n, cmd, len, deadline_ns, rets, nrets, uncounted, written, err,
+                               errlen);
     memcpy(all, role_cmd, sizeof role_cmd - 1);
     memcpy(all + sizeof role_cmd - 1, cmd, len);
     redisReply *got[REDSEM__BATCH_MAX + 1];
     int rc = raw_roundtrip_n(n, all, sizeof role_cmd - 1 + len, deadline_ns, got, nrets + 1,
-                             written, err, errlen);
+                             uncounted, written, err, errlen);
     redsem__free(all);
     if (rc != REDSEM_OK)
         return rc;
@@ -233,7 +237,7 @@ static int roundtrip_checked(redsem__node *n, const char *cmd, size_t len, int64
 }
 
 int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
-                                 redisReply **rets, int k, bool *written)
+                                 redisReply **rets, int k, int uncounted, bool *written)
 {
     char err[256];
     int64_t dl = n->ctx->deadline_cap_ns; /* 0: the socket's timeout (the command timeout) */
@@ -243,7 +247,8 @@ int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
         *written = false;
         rc = REDSEM_ECONN;
     } else {
-        rc = roundtrip_checked(n, cmd, len, dl, rets, k, written, &demoted, err, sizeof err);
+        rc = roundtrip_checked(n, cmd, len, dl, rets, k, uncounted, written, &demoted, err,
+                               sizeof err);
         if (rc == REDSEM_OK && demoted) {
             *written = false; /* refused by a replica, as with READONLY */
             rc = REDSEM_ECONN;
@@ -259,7 +264,7 @@ int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
 static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
                          redisReply **ret, bool *written, char *err, size_t errlen)
 {
-    return raw_roundtrip_n(n, cmd, len, deadline_ns, ret, 1, written, err, errlen);
+    return raw_roundtrip_n(n, cmd, len, deadline_ns, ret, 1, 0, written, err, errlen);
 }
 
 static int handshake_cmd(redsem__node *n, const redsem__args *a, const char *what,
@@ -538,42 +543,51 @@ int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int6
     return redsem__node_request2(n, a, NULL, flags, deadline_ns, ret_reply, NULL, info);
 }
 
-/* The bytes of a request: [ASKING (after a cluster's ASK)] a [then], in one buffer so that
- * they go in one write (one round trip). Freed with redisFreeCommand when it is a alone,
- * else with redsem__free. The length, or -1 without memory. */
-static int format_requests(const redsem__node *n, const redsem__args *a,
+/* The bytes of a request: [pre] [ASKING (after a cluster's ASK)] a [then], in one buffer so
+ * that they go in one write (one round trip). ASKING applies to the one command after it, so it
+ * goes right before a (pre is a SCRIPT LOAD, which names no key). Freed with redisFreeCommand
+ * when it is a alone, else with redsem__free. The length, or -1 without memory. */
+static int format_requests(const redsem__node *n, const redsem__args *pre, const redsem__args *a,
                            const redsem__args *then, char **out)
 {
     static const char asking[] = "*1\r\n$6\r\nASKING\r\n";
-    char *cmd = NULL, *cmd2 = NULL;
+    char *cmd0 = NULL, *cmd = NULL, *cmd2 = NULL;
     int len = redsem__args_format(a, &cmd);
     if (len < 0)
         return -1;
-    if (then == NULL && !n->asking) {
+    if (pre == NULL && then == NULL && !n->asking) {
         *out = cmd;
         return len;
     }
+    int len0 = pre != NULL ? redsem__args_format(pre, &cmd0) : 0;
     int len2 = then != NULL ? redsem__args_format(then, &cmd2) : 0;
-    size_t pre = n->asking ? sizeof asking - 1 : 0;
-    char *all = len2 < 0 ? NULL : redsem__malloc(pre + (size_t)len + (size_t)len2);
+    size_t ask = n->asking ? sizeof asking - 1 : 0;
+    char *all = len0 < 0 || len2 < 0
+                    ? NULL
+                    : redsem__malloc((size_t)len0 + ask + (size_t)len + (size_t)len2);
     if (all != NULL) {
-        memcpy(all, asking, pre);
-        memcpy(all + pre, cmd, (size_t)len);
+        if (cmd0 != NULL)
+            memcpy(all, cmd0, (size_t)len0);
+        memcpy(all + len0, asking, ask);
+        memcpy(all + len0 + ask, cmd, (size_t)len);
         if (cmd2 != NULL)
-            memcpy(all + pre + len, cmd2, (size_t)len2);
+            memcpy(all + len0 + ask + len, cmd2, (size_t)len2);
     }
+    if (cmd0 != NULL)
+        redisFreeCommand(cmd0);
     redisFreeCommand(cmd);
     if (cmd2 != NULL)
         redisFreeCommand(cmd2);
     *out = all;
-    return all == NULL ? -1 : (int)pre + len + len2;
+    return all == NULL ? -1 : len0 + (int)ask + len + len2;
 }
 
-/* The request loop of node_request2 on bytes already formatted (cmd: [ASKING] a [then]):
- * connect, write, read, reconnect and resend within the retry window. */
-static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has_then,
-                          int flags, int64_t deadline_ns, redisReply **ret_reply,
-                          redisReply **ret_then, redsem__req_info *info)
+/* The request loop of node_request3 on bytes already formatted (cmd: [pre] [ASKING] a
+ * [then]): connect, write, read, reconnect and resend within the retry window. The replies
+ * judged (LOADING, READONLY) are a's: pre's is returned as it came. */
+static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has_pre,
+                          bool has_then, int flags, int64_t deadline_ns, redisReply **ret_pre,
+                          redisReply **ret_reply, redisReply **ret_then, redsem__req_info *info)
 {
     redsem__req_info dummy;
     if (info == NULL)
@@ -583,8 +597,9 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
     info->recv_ns = 0;
     info->replicas_acked = -1;
 
-    /* replies: [ASKING's], a's, [then's] */
-    int first = n->asking ? 1 : 0, nrets = first + 1 + (has_then ? 1 : 0);
+    /* replies: [pre's], [ASKING's], a's, [then's] */
+    int p0 = has_pre ? 1 : 0;
+    int first = p0 + (n->asking ? 1 : 0), nrets = first + 1 + (has_then ? 1 : 0);
 
     int64_t retry_until = 0, backoff = 5 * REDSEM__NS_PER_MS;
     int rc;
@@ -615,8 +630,8 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
         if (n->ctx->deadline_cap_ns && (dl == 0 || n->ctx->deadline_cap_ns < dl))
             dl = n->ctx->deadline_cap_ns;
         bool written = false, demoted = false;
-        redisReply *rets[3] = {NULL, NULL, NULL};
-        rc = roundtrip_checked(n, cmd, len, dl, rets, nrets, &written, &demoted, err,
+        redisReply *rets[4] = {NULL, NULL, NULL, NULL};
+        rc = roundtrip_checked(n, cmd, len, dl, rets, nrets, p0, &written, &demoted, err,
                                sizeof err);
         if (rc == REDSEM_OK && demoted) {
             drop_connection(n);
@@ -624,9 +639,10 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
             rc = REDSEM_ECONN;
             goto retry;
         }
-        if (rc == REDSEM_OK && first)
-            freeReplyObject(rets[0]); /* ASKING's +OK (an error there shows in the next) */
+        if (rc == REDSEM_OK && first > p0)
+            freeReplyObject(rets[p0]); /* ASKING's +OK (an error there shows in the next) */
         redisReply *r = rets[first], *r2 = has_then ? rets[first + 1] : NULL;
+        redisReply *r0 = has_pre ? rets[0] : NULL;
         if (rc == REDSEM_OK && loading_reply(r) && (flags & REDSEM__REQ_RETRY) &&
             n->retry_ms > 0) {
             /* A restarted server loading its data refuses every command, executing nothing:
@@ -638,6 +654,8 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
                 freeReplyObject(r);
                 if (r2 != NULL)
                     freeReplyObject(r2);
+                if (r0 != NULL)
+                    freeReplyObject(r0);
                 nap_before_retry(n, &backoff, retry_until);
                 continue;
             }
@@ -651,6 +669,8 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
             freeReplyObject(r);
             if (r2 != NULL)
                 freeReplyObject(r2);
+            if (r0 != NULL)
+                freeReplyObject(r0);
             drop_connection(n);
             redsem__ctx_err(n->ctx, REDSEM_ECONN, "%s", err);
             rc = REDSEM_ECONN;
@@ -664,6 +684,10 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
                 *ret_then = r2;
             else if (r2 != NULL)
                 freeReplyObject(r2);
+            if (ret_pre != NULL)
+                *ret_pre = r0;
+            else if (r0 != NULL)
+                freeReplyObject(r0);
             break;
         }
         drop_connection(n);
@@ -689,25 +713,34 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
     return rc;
 }
 
-int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__args *then,
-                          int flags, int64_t deadline_ns, redisReply **ret_reply,
-                          redisReply **ret_then, redsem__req_info *info)
+int redsem__node_request3(redsem__node *n, const redsem__args *pre, const redsem__args *a,
+                          const redsem__args *then, int flags, int64_t deadline_ns,
+                          redisReply **ret_pre, redisReply **ret_reply, redisReply **ret_then,
+                          redsem__req_info *info)
 {
     char *cmd = NULL;
-    int len = format_requests(n, a, then, &cmd);
+    int len = format_requests(n, pre, a, then, &cmd);
     if (len < 0) {
         if (info != NULL)
             *info = (redsem__req_info){false, 0, 0, -1};
         return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting a request");
     }
-    bool combined = then != NULL || n->asking; /* format_requests' own buffer */
-    int rc = send_formatted(n, cmd, (size_t)len, then != NULL, flags, deadline_ns, ret_reply,
-                            ret_then, info);
+    bool combined = pre != NULL || then != NULL || n->asking; /* format_requests' own buffer */
+    int rc = send_formatted(n, cmd, (size_t)len, pre != NULL, then != NULL, flags, deadline_ns,
+                            ret_pre, ret_reply, ret_then, info);
     if (combined)
         redsem__free(cmd);
     else
         redisFreeCommand(cmd);
     return rc;
+}
+
+int redsem__node_request2(redsem__node *n, const redsem__args *a, const redsem__args *then,
+                          int flags, int64_t deadline_ns, redisReply **ret_reply,
+                          redisReply **ret_then, redsem__req_info *info)
+{
+    return redsem__node_request3(n, NULL, a, then, flags, deadline_ns, NULL, ret_reply, ret_then,
+                                 info);
 }
 
 int redsem__node_blpop_many(redsem__node *n, const char *const *keys, const size_t *lens,
@@ -761,8 +794,8 @@ int redsem__node_blpop_many(redsem__node *n, const char *const *keys, const size
         return redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory formatting BLPOP");
     }
     redisReply *r = NULL;
-    int rc = send_formatted(n, all != NULL ? all : cmd, (size_t)len, false, REDSEM__REQ_RETRY,
-                            dl, &r, NULL, NULL);
+    int rc = send_formatted(n, all != NULL ? all : cmd, (size_t)len, false, false,
+                            REDSEM__REQ_RETRY, dl, NULL, &r, NULL, NULL);
     redisFreeCommand(cmd);
     redsem__free(all);
     if (rc == REDSEM_ETIMEDOUT && dl == hard_deadline_ns) {

@@ -1,6 +1,7 @@
 /* redsem - the node layer: one Redis server as seen by one client. Its connection (with the
  * handshake: AUTH, SELECT, TIME), requests with reconnect and idempotent retry, the server's
- * clock offset, the script cache (EVAL on first use, EVALSHA after, NOSCRIPT) and BLPOP.
+ * clock offset, the script cache (SCRIPT LOAD + EVALSHA on first use, EVALSHA after,
+ * NOSCRIPT) and BLPOP.
  * Below the topology; knows nothing of semaphores, locks or permits. Not API. */
 #ifndef REDSEM_NODE_H
 #define REDSEM_NODE_H
@@ -57,12 +58,15 @@ void redsem__clock_note(redsem__clock *k, int64_t server_us, int64_t recv_ns);
  * offset is unknown. */
 int64_t redsem__clock_not_after_us(const redsem__clock *k, int64_t command_timeout_ms);
 
-/* The scripts a server is known to hold in its cache: sent there with their body (EVAL) and
- * not reported missing since (NOSCRIPT). A node's own, or one that its client shares among
- * the lanes that reach the same server (client.c, as the clock), so that a new lane does not
- * send every body again. Atomic: lanes of one client run in parallel. */
+/* The scripts a server is known to hold in its cache: loaded there (SCRIPT LOAD, or EVAL
+ * with the body where SCRIPT LOAD is refused) and not reported missing since (NOSCRIPT). A
+ * node's own, or one that its client shares among the lanes that reach the same server
+ * (client.c, as the clock), so that a new lane does not send every body again. eval_body:
+ * the server refused SCRIPT LOAD (an ACL without script|load, a renamed command): bodies go
+ * by EVAL, as redsem <= 0.4.6 sent them. Atomic: lanes of one client run in parallel. */
 typedef struct redsem__script_cache {
     _Atomic bool sent[REDSEM__SCRIPT_COUNT];
+    _Atomic bool eval_body;
 } redsem__script_cache;
 
 typedef struct redsem__node redsem__node;
@@ -156,8 +160,17 @@ int redsem__node_request2(redsem__node *n, const struct redsem__args *a,
                           const struct redsem__args *then, int flags, int64_t deadline_ns,
                           struct redisReply **ret_reply, struct redisReply **ret_then,
                           redsem__req_info *info);
-/* Run one embedded script: EVAL with its body on this node's first use, EVALSHA after,
- * EVAL again after NOSCRIPT (one more round trip only then); error replies are classified
+/* The same with a request pipelined before a (SCRIPT LOAD before an EVALSHA): [pre]
+ * [ASKING] a [then] in one write; *ret_pre (may be NULL: freed) gets pre's reply, which is
+ * never judged (LOADING, READONLY are a's). */
+int redsem__node_request3(redsem__node *n, const struct redsem__args *pre,
+                          const struct redsem__args *a, const struct redsem__args *then,
+                          int flags, int64_t deadline_ns, struct redisReply **ret_pre,
+                          struct redisReply **ret_reply, struct redisReply **ret_then,
+                          redsem__req_info *info);
+/* Run one embedded script: SCRIPT LOAD of its body pipelined before its EVALSHA (one write,
+ * one round trip) on this node's first use, EVALSHA alone after, the same pair again after
+ * NOSCRIPT (one more round trip only then); error replies are classified
  * into codes with the text in the context's errmsg. On REDSEM_OK *ret_reply is a non-error
  * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *keys_and_args,
@@ -176,17 +189,19 @@ typedef struct redsem__batch_item {
 } redsem__batch_item;
 #define REDSEM__BATCH_MAX 16
 /* Run k (1..REDSEM__BATCH_MAX) script calls, of several callers, as redsem__node_eval would
- * run each: EVALSHA all in one write and one round trip when the connection is up and every
- * script is known to the server (pipelined: replies come back in order); each one that
- * needs more (NOSCRIPT, LOADING, READONLY, a lost connection with REDSEM__REQ_RETRY, WAIT,
- * a cluster node) goes on alone afterwards through redsem__node_eval, keeping "maybe
+ * run each: EVALSHA all in one write and one round trip when the connection is up
+ * (pipelined: replies come back in order), preceded in the same write by a SCRIPT LOAD of
+ * each script the server is not known to hold; each one that needs more (NOSCRIPT, LOADING,
+ * READONLY, a lost connection with REDSEM__REQ_RETRY, WAIT, a cluster node, a server that
+ * refuses SCRIPT LOAD) goes on alone afterwards through redsem__node_eval, keeping "maybe
  * applied". Each item's rc, reply, info and errmsg are set as redsem__node_eval sets them. */
 void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k);
 /* Pipelined requests (cmd holds them all) and their k replies on n's open connection, in
- * one write; no reconnect, no retry. On failure the connection is dropped, no reply kept,
- * *written says whether the bytes went out, and the reason is in the context's errmsg. */
+ * one write; no reconnect, no retry. The first `uncounted` (SCRIPT LOADs) are not counted in
+ * stats.requests. On failure the connection is dropped, no reply kept, *written says whether
+ * the bytes went out, and the reason is in the context's errmsg. */
 int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
-                                 struct redisReply **rets, int k, bool *written);
+                                 struct redisReply **rets, int k, int uncounted, bool *written);
 /* BLPOP key for up to wait_ms (server side), giving up at hard_deadline_ns (the connection
  * is then discarded). Returns REDSEM_OK with *signaled, or a fault. */
 int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t wait_ms,

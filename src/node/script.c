@@ -1,5 +1,6 @@
-/* redsem - the node's script cache: every script's SHA1 is known at build time; EVAL with the
- * body on first use, EVALSHA after, EVAL again after NOSCRIPT. */
+/* redsem - the node's script cache: every script's SHA1 is known at build time; SCRIPT LOAD
+ * pipelined before the EVALSHA on first use, EVALSHA alone after, the pair again after
+ * NOSCRIPT. */
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -8,12 +9,24 @@
 
 #define REDSEM__NOSCRIPT_RETRIES 5
 
+static bool error_starts(const redisReply *r, const char *word)
+{
+    return r->type == REDIS_REPLY_ERROR && r->str != NULL &&
+           strncmp(r->str, word, strlen(word)) == 0;
+}
+
 /* Every script's SHA1 is known at build time (tools/embed-lua.c). A script this client has
- * not run yet goes out as EVAL with its body, which runs it and caches it on the server in
- * the same round trip; after that, EVALSHA. A NOSCRIPT reply (SCRIPT FLUSH, a restart, a
- * failover to a server that never saw it) is answered with EVAL of the body: one more round
- * trip only when the server really lost the script, never a SCRIPT LOAD. NOSCRIPT means the
- * script did not run, so sending it again is safe whatever the call. */
+ * not run yet on a server goes out as SCRIPT LOAD with its body followed by its EVALSHA, in
+ * one write: one round trip, whose replies are SCRIPT LOAD's (the SHA1) then EVALSHA's. After
+ * that, EVALSHA alone. SCRIPT LOAD rather than EVAL with the body: Valkey 8 and Redis 7.4
+ * keep at most 500 scripts that came by EVAL, evicting the least recently used, and never
+ * evict one loaded by SCRIPT LOAD (nor one sent by EVAL and loaded since), so another
+ * application that EVALs many distinct scripts on the same server cannot push redsem's
+ * out. A NOSCRIPT reply (SCRIPT FLUSH, a restart, a failover to a server that never saw it)
+ * is answered the same way: one more round trip only when the server really lost the script.
+ * NOSCRIPT means the script did not run, so sending it again is safe whatever the call. A
+ * server that refuses SCRIPT LOAD (an ACL without script|load, a renamed command) gets the
+ * body by EVAL from then on (the script cache's eval_body), as redsem <= 0.4.6 sent it. */
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *ka, int flags,
                  redsem__req_info *info, redisReply **ret_reply)
 {
@@ -27,9 +40,17 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
     bool resend_body = false; /* after a NOSCRIPT: the body, whatever another lane marked */
     for (int attempt = 0;; attempt++) {
         bool body = resend_body || !atomic_load(&n->scripts->sent[script]);
-        redsem__args a;
+        /* load: SCRIPT LOAD before the EVALSHA; else the body by EVAL (SCRIPT LOAD refused) */
+        bool load = body && !atomic_load(&n->scripts->eval_body);
+        redsem__args a, la;
         redsem__args_init(&a);
-        if (body) {
+        redsem__args_init(&la);
+        if (load) {
+            redsem__args_str(&la, "SCRIPT");
+            redsem__args_str(&la, "LOAD");
+            redsem__args_mem(&la, d->text, d->len);
+        }
+        if (body && !load) {
             redsem__args_str(&a, "EVAL");
             redsem__args_mem(&a, d->text, d->len);
         } else {
@@ -39,7 +60,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         redsem__args_i64(&a, nkeys);
         for (int i = 0; i < ka->n; i++)
             redsem__args_mem(&a, ka->v[i], ka->len[i]);
-        redisReply *r = NULL, *w = NULL;
+        redisReply *r = NULL, *w = NULL, *lr = NULL;
         /* WAIT N timeout after a write that must reach the replicas: in the same write, so
          * in the same round trip; the reply says how many acknowledged (replication is
          * asynchronous: this is how long the caller waits for it, not a guarantee) */
@@ -49,8 +70,8 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         redsem__args_str(&wa, "WAIT");
         redsem__args_i64(&wa, n->sync_replicas);
         redsem__args_i64(&wa, n->sync_timeout_ms);
-        int rc = redsem__node_request2(n, &a, sync ? &wa : NULL, flags, 0, &r, sync ? &w : NULL,
-                                       info);
+        int rc = redsem__node_request3(n, load ? &la : NULL, &a, sync ? &wa : NULL, flags, 0,
+                                       load ? &lr : NULL, &r, sync ? &w : NULL, info);
         if (rc == REDSEM_OK && sync) {
             /* The script ran whatever WAIT says: a refused or odd WAIT counts as no replica
              * (the caller then gives a grant back), with the reason in errmsg. */
@@ -73,12 +94,26 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
             return rc;
         if (body)
             REDSEM__COUNT(n->ctx, script_loads, 1);
+        /* SCRIPT LOAD answered the SHA1: the server holds the script, whatever the EVALSHA
+         * after it met (a redirection, an error from inside the script). Refused (not a
+         * compile error, which only a broken build makes): send bodies by EVAL from now on. */
+        bool refused = false;
+        if (lr != NULL) {
+            if (lr->type == REDIS_REPLY_STRING)
+                atomic_store(&n->scripts->sent[script], true);
+            else if (lr->type == REDIS_REPLY_ERROR && !error_starts(lr, "ERR Error compiling"))
+                refused = true;
+            freeReplyObject(lr);
+        }
         /* Each NOSCRIPT gets one retry with the body; a server whose cache is flushed again
          * between the two (SCRIPT FLUSH in a loop) gets a few more, then the error. */
-        if (!body && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0 &&
+        if (!(body && !load) && error_starts(r, "NOSCRIPT") &&
             attempt < REDSEM__NOSCRIPT_RETRIES) {
             freeReplyObject(r);
-            REDSEM__COUNT(n->ctx, noscript, 1);
+            if (refused)
+                atomic_store(&n->scripts->eval_body, true); /* not a lost script */
+            else
+                REDSEM__COUNT(n->ctx, noscript, 1);
             atomic_store(&n->scripts->sent[script], false);
             resend_body = true;
             continue;
@@ -87,7 +122,8 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
          * script leaves it cached too); a compile error could only come from a broken build
          * and is reported below each time. */
         if (r->type != REDIS_REPLY_ERROR ||
-            (strncmp(r->str, "ERR Error compiling", 19) != 0 && !redsem__redirect_reply(r)))
+            (!error_starts(r, "ERR Error compiling") && !error_starts(r, "NOSCRIPT") &&
+             !redsem__redirect_reply(r)))
             atomic_store(&n->scripts->sent[script], true); /* (a redirection ran nothing) */
         if (r->type == REDIS_REPLY_ERROR) {
             rc = redsem__node_error_reply(n, r, d->name);
@@ -128,26 +164,30 @@ static void eval_alone(redsem__node *n, redsem__batch_item *it, bool maybe)
     text_copy(it->errmsg, n->ctx->errmsg);
 }
 
-static bool error_starts(const redisReply *r, const char *word)
-{
-    return r->type == REDIS_REPLY_ERROR && r->str != NULL &&
-           strncmp(r->str, word, strlen(word)) == 0;
-}
-
-/* Format every item's EVALSHA into one buffer; NULL without memory. */
-static char *format_batch(redsem__batch_item *const *items, int k, size_t *len)
+/* Format a SCRIPT LOAD of each of the nload scripts, then every item's EVALSHA, into one
+ * buffer; NULL without memory. */
+static char *format_batch(const int *loads, int nload, redsem__batch_item *const *items, int k,
+                          size_t *len)
 {
     char *all = NULL;
     size_t total = 0;
-    for (int i = 0; i < k; i++) {
-        const redsem__script_def *d = &redsem__script_defs[items[i]->script];
+    for (int i = 0; i < nload + k; i++) {
         redsem__args a;
         redsem__args_init(&a);
-        redsem__args_str(&a, "EVALSHA");
-        redsem__args_mem(&a, d->sha, 40);
-        redsem__args_i64(&a, items[i]->nkeys);
-        for (int j = 0; j < items[i]->ka->n; j++)
-            redsem__args_mem(&a, items[i]->ka->v[j], items[i]->ka->len[j]);
+        if (i < nload) {
+            const redsem__script_def *d = &redsem__script_defs[loads[i]];
+            redsem__args_str(&a, "SCRIPT");
+            redsem__args_str(&a, "LOAD");
+            redsem__args_mem(&a, d->text, d->len);
+        } else {
+            const redsem__batch_item *it = items[i - nload];
+            const redsem__script_def *d = &redsem__script_defs[it->script];
+            redsem__args_str(&a, "EVALSHA");
+            redsem__args_mem(&a, d->sha, 40);
+            redsem__args_i64(&a, it->nkeys);
+            for (int j = 0; j < it->ka->n; j++)
+                redsem__args_mem(&a, it->ka->v[j], it->ka->len[j]);
+        }
         char *cmd = NULL;
         int l = redsem__args_format(&a, &cmd);
         char *grown = l < 0 ? NULL : redsem__realloc(all, total + (size_t)l);
@@ -170,10 +210,20 @@ void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
 {
     bool alone[REDSEM__BATCH_MAX], maybe[REDSEM__BATCH_MAX];
     bool batch = k > 1 && n->connected && !n->cluster && !n->asking;
+    bool eval_body = atomic_load(&n->scripts->eval_body);
+    /* the scripts the server is not known to hold: loaded first, in the same write */
+    int loads[REDSEM__BATCH_MAX], nload = 0;
+    bool refused[REDSEM__SCRIPT_COUNT] = {false};
     for (int i = 0; i < k; i++) {
-        alone[i] = !batch || !atomic_load(&n->scripts->sent[items[i].script]) ||
+        bool known = atomic_load(&n->scripts->sent[items[i].script]);
+        alone[i] = !batch || (!known && eval_body) ||
                    ((items[i].flags & REDSEM__REQ_SYNC) && n->sync_replicas > 0);
         maybe[i] = false;
+        int l = 0;
+        while (!alone[i] && !known && l < nload && loads[l] != items[i].script)
+            l++;
+        if (!alone[i] && !known && l == nload)
+            loads[nload++] = items[i].script;
     }
     int nbatch = 0;
     redsem__batch_item *sub[REDSEM__BATCH_MAX];
@@ -184,20 +234,35 @@ void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
             sub[nbatch++] = &items[i];
         }
     if (nbatch == 1) {
-        alone[idx[0]] = true;
-        nbatch = 0;
+        alone[idx[0]] = true; /* (its SCRIPT LOAD goes with it there) */
+        nbatch = nload = 0;
     }
     if (nbatch > 0) {
         size_t len = 0;
-        char *cmd = format_batch(sub, nbatch, &len);
-        redisReply *rets[REDSEM__BATCH_MAX];
+        char *cmd = format_batch(loads, nload, sub, nbatch, &len);
+        redisReply *all[2 * REDSEM__BATCH_MAX], **rets = all + nload;
         bool written = false;
         int64_t sent = redsem__now_ns();
         int rc = cmd == NULL ? redsem__ctx_err(n->ctx, REDSEM_ENOMEM, "out of memory")
-                             : redsem__node_roundtrip_batch(n, cmd, len, rets, nbatch, &written);
+                             : redsem__node_roundtrip_batch(n, cmd, len, all, nload + nbatch,
+                                                            nload, &written);
         redsem__free(cmd);
-        if (written)
+        if (written) {
             REDSEM__COUNT(n->ctx, pipelined, (uint64_t)nbatch);
+            REDSEM__COUNT(n->ctx, script_loads, (uint64_t)nload);
+        }
+        /* as in redsem__node_eval: a SCRIPT LOAD that answered the SHA1 cached the script; a
+         * refused one (not a compile error) sends bodies by EVAL from now on, and the
+         * NOSCRIPT of its EVALSHAs is no lost script */
+        for (int l = 0; l < nload && rc == REDSEM_OK; l++) {
+            if (all[l]->type == REDIS_REPLY_STRING)
+                atomic_store(&n->scripts->sent[loads[l]], true);
+            else if (!error_starts(all[l], "ERR Error compiling")) {
+                refused[loads[l]] = true;
+                atomic_store(&n->scripts->eval_body, true);
+            }
+            freeReplyObject(all[l]);
+        }
         int64_t recv = redsem__now_ns();
         for (int j = 0; j < nbatch; j++) {
             redsem__batch_item *it = sub[j];
@@ -220,7 +285,8 @@ void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k)
                 error_starts(r, "READONLY") || redsem__redirect_reply(r)) {
                 /* nothing ran: the whole story (a body, a wait, a new primary) alone */
                 if (error_starts(r, "NOSCRIPT")) {
-                    REDSEM__COUNT(n->ctx, noscript, 1);
+                    if (!refused[it->script])
+                        REDSEM__COUNT(n->ctx, noscript, 1);
                     atomic_store(&n->scripts->sent[it->script], false);
                 }
                 freeReplyObject(r);
