@@ -397,8 +397,11 @@ static int granted_on_new(const ts_server *old, const ts_server *now, const char
 {
     char key[128], a[32] = "", b[32] = "";
     snprintf(key, sizeof key, "redsem:{%s}:meta", name);
-    if (ts_command(old, a, sizeof a, "EXISTS", key, NULL) != 0 ||
-        ts_command(now, b, sizeof b, "EXISTS", key, NULL) != 0)
+    /* the grant's fencing counter, not the hash: the open (which records the configuration
+     * only) may have run on the old primary just before the client read the announcement and
+     * the acquire on the new one */
+    if (ts_command(old, a, sizeof a, "HEXISTS", key, "fence", NULL) != 0 ||
+        ts_command(now, b, sizeof b, "HEXISTS", key, "fence", NULL) != 0)
         return -1;
     if (strcmp(a, "0") == 0 && strcmp(b, "1") == 0)
         return 1;
