@@ -327,6 +327,18 @@ int64_t redsem__node_not_after_us(const redsem__node *n)
     return redsem__clock_not_after_us(n->clock, n->command_timeout_ms);
 }
 
+/* One request of the connect on the raw connection (cmd: its bytes), within the connect's
+ * deadline and at most one command timeout. */
+static int handshake_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
+                               redisReply **r, char *err, size_t errlen)
+{
+    int64_t dl = redsem__now_ns() + n->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (deadline_ns < dl)
+        dl = deadline_ns;
+    bool written;
+    return raw_roundtrip(n, cmd, len, dl, r, &written, err, errlen);
+}
+
 /* TIME on the client's first connection, so that its first acquire can carry a not-after
  * time (later acquire replies keep the estimate fresh; it stays valid across reconnects to
  * the same server). A TIME that gets no reply fails the connect: the connection would be out
@@ -336,12 +348,8 @@ static int measure_clock(redsem__node *n, int64_t deadline_ns, char *err, size_t
     if (atomic_load_explicit(&n->clock->offset_us, memory_order_relaxed) != INT64_MIN)
         return REDSEM_OK;
     static const char cmd[] = "*1\r\n$4\r\nTIME\r\n";
-    int64_t dl = redsem__now_ns() + n->command_timeout_ms * REDSEM__NS_PER_MS;
-    if (deadline_ns < dl)
-        dl = deadline_ns;
     redisReply *r = NULL;
-    bool written;
-    int rc = raw_roundtrip(n, cmd, sizeof cmd - 1, dl, &r, &written, err, errlen);
+    int rc = handshake_roundtrip(n, cmd, sizeof cmd - 1, deadline_ns, &r, err, errlen);
     if (rc != REDSEM_OK)
         return rc;
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
@@ -406,12 +414,8 @@ static int check_eviction(redsem__node *n, int64_t deadline_ns, char *err, size_
 {
     static const char cmd[] = "*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n";
     static const char hint[] = "redsem_options_set_allow_eviction(), redsem --allow-eviction";
-    int64_t dl = redsem__now_ns() + n->command_timeout_ms * REDSEM__NS_PER_MS;
-    if (deadline_ns < dl)
-        dl = deadline_ns;
     redisReply *r = NULL;
-    bool written;
-    int rc = raw_roundtrip(n, cmd, sizeof cmd - 1, dl, &r, &written, err, errlen);
+    int rc = handshake_roundtrip(n, cmd, sizeof cmd - 1, deadline_ns, &r, err, errlen);
     if (rc != REDSEM_OK) {
         /* a stalled server: the call fails here, before its request was written */
         char why[200];
