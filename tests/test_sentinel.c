@@ -703,7 +703,7 @@ static void *shared_loop(void *arg)
 
 /* 8 threads share one client (its lanes share one subscription) through SENTINEL FAILOVER:
  * no error, and each thread's first acquire that starts 500 ms after the switch is on the new
- * primary. Run under ThreadSanitizer in CI's TSan build when built there. */
+ * primary. (Criterion cannot start under ThreadSanitizer: CI's TSan step does not run it.) */
 Test(sentinel, threads_sharing_a_client_follow_a_planned_failover, TO)
 {
     cluster c;
