@@ -691,6 +691,24 @@ static void target(const char *what, double measured, const char *fmt_target, bo
     target_status(what, measured, fmt_target, met ? "met" : "MISSED", note);
 }
 
+/* For a row r of rows: if it is the book's strategy bn, redsem's row of strategy n at the same
+ * value of key (returned in *value), else NULL. The section's heading is printed before the
+ * first pair found (*any). */
+static json_t *book_peer(json_t *rows, json_t *r, const char *bn, const char *n,
+                         const char *key, json_int_t *value, bool *any)
+{
+    if (strcmp(json_string_value(json_object_get(r, "strategy")), bn) != 0)
+        return NULL;
+    *value = json_integer_value(json_object_get(r, key));
+    json_t *mine = find_row(rows, n, key, *value);
+    if (mine != NULL && !*any) {
+        printf("\n== redsem against Redis in Action's semaphores (issue 28, no targets), "
+               "from this run\n");
+        *any = true;
+    }
+    return mine;
+}
+
 /* Redis in Action's fair and locked semaphores against redsem's (issue 28: no targets). */
 static void print_book(const bench_ctx *ctx)
 {
@@ -706,16 +724,10 @@ static void print_book(const bench_ctx *ctx)
         json_t *r;
         json_array_foreach(s, i, r)
         {
-            if (strcmp(json_string_value(json_object_get(r, "strategy")), bn) != 0)
-                continue;
-            json_int_t H = json_integer_value(json_object_get(r, "holders"));
-            json_t *mine = find_row(s, n, "holders", H);
+            json_int_t H = 0;
+            json_t *mine = book_peer(s, r, bn, n, "holders", &H, &any);
             if (mine == NULL)
                 continue;
-            if (!any)
-                printf("\n== redsem against Redis in Action's semaphores (issue 28, no targets), "
-                       "from this run\n");
-            any = true;
             snprintf(what, sizeof what, "scale H=%lld: %s us/pair / %s us/pair", (long long)H, bn,
                      n);
             target_status(what, num(r, "pair_us") / num(mine, "pair_us"), "(info)", "", NULL);
@@ -731,16 +743,10 @@ static void print_book(const bench_ctx *ctx)
         }
         json_array_foreach(c, i, r)
         {
-            if (strcmp(json_string_value(json_object_get(r, "strategy")), bn) != 0)
-                continue;
-            json_int_t C = json_integer_value(json_object_get(r, "clients"));
-            json_t *mine = find_row(c, n, "clients", C);
+            json_int_t C = 0;
+            json_t *mine = book_peer(c, r, bn, n, "clients", &C, &any);
             if (mine == NULL)
                 continue;
-            if (!any)
-                printf("\n== redsem against Redis in Action's semaphores (issue 28, no targets), "
-                       "from this run\n");
-            any = true;
             snprintf(what, sizeof what, "contended C=%lld: %s grants/s / %s grants/s",
                      (long long)C, bn, n);
             target_status(what, num(r, "grants_per_s") / num(mine, "grants_per_s"), "(info)", "",
