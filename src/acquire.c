@@ -155,7 +155,7 @@ static int unknown(redsem_client *c, const char *id, int rc)
  *   KILL, a server closing idle clients, a restart beyond the retry window) only: a fair or
  *   locked entry's grant lapses with its wait lease;
  * - a fair or locked waiter of a one-server client (q->wake_meta) after any fault: a release
- *   may grant its entry with its whole lease (a direct grant, 0.4.5), so if it cannot leave
+ *   may grant its entry with its whole lease (a direct grant), so if it cannot leave
  *   (a timeout: the server is stalled and the call must end by its deadline; or the attempt
  *   fails too) it returns REDSEM_EUNKNOWN, still queued. Found by review: a refused attempt
  *   (OOM), a failed shared BLPOP or a refused reconnect returned a plain code, and the next

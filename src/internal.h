@@ -237,7 +237,7 @@ typedef struct redsem__attempt {
     int64_t server_us; /* the server's clock when it ran the script (0 if not reported) */
     uint32_t weight;   /* granted: permits taken (0 = 1); REDSEM__ATT_WEIGHT: held */
     uint64_t fence;    /* busy (fair, locked): the last token drawn on the semaphore */
-    bool fence_known;  /* the reply said it (fair_acquire.lua since 0.4.5) */
+    bool fence_known;  /* the reply said it (fair_acquire.lua) */
 } redsem__attempt;
 
 /* What the generic waiting loop needs from a semaphore strategy or the lock. */

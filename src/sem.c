@@ -113,7 +113,7 @@ static int take_guard(redsem_sem *s, const char *id, bool *taken)
     return rc;
 }
 
-/* Fair and locked on one server (0.4.3): a waiter is woken by its id pushed to its client's
+/* Fair and locked on one server: a waiter is woken by its id pushed to its client's
  * id list (wake.c, prelude.lua's grant_heads); on a cluster client, whose waiters each BLPOP
  * alone, on a list of its own in the semaphore's slot. */
 static bool wake_by_id(const redsem_sem *s)

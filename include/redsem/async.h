@@ -25,7 +25,7 @@ extern "C" {
  * bind it to libuv, libevent and libev in two lines: <redsem/adapters/libuv.h>,
  * <redsem/adapters/libevent.h>, <redsem/adapters/libev.h> (header-only, like hiredis').
  *
- * HOW IT RUNS (0.4). An operation is the same call as its blocking twin (redsem_sem_acquire_n
+ * HOW IT RUNS. An operation is the same call as its blocking twin (redsem_sem_acquire_n
  * and the others: the same scripts, retries, not-after time, fencing and guarantees), run on
  * a worker thread of the redsem_async and sharing the client's pool with every other thread
  * (client.h, THREADS: a waiting acquire holds no connection of its own). The loop watches one
@@ -33,18 +33,18 @@ extern "C" {
  * for. Workers are started on demand, at most REDSEM_ASYNC_WORKERS_MAX at once; one of them
  * is always left for the operations that do not wait (try-acquire, refresh, release, status),
  * so a release is never stuck behind acquires waiting for the permit it frees. A worker idle
- * for 2 s ends (or for 50 ms, if two others are idle then). Since 0.4.1 a waiting acquire holds no thread while it waits: between two
+ * for 2 s ends (or for 50 ms, if two others are idle then). A waiting acquire holds no
+ * thread while it waits: between two
  * attempts it is parked in the client's shared wait (one BLPOP on all the waits' lists), and
  * the next attempt runs on whichever worker is free when its wake-up or its backoff comes; one
  * worker leads that shared wait while parked acquires exist. At most 1,024 waiting acquires
  * are under way at once (those of a basic semaphore or a lock share their handle's list, and
- * since 0.4.3 those of fair and locked semaphores their client's id list; 0.4.2 bounded fair
- * and locked ones at 63, 0.4.1 all of them); on a Redis Cluster client at most
+ * those of fair and locked semaphores their client's id list); on a Redis Cluster client at most
  * REDSEM_ASYNC_WORKERS_MAX - 1 fair or locked ones. More wait their turn, in order, before
  * their first attempt (FIFO: one that may not start yet holds back those behind it).
- * Their timeouts still count from their call (since 0.4.2): one that reaches its deadline
+ * Their timeouts still count from their call: one that reaches its deadline
  * before its turn makes one attempt then, as a try-acquire (REDSEM_EBUSY if refused). A
- * Redis Cluster client's waits are not parked (one connection each): there, as in 0.4, each
+ * Redis Cluster client's waits are not parked (one connection each): there each
  * waiting acquire keeps its worker. The loop itself never blocks on the network:
  * redsem_async_action() only runs callbacks. A later version may drive the sockets from the
  * loop directly; the API does not change (it already carries the socket and timer callbacks
@@ -78,14 +78,14 @@ enum {
  * REDSEM_WATCH_OUT, replacing what was asked for it before), or stop watching it
  * (REDSEM_WATCH_REMOVE). When it is ready, call redsem_async_action(async, fd, events).
  * loop_data: as given to redsem_async_set_loop(). Called from redsem_async_set_loop() and
- * redsem_async_free() (0.4: one descriptor, watched for REDSEM_WATCH_IN).
+ * redsem_async_free() (at present one descriptor, watched for REDSEM_WATCH_IN).
  */
 typedef void (*redsem_async_socket_fn)(redsem_async *async, int fd, int what, void *loop_data);
 
 /**
  * redsem_async_timer_fn - the loop's part: call redsem_async_action(async, -1, 0) once,
  * timeout_ms (>= 0) from now, replacing any timer asked for before; timeout_ms -1: no timer.
- * Called from redsem_async_set_loop() (0.4: -1, once) and redsem_async_free() (-1).
+ * Called from redsem_async_set_loop() (at present -1, once) and redsem_async_free() (-1).
  */
 typedef void (*redsem_async_timer_fn)(redsem_async *async, int64_t timeout_ms, void *loop_data);
 
@@ -128,12 +128,13 @@ REDSEM_API REDSEM_WUR int redsem_async_new(redsem_client *client, redsem_async *
  * the adapters do it for you).
  *
  * @socket_fn   required. Called at once for the descriptor to watch.
- * @timer_fn    may be NULL (0.4 never asks for a timer); if given, called at once with -1.
+ * @timer_fn    may be NULL (redsem asks for no timer at present); if given, called at once
+ *              with -1.
  * @loop_data   passed back to both, never read by redsem (may be NULL).
  *
  * Returns REDSEM_OK, REDSEM_EINVAL (NULL async or socket_fn), REDSEM_ESTATE (a loop was
- * set already) or REDSEM_EFORKED (a forked child, since 0.4.6: nothing recorded or called;
- * before, the call went on in the child). Thread safety: the loop's thread. Since: 0.4
+ * set already) or REDSEM_EFORKED (a forked child: nothing recorded or called). Thread
+ * safety: the loop's thread. Since: 0.4
  */
 REDSEM_API int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                      redsem_async_timer_fn timer_fn, void *loop_data);

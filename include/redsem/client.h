@@ -13,7 +13,7 @@ extern "C" {
 #endif
 
 /*
- * THREADS. Since 0.4 a redsem_client, and every semaphore, lock, rate limiter and permit made
+ * THREADS. A redsem_client, and every semaphore, lock, rate limiter and permit made
  * from it, may be used by any number of threads at once: a thread pool shares one client.
  * Each request borrows one of the client's connections to the server that serves its key for
  * one round trip (at most redsem_options_set_max_connections() of them per server, opened on
@@ -34,10 +34,10 @@ extern "C" {
  * global connection, no global script cache, no global initialisation call (sodium_init() is
  * called for you, it is idempotent and thread-safe). redsem_strerror(), redsem_err_name(),
  * redsem_is_fault(), redsem_id_generate() and the version calls may be called from any thread
- * at any time. Before 0.4 a client was one thread's at a time.
+ * at any time.
  *
  * redsem starts background threads only for two things: the renewer of a client, started by
- * the first redsem_permit_auto_renew() (renew.h; since 0.4.6 its renewals use the client's
+ * the first redsem_permit_auto_renew() (renew.h; its renewals use the client's
  * request connections, ahead of other threads' calls), and the workers of a redsem_async (async.h), which run the event-loop
  * operations on the client's pool.
  *
@@ -346,7 +346,7 @@ REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
  * command timeout. Blocking acquires waiting for a wake-up do not hold request connections:
  * they share one wait connection (one BLPOP on all their lists; in a Redis Cluster one per
  * waiting acquire); automatic renewal sends on the request connections (ahead of the threads
- * queued for one; since 0.4.6, before which it had one more of its own).
+ * queued for one; the renewer has no connection of its own).
  *
  * @n  1 .. REDSEM_MAX_CONNECTIONS_MAX. Default REDSEM_DEFAULT_MAX_CONNECTIONS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or n out of range (options unchanged).
@@ -404,7 +404,7 @@ REDSEM_API int redsem_options_set_key_prefix(redsem_options *options, const char
  *         INFO memory unless eviction is allowed (on every later connection too). In
  *         a cluster: CLUSTER SLOTS on the seeds in turn (after AUTH, TIME and INFO memory on
  *         the seed); the primaries are connected on their first call (INFO memory each).
- * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
+ * Thread safety: the new client may be shared by any number of threads. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,
                                             redsem_client **ret_client);
@@ -415,11 +415,10 @@ REDSEM_API REDSEM_WUR int redsem_client_new(const redsem_options *options,
  * @errbuf     borrowed; may be NULL; on failure receives a NUL-terminated message including
  *             Redis' or the OS's own text (e.g. "AUTH: WRONGPASS invalid username-password
  *             pair or user is disabled."); "out of memory" when options is NULL and the
- *             default options cannot be allocated (REDSEM_ENOMEM; since 0.4.6, untouched
- *             before). Untouched on success.
+ *             default options cannot be allocated (REDSEM_ENOMEM). Untouched on success.
  * @errbuf_len size of errbuf in bytes; ignored when errbuf is NULL.
  * Everything else as redsem_client_new().
- * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
+ * Thread safety: the new client may be shared by any number of threads. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_new_verbose(const redsem_options *options,
                                                     redsem_client **ret_client, char *errbuf,
@@ -430,7 +429,7 @@ REDSEM_API REDSEM_WUR int redsem_client_new_verbose(const redsem_options *option
  *
  * @url  borrowed; NULL means REDSEM_DEFAULT_URL. Format as redsem_options_set_url().
  * Returns: as redsem_client_new(); REDSEM_EINVAL also for a malformed URL.
- * Thread safety: the new client may be shared by any number of threads (Since 0.4). Since: 0.1
+ * Thread safety: the new client may be shared by any number of threads. Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_client_connect(const char *url, redsem_client **ret_client);
 
@@ -460,13 +459,13 @@ REDSEM_API void redsem_client_free(redsem_client *client);
  * OS's (ECONNREFUSED ...). Reset to "" at the start of each call.
  *
  * @client  borrowed; NULL gives "".
- * Returns: view, never NULL: the calling thread's text for this client (per thread, as errno,
- *          Since 0.4). Valid until that thread's next call on that client, and never after the
+ * Returns: view, never NULL: the calling thread's text for this client (per thread, as errno).
+ *          Valid until that thread's next call on that client, and never after the
  *          thread ends. Each thread keeps the texts of 8 clients, in slots given in turn to each
  *          client it calls that has none: once the thread has given slots to 8 other clients
  *          since this one got its own, the text is gone (a thread that calls at most 8 clients
  *          in its life never loses it this way). Copy the text to keep it.
- * Thread safety: any thread (Since 0.4). Since: 0.1
+ * Thread safety: any thread. Since: 0.1
  */
 REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
 
@@ -475,7 +474,7 @@ REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
  *
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL); REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_EPERM;
  *          REDSEM_ESERVER; REDSEM_EPROTO; REDSEM_EFORKED.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_client_ping(redsem_client *client);
@@ -513,7 +512,7 @@ typedef struct redsem_client_stats {
  * @client     borrowed; must not be NULL.
  * @ret_stats  borrowed; must not be NULL; filled on REDSEM_OK.
  * Returns: REDSEM_OK; REDSEM_EINVAL. Server: none. Thread safety: any thread, at the same time as
- * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
+ * others (see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_client_get_stats(const redsem_client *client,
                                        redsem_client_stats *ret_stats);

@@ -72,7 +72,7 @@ REDSEM_API const char *redsem_err_name(int code);
 /**
  * redsem_is_fault - whether a status is a fault (<= -10) rather than success or an expected
  * outcome (REDSEM_EBUSY, REDSEM_ELOST, REDSEM_EUNKNOWN, REDSEM_ECANCELED: the caller's own
- * cancellation, since 0.4).
+ * cancellation).
  *
  * Thread safety: callable from any thread, any time. Since: 0.1
  */

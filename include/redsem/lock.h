@@ -32,7 +32,7 @@ typedef struct redsem_lock redsem_lock;
  * @lease_ms  REDSEM_LEASE_MIN_MS..REDSEM_LEASE_MAX_MS: the key's PX.
  * @ret_lock  owned-out; free with redsem_lock_free(). Must not be NULL.
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_EFORKED.
- * Server: none. Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Server: none. Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_open(redsem_client *client, const char *name,
@@ -80,7 +80,7 @@ REDSEM_API REDSEM_WUR int redsem_lock_try_acquire(redsem_lock *lock, redsem_perm
  *          time; the lock was given back). Never REDSEM_ECONFLICT (a lock records no strategy
  *          or limit).
  * Server: per attempt one EVALSHA of lock_acquire.lua; BLPOP while waiting.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_acquire(redsem_lock *lock, int64_t timeout_ms,
@@ -101,7 +101,7 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire(redsem_lock *lock, int64_t timeout
  * Returns: as redsem_lock_acquire(); REDSEM_EINVAL also for a NULL or malformed token and on
  *          a reentrant handle.
  * Server: as redsem_lock_acquire(), with this token.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *token,
@@ -120,7 +120,7 @@ REDSEM_API REDSEM_WUR int redsem_lock_acquire_as(redsem_lock *lock, const char *
  *          (NULL lock or ret_permit, a NULL or malformed token); REDSEM_ENOMEM; REDSEM_ECONN;
  *          REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of holder.lua (read-only). Thread safety: any thread, at the same time as
- * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
+ * others (see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_lock_adopt(redsem_lock *lock, const char *token,
                                             redsem_permit **ret_permit);
@@ -131,7 +131,7 @@ REDSEM_API REDSEM_WUR int redsem_lock_adopt(redsem_lock *lock, const char *token
  * The status reports strategy 0 and limit 1; its holder (if any) is the owner token with
  * its fencing token and remaining lease, redsem_status_hold_count() the reentrant count.
  * Arguments and returns as redsem_sem_status(). Server: one EVALSHA of lock_status.lua.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_lock_status(redsem_lock *lock, size_t max_entries,

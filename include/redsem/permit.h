@@ -34,7 +34,7 @@ extern "C" {
  * validity, held) and freed with redsem_permit_free(). A permit's lost-lease callback may
  * release, refresh, stop renewing or free it, and free its handle or client (renew.h).
  *
- * Since 0.4 any thread may use a permit (see THREADS in client.h). Its use by two threads at
+ * Any thread may use a permit (see THREADS in client.h). Its use by two threads at
  * once is the caller's to order: a refresh and a release then race on the server, which
  * decides (redsem never corrupts memory, but the loser gets REDSEM_ELOST or REDSEM_ESTATE).
  */
@@ -124,7 +124,7 @@ REDSEM_API bool redsem_permit_held(const redsem_permit *permit);
  * Server: one EVALSHA (refresh.lua or lock_extend.lua; on the client's first call of that
  *         script, SCRIPT LOAD of its body pipelined before it, in the same round trip) on the
  *         permit's client.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h); also from the permit's own lost-lease callback (where it returns
  * REDSEM_ESTATE at once: the permit was found lost). Since: 0.1
  */
@@ -152,8 +152,8 @@ REDSEM_API REDSEM_WUR int redsem_permit_refresh(redsem_permit *permit);
  *          it is never released, the lease expires on the server by itself.
  * Server: one EVALSHA (basic_release.lua, fair_release.lua or lock_release.lua); fair and
  *         locked, when the release granted queued waiters: one more, wake_push.lua, which
- *         pushes their wake-ups to their lists (since 0.4.7; design.md section 2).
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ *         pushes their wake-ups to their lists (design.md section 2).
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h), lost-lease callbacks included. Since: 0.1
  */
 REDSEM_API int redsem_permit_release(redsem_permit *permit);

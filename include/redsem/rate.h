@@ -98,7 +98,7 @@ typedef struct redsem_rate_info {
  *          is not ours; nothing is overwritten); REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of rate.lua (mode open): creates PREFIX{NAME}:rate (N, W) with a TTL
  *         if absent, else compares.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.3
  */
 REDSEM_API REDSEM_WUR int redsem_rate_open(redsem_client *client, const char *name, uint32_t n,
@@ -130,8 +130,8 @@ REDSEM_API void redsem_rate_free(redsem_rate *rate);
  *          redsem_options_set_sync_replicas(): granted, but fewer replicas acknowledged it
  *          in time; the grant stays counted, so do not use it).
  * Server: one EVALSHA of rate.lua (mode try); then one of wake_push.lua if the call made
- *         queued waiters entitled to a slot (since 0.4.7: it wakes them on their lists).
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ *         queued waiters entitled to a slot (it wakes them on their lists).
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.3
  */
 REDSEM_API REDSEM_WUR int redsem_rate_try_acquire(redsem_rate *rate, redsem_rate_grant *ret_grant);
@@ -155,9 +155,9 @@ REDSEM_API REDSEM_WUR int redsem_rate_try_acquire(redsem_rate *rate, redsem_rate
  * Returns: as redsem_rate_try_acquire(); REDSEM_EBUSY also when the turn did not come in
  *          time (the queue entry is removed; retry_after_ms says when it would have).
  * Server: per attempt one EVALSHA of rate.lua (then one of wake_push.lua if it made other
- *         waiters entitled to a slot, since 0.4.7); while waiting, BLPOP on
+ *         waiters entitled to a slot); while waiting, BLPOP on
  *         PREFIX{NAME}:rate:signal:<id>.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.3
  */
 REDSEM_API REDSEM_WUR int redsem_rate_acquire(redsem_rate *rate, int64_t timeout_ms,
@@ -173,7 +173,7 @@ REDSEM_API REDSEM_WUR int redsem_rate_acquire(redsem_rate *rate, int64_t timeout
  * @holder_id  borrowed; must not be NULL; exactly REDSEM_ID_LEN lower-case hex chars (from
  *             redsem_id_generate() or a grant's id).
  * Other arguments and returns as redsem_rate_acquire().
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.3
  */
 REDSEM_API REDSEM_WUR int redsem_rate_acquire_as(redsem_rate *rate, const char *holder_id,
@@ -187,7 +187,7 @@ REDSEM_API REDSEM_WUR int redsem_rate_acquire_as(redsem_rate *rate, const char *
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ECONFLICT; REDSEM_ECONN; REDSEM_ETIMEDOUT;
  *          REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of rate.lua (mode status), O(log n).
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.3
  */
 REDSEM_API REDSEM_WUR int redsem_rate_status(redsem_rate *rate, redsem_rate_info *ret_info);
@@ -202,7 +202,7 @@ REDSEM_API REDSEM_WUR int redsem_rate_status(redsem_rate *rate, redsem_rate_info
  * @ret_info  borrowed; caller-owned; must not be NULL; written on REDSEM_OK.
  * Returns: as redsem_rate_status() (REDSEM_ECONFLICT: not a rate's key).
  * Server: one EVALSHA of rate.lua (mode status); records nothing.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.3
  */
 REDSEM_API REDSEM_WUR int redsem_rate_inspect(redsem_client *client, const char *name,

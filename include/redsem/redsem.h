@@ -4,7 +4,7 @@
  * reference (these header comments are its source of truth) and docs/design.md for the
  * algorithms and the key layout.
  *
- * Thread rules in one line: since 0.4 one client (and everything made from it) may be used
+ * Thread rules in one line: one client (and everything made from it) may be used
  * by many threads at once; see client.h (THREADS) for the details, fork and signals, and
  * async.h for the event-loop API.
  */

@@ -19,8 +19,8 @@ extern "C" {
  * semaphore permits as well as locks).
  *
  * Opt in per permit with redsem_permit_auto_renew(). The first time, the client starts ONE
- * background thread, the renewer. Since 0.4.6 it sends its renewals on the client's own
- * request connections (before 0.4.6 it opened one more connection of its own), where they go
+ * background thread, the renewer. It sends its renewals on the client's own request
+ * connections (it opens no connection of its own), where they go
  * ahead of other threads waiting for a connection and never wait for one, or for a reply,
  * past the moment a holder must be told it lost its permit. It keeps every renewed permit of the client in a timer queue ordered by next renewal time (the
  * seed's delay queue) and refreshes each one every interval_ms (default: a third of the
@@ -83,8 +83,7 @@ typedef void (*redsem_lost_fn)(redsem_permit *permit, redsem_lost_reason reason,
  *               1 .. lease - margin - 1 ms, where the refresh margin is lease/100 + 2 + e +
  *               min(e + 5, lease/10) ms and e = min(lease/50, 25), at least 1 (57 ms for a
  *               1 s lease): a renewal must reach the server while the lease still has the
- *               margin left (since 0.4.6; up to 0.4.5 intervals up to lease - (lease/100 + 2)
- *               - 1 were accepted, and those in the last margin lost the permit).
+ *               margin left (an interval in the last margin would lose the permit).
  * @on_lost      may be NULL (then poll redsem_permit_held()).
  * @user_data    passed to on_lost; kept (not copied) until the renewal ends (release, free,
  *               stop_renewal, lost, the free of its handle or client): it must stay valid
@@ -92,12 +91,11 @@ typedef void (*redsem_lost_fn)(redsem_permit *permit, redsem_lost_reason reason,
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL permit, interval out of range); REDSEM_ESTATE
  *          (released, lost, or already under renewal); REDSEM_ENOMEM (also: the renewer
  *          thread could not be started; nothing started); REDSEM_EFORKED. Nothing is sent
- *          here, so no fault code (since 0.4.6; before, the renewer's own connection was
- *          opened here and its failure returned).
+ *          here, so no fault code.
  * Server: nothing now; later one EVALSHA of refresh.lua / lock_extend.lua per renewal, on
  *         the client's request connections (renewals due together share one round trip on one
  *         server without sync replicas; one by one in a Redis Cluster or with sync replicas).
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_permit_auto_renew(redsem_permit *permit, int64_t interval_ms,
@@ -108,7 +106,7 @@ REDSEM_API int redsem_permit_auto_renew(redsem_permit *permit, int64_t interval_
  * waits for a renewal in flight.
  *
  * Returns: REDSEM_OK (also if it was not renewed); REDSEM_EINVAL; REDSEM_EFORKED.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h), lost-lease callbacks included (there it does not wait). Since: 0.1
  */
 REDSEM_API int redsem_permit_stop_renewal(redsem_permit *permit);
@@ -131,8 +129,8 @@ typedef struct redsem_renew_stats {
 /**
  * redsem_client_renew_stats - copy the renewer's counters (all zero if it never started).
  * @client, @ret_stats  borrowed; must not be NULL.
- * Returns: REDSEM_OK; REDSEM_EINVAL. Thread safety: any thread, at the same time as others (Since
- * 0.4; see "Threads" in redsem/client.h). Since: 0.1
+ * Returns: REDSEM_OK; REDSEM_EINVAL. Thread safety: any thread, at the same time as others (see
+ * "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_client_renew_stats(redsem_client *client, redsem_renew_stats *ret_stats);
 

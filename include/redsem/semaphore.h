@@ -28,7 +28,7 @@ typedef struct redsem_sem redsem_sem;
  * FAIR (6.3.2-6.3.3): requests are served in arrival order: a queue sorted set (waiters by
  *   arrival) and a timeout sorted set (deadlines). A new request is granted iff nobody waits
  *   and its permits fit; otherwise it waits in the queue, and every release hands the freed
- *   permits to the head of the queue while they fit (since 0.3, with weights:
+ *   permits to the head of the queue while they fit (with weights:
  *   redsem_sem_acquire_n()). A waiter blocked in acquire keeps its place under a short wait
  *   lease that it renews, so permits go to waiters in arrival order and none starves.
  * LOCKED (6.3.4): the fair acquire performed while holding a short-lived guard lock
@@ -98,7 +98,7 @@ REDSEM_API int redsem_strategy_parse(const char *name, redsem_strategy *ret_stra
  *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of sem_open.lua: creates PREFIX{NAME}:meta (strategy, limit) if absent,
  *         with a TTL, else compares.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_open(redsem_client *client, const char *name,
@@ -124,7 +124,7 @@ REDSEM_API void redsem_sem_free(redsem_sem *sem);
  * A waiter blocked in redsem_sem_acquire() keeps its place under this lease and renews it
  * every third of it; if the waiter dies, its place is dropped after at most this long. A
  * waiter that dies just as a permit is handed to it (it was at the head of the queue)
- * withholds that permit: on a client of one server without sync replicas (since 0.4.5) for
+ * withholds that permit: on a client of one server without sync replicas for
  * the lease, as a holder that dies just after its grant (the permit is handed over with the
  * waiter's lease, which saves the woken waiter a round trip: docs/design.md section 5,
  * "Direct grants"); otherwise (a Redis Cluster, redsem_options_set_sync_replicas()) until
@@ -184,7 +184,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *
  * Waiting does not poll: a release wakes one waiter through a Redis list it blocks on
  * (BLPOP), and a lease that expires wakes the waiters when it is due; a bounded, jittered
- * backoff covers lost wake-ups (50 ms doubling to 1 s; since 0.4.3, 0.75-1 s for fair and
+ * backoff covers lost wake-ups (50 ms doubling to 1 s; 0.75-1 s for fair and
  * locked waiters of a one-server client, whose wake-ups survive a lost BLPOP). Fair and locked waiters keep their
  * place in the queue (arrival order); basic waiters compete on every wake-up. The call
  * returns by its deadline plus a few ms (one reconnect and one round trip at most). A wait
@@ -192,12 +192,12 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  * attempt on a new connection (which takes a permit handed over meanwhile), so that no
  * registration of it withholds a permit afterwards. A queued fair or locked waiter of a
  * one-server client is granted with its lease and takes the permit from its wake-up, with
- * no request of its own (a direct grant, since 0.4.5); such a waiter whose wait or attempt
+ * no request of its own (a direct grant); such a waiter whose wait or attempt
  * fails with any fault leaves the queue first (one more attempt, in which a permit handed
  * over meanwhile is taken) and returns the fault, or, if it could not leave (a timeout: the
  * server is stalled), REDSEM_EUNKNOWN, since the server may still grant it. A queued waiter
  * whose deadline comes leaves the queue the same way before it returns REDSEM_EBUSY; a
- * locked waiter that finds the guard busy then pauses and tries again (since 0.4.6), for up
+ * locked waiter that finds the guard busy then pauses and tries again, for up
  * to one command timeout past its deadline, and if it still cannot leave, a waiter with
  * direct grants returns REDSEM_EUNKNOWN (still queued), the others REDSEM_EBUSY (their entry
  * lapses with its wait lease).
@@ -218,7 +218,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER
  *          (with Redis' text: WRONGTYPE, OOM ...; nothing stored is changed; "PARTIAL
  *          semaphore keys partly missing (evicted?)": the meta hash was lost while permits
- *          or waiters are still recorded, refused until they end, since 0.4.7);
+ *          or waiters are still recorded, refused until they end);
  *          REDSEM_EPERM (NOPERM ...); REDSEM_ECONFLICT (the semaphore was re-created with
  *          another strategy); REDSEM_EPROTO; REDSEM_EFORKED; REDSEM_EREPLICA (with
  *          redsem_options_set_sync_replicas(): granted, but fewer replicas acknowledged it
@@ -230,10 +230,10 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire(redsem_sem *sem, redsem_permit 
  *         SET NX PX of the guard, before; fair_acquire.lua checks the guard and deletes it;
  *         a busy guard is retried after 100 us doubling to 5 ms, jittered); while
  *         waiting, BLPOP on the semaphore's wake-up list (basic), or (fair, locked) on the
- *         bell of the client's id list shared by all its waiters (since 0.4.3; the list is
+ *         bell of the client's id list shared by all its waiters (the list is
  *         drained with wake_drain.lua after a wake-up), or in a Redis Cluster on the
  *         waiter's own list.
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_acquire(redsem_sem *sem, int64_t timeout_ms,
@@ -249,7 +249,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire(redsem_sem *sem, int64_t timeout_ms
  * @holder_id  borrowed; must not be NULL; exactly REDSEM_ID_LEN lower-case hex chars, e.g.
  *             from redsem_id_generate() or redsem_permit_id().
  * Other arguments and returns as redsem_sem_acquire().
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *holder_id,
@@ -282,7 +282,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *hol
  *          while it waits leaves the queue and gets REDSEM_EINVAL).
  * Server: as redsem_sem_acquire(); the weight is one more argument of the acquire script;
  *         a weight above 1 is kept in the semaphore's meta hash (w:ID).
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.3
  */
 REDSEM_API REDSEM_WUR int redsem_sem_acquire_n(redsem_sem *sem, uint32_t n, int64_t timeout_ms,
@@ -308,7 +308,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_try_acquire_n(redsem_sem *sem, uint32_t n,
  *
  * @holder_id  borrowed; must not be NULL; rules as redsem_sem_acquire_as().
  * Other arguments and returns as redsem_sem_acquire_n().
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.3
  */
 REDSEM_API REDSEM_WUR int redsem_sem_acquire_as_n(redsem_sem *sem, const char *holder_id,
@@ -330,7 +330,7 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire_as_n(redsem_sem *sem, const char *h
  *          REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM;
  *          REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of holder.lua (read-only). Thread safety: any thread, at the same time as
- * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
+ * others (see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_id,
                                            redsem_permit **ret_permit);
@@ -349,8 +349,8 @@ REDSEM_API REDSEM_WUR int redsem_sem_adopt(redsem_sem *sem, const char *holder_i
  *          REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO;
  *          REDSEM_EFORKED.
  * Server: one EVALSHA of set_limit.lua (fair, locked: then one of wake_push.lua if it granted
- * waiters of other clients, since 0.4.7). Thread safety: any thread, at the same time as others
- * (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
+ * waiters of other clients). Thread safety: any thread, at the same time as others
+ * (see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_sem_set_limit(redsem_sem *sem, uint32_t limit);
 
@@ -368,7 +368,7 @@ typedef struct redsem_status redsem_status;
  *          REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT; REDSEM_ESERVER;
  *          REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of status.lua (no writes; works on a read-only ACL user).
- * Thread safety: any thread, at the same time as others (Since 0.4; see "Threads" in
+ * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_sem_status(redsem_sem *sem, size_t max_entries,
@@ -386,7 +386,7 @@ REDSEM_API int redsem_sem_status(redsem_sem *sem, size_t max_entries,
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT;
  *          REDSEM_ESERVER; REDSEM_EPERM; REDSEM_EPROTO; REDSEM_EFORKED.
  * Server: one EVALSHA of status.lua (read-only). Thread safety: any thread, at the same time as
- * others (Since 0.4; see "Threads" in redsem/client.h). Since: 0.1
+ * others (see "Threads" in redsem/client.h). Since: 0.1
  */
 REDSEM_API int redsem_sem_inspect(redsem_client *client, const char *name, size_t max_entries,
                                   redsem_status **ret_status);
@@ -441,8 +441,7 @@ REDSEM_API uint64_t redsem_status_permits_in_use(const redsem_status *status);
 REDSEM_API const char *redsem_status_server(const redsem_status *status);
 
 /**
- * redsem_status_holder - the i-th listed holder (by lease deadline; lock: the owner). (Up to
- * 0.2 fair/locked holders were listed in ticket order; since 0.3 holders leave the queue.)
+ * redsem_status_holder - the i-th listed holder (by lease deadline; lock: the owner).
  *
  * @i                 0..holders_listed-1.
  * @ret_id            borrowed, may be NULL; receives a view valid until redsem_status_free().
@@ -470,7 +469,7 @@ REDSEM_API uint32_t redsem_status_holder_weight(const redsem_status *status, siz
  * lease left; basic and lock waiters are registered too (unordered, by wait deadline).
  *
  * Arguments as redsem_status_holder(); ret_ticket receives the waiter's place in the queue
- * (fair/locked since 0.3: its end position, each waiter ahead counting its weight; 0 for
+ * (fair/locked: its end position, each waiter ahead counting its weight; 0 for
  * basic and lock waiters).
  * Thread safety: a status is immutable: any thread may read it until it is freed (once). Since: 0.1
  */

@@ -63,7 +63,7 @@ int64_t redsem__clock_not_after_us(const redsem__clock *k, int64_t command_timeo
  * node's own, or one that its client shares among the lanes that reach the same server
  * (client.c, as the clock), so that a new lane does not send every body again. eval_body:
  * the server refused SCRIPT LOAD (an ACL without script|load, a renamed command): bodies go
- * by EVAL, as redsem <= 0.4.6 sent them. Atomic: lanes of one client run in parallel. */
+ * by EVAL. Atomic: lanes of one client run in parallel. */
 typedef struct redsem__script_cache {
     _Atomic bool sent[REDSEM__SCRIPT_COUNT];
     _Atomic bool eval_body;

@@ -26,7 +26,7 @@ static bool error_starts(const redisReply *r, const char *word)
  * is answered the same way: one more round trip only when the server really lost the script.
  * NOSCRIPT means the script did not run, so sending it again is safe whatever the call. A
  * server that refuses SCRIPT LOAD (an ACL without script|load, a renamed command) gets the
- * body by EVAL from then on (the script cache's eval_body), as redsem <= 0.4.6 sent it. */
+ * body by EVAL from then on (the script cache's eval_body) */
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *ka, int flags,
                  redsem__req_info *info, redisReply **ret_reply)
 {

@@ -8,7 +8,7 @@
  *   redsem_async_free(a);                        // stops and frees the adapter's watchers
  *
  * redsem_ev_attach - bind a redsem_async to a libev loop: one ev_io per descriptor redsem
- * asks for (0.4: one) and one ev_timer. Returns REDSEM_OK, REDSEM_ENOMEM, REDSEM_EINVAL
+ * asks for (at present one) and one ev_timer. Returns REDSEM_OK, REDSEM_ENOMEM, REDSEM_EINVAL
  * (NULL argument) or REDSEM_ESTATE (a loop is set already). Thread safety: the loop's
  * thread. Since: 0.4 */
 #ifndef REDSEM_ADAPTERS_LIBEV_H

@@ -8,7 +8,7 @@
  *   redsem_async_free(a);                        // frees the adapter's events too
  *
  * redsem_event_attach - bind a redsem_async to a libevent event_base: one persistent event
- * per descriptor redsem asks for (0.4: one) and one timer event. Returns REDSEM_OK,
+ * per descriptor redsem asks for (at present one) and one timer event. Returns REDSEM_OK,
  * REDSEM_ENOMEM, REDSEM_EINVAL (NULL argument) or REDSEM_ESTATE (a loop is set already).
  * Thread safety: the base's thread. Since: 0.4 */
 #ifndef REDSEM_ADAPTERS_LIBEVENT_H

@@ -8,7 +8,7 @@
  *   redsem_async_free(a);                        // the adapter's handles close on the loop
  *
  * redsem_uv_attach - bind a redsem_async to a libuv loop: a uv_poll_t per descriptor
- * redsem asks for (0.4: one) and a uv_timer_t. Returns REDSEM_OK, REDSEM_ENOMEM,
+ * redsem asks for (at present one) and a uv_timer_t. Returns REDSEM_OK, REDSEM_ENOMEM,
  * REDSEM_EINVAL (NULL argument) or REDSEM_ESTATE (a loop is set already). The adapter's
  * memory is freed by the loop after redsem_async_free() (uv_close callbacks), so run the
  * loop (or uv_run(loop, UV_RUN_NOWAIT)) once after freeing. Thread safety: the loop's thread.
