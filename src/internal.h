@@ -75,6 +75,7 @@ struct redsem_options {
     int max_connections; /* request connections per server */
     char *prefix;
     bool allow_eviction; /* connect to servers that may evict keys (node.c checks) */
+    uint32_t metrics_names_max; /* names with figures of their own (metrics.c) */
 };
 
 typedef struct redsem__renewer redsem__renewer;
