@@ -494,8 +494,8 @@ static const char *type_name(redsem_metric_type ty)
 /* A value as Prometheus reads it: integers exactly, else shortest round trip. */
 static void put_value(text *t, double v)
 {
-    if (v == floor(v) && fabs(v) < 9e15)
-        put(t, "%.0f", v);
+    if (v >= 0 && v < 9e15 && (double)(uint64_t)v == v)
+        put(t, "%llu", (unsigned long long)v);
     else
         put(t, "%.17g", v);
 }
@@ -519,7 +519,7 @@ static int text_sink(const redsem_metric *m, void *arg)
     }
     for (size_t i = 0; i < m->nbuckets; i++) {
         char le[32];
-        if (isinf(m->bounds[i]))
+        if (m->bounds[i] > 1e300) /* INFINITY: no libm needed */
             snprintf(le, sizeof le, "+Inf");
         else
             snprintf(le, sizeof le, "%g", m->bounds[i]);
@@ -808,9 +808,7 @@ int redsem_metrics_write_server(redsem_client *c, const char *const *names, size
                "Holders the scripts' clean-up removed after their lease ran out, never released.",
                REDSEM_METRIC_COUNTER, recs, nsem, false, true, offsetof(srv_rec, expired));
     redsem__free(recs);
-    if (up_rc != REDSEM_OK)
-        (void)redsem__set_err(c, up_rc, "%s", redsem__errbuf(c));
-    return text_end(&t, needed);
+    return text_end(&t, needed); /* down: the failed read's error text stays */
 }
 
 /* ------------------------------------------------------------------ SCAN */
