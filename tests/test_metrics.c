@@ -6,6 +6,7 @@
  * of expired leases, redsem_up 0 when Redis is gone); SCAN of names with its cap; threads
  * sharing one client (counts add up). */
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -683,5 +684,79 @@ Test(metrics, threads_sharing_a_client_add_up, .timeout = 120)
     EXPECT_VALUE(t, ga, "redsem_hold_seconds_count{name=\"%s\",kind=\"semaphore\"}", a);
     check_histograms(t);
     free(t);
+    redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- the event-loop API */
+
+static int async_fd = -1;
+static void on_socket(redsem_async *a, int fd, int what, void *data)
+{
+    (void)a;
+    (void)data;
+    async_fd = (what & REDSEM_WATCH_REMOVE) ? -1 : fd;
+}
+
+static int async_done, async_rc;
+static redsem_permit *async_permit;
+static void on_done(redsem_async *a, const redsem_result *r, void *user)
+{
+    (void)a;
+    (void)user;
+    async_rc = r->rc;
+    async_permit = r->rc == REDSEM_OK ? r->permit : NULL;
+    async_done++;
+}
+
+static void run_until(redsem_async *a, int n)
+{
+    for (int i = 0; i < 2000 && async_done < n; i++) {
+        struct pollfd p = {async_fd, POLLIN, 0};
+        if (async_fd >= 0 && poll(&p, 1, 10) > 0)
+            (void)redsem_async_action(a, async_fd, REDSEM_WATCH_IN);
+        else if (async_fd < 0)
+            tf_sleep_ms(10);
+    }
+    cr_assert_eq(async_done, n, "the operation did not finish");
+}
+
+/* A waiting acquire through the event-loop API (parked between its attempts, resumed on a
+ * worker) is recorded with its whole wait; its release through the API records the hold. */
+Test(metrics, event_loop_api_is_recorded, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("async");
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, 10000, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    redsem_async *a = NULL;
+    OK(c, redsem_async_new(c, &a));
+    OK(c, redsem_async_set_loop(a, on_socket, NULL, NULL));
+    OK(c, redsem_sem_acquire_async(a, s, 1, 10000, on_done, NULL, NULL));
+    tf_sleep_ms(300);
+    OK(c, redsem_permit_release(p));
+    run_until(a, 1);
+    cr_assert_eq(async_rc, REDSEM_OK, "%s", redsem_err_name(async_rc));
+    OK(c, redsem_permit_release_async(a, async_permit, on_done, NULL, NULL));
+    run_until(a, 2);
+    cr_expect_eq(async_rc, REDSEM_OK);
+    char *t = text_of(c);
+    const char *k = "kind=\"semaphore\"";
+    EXPECT_VALUE(t, 2, "redsem_grants_total{name=\"%s\",%s}", name, k);
+    EXPECT_VALUE(t, 2, "redsem_hold_seconds_count{name=\"%s\",%s}", name, k);
+    /* the waiting acquire waited about 300 ms: above 0.1 s, and not in the 0.1 bucket */
+    char series[512];
+    snprintf(series, sizeof series,
+             "redsem_acquire_wait_seconds_bucket{name=\"%s\",%s,outcome=\"granted\",le=\"0.1\"}",
+             name, k);
+    cr_expect_eq(value_of(t, series), 1, "only the try-acquire within 0.1 s:\n%s", t);
+    EXPECT_VALUE(t, 2, "redsem_acquire_wait_seconds_count{name=\"%s\",%s,outcome=\"granted\"}",
+                 name, k);
+    free(t);
+    redsem_permit_free(async_permit);
+    redsem_permit_free(p);
+    redsem_async_free(a);
+    redsem_sem_free(s);
     redsem_client_free(c);
 }
