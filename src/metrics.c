@@ -7,7 +7,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
@@ -388,8 +387,9 @@ static double oldest_wait(redsem__metrics *m, int kind, const char *name,
         else
             hi = mid;
     }
-    redsem__seen_name *e = lo < m->nseen && seen_name_cmp(&m->seen[lo], kind, name) == 0 ? &m->seen[lo]
-                                                                                : NULL;
+    redsem__seen_name *e = NULL;
+    if (lo < m->nseen && seen_name_cmp(&m->seen[lo], kind, name) == 0)
+        e = &m->seen[lo];
     if (e == NULL) {
         char *copy = redsem__strdup(name);
         if (m->nseen == m->seen_cap) {

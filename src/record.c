@@ -162,7 +162,9 @@ void redsem__metrics_acquired(redsem__mslot *s, int rc, int64_t start_ns, int64_
                                         : REDSEM__MO_ERROR;
     hist_add(&s->wait[out], now_ns - start_ns);
     if (s->kind == REDSEM__MK_RATE) {
-        int r = rc == REDSEM_OK ? REDSEM__MT_ALLOWED : rc == REDSEM_EBUSY ? REDSEM__MT_LIMITED : REDSEM__MT_ERROR;
+        int r = rc == REDSEM_OK      ? REDSEM__MT_ALLOWED
+                : rc == REDSEM_EBUSY ? REDSEM__MT_LIMITED
+                                     : REDSEM__MT_ERROR;
         atomic_fetch_add_explicit(&s->rate[r], 1, memory_order_relaxed);
     } else if (rc == REDSEM_OK) {
         atomic_fetch_add_explicit(&s->grants, 1, memory_order_relaxed);
@@ -193,6 +195,7 @@ void redsem__metrics_renewal(redsem__mslot *s, int rc)
 {
     if (s == NULL)
         return;
-    int r = rc == REDSEM_OK ? REDSEM__MR_OK : rc == REDSEM_ELOST ? REDSEM__MR_LOST : REDSEM__MR_ERROR;
+    int r = rc == REDSEM_OK ? REDSEM__MR_OK : rc == REDSEM_ELOST ? REDSEM__MR_LOST
+                                                                  : REDSEM__MR_ERROR;
     atomic_fetch_add_explicit(&s->renew[r], 1, memory_order_relaxed);
 }

@@ -149,15 +149,16 @@ static void promtool_check(const char *text)
 
 /* ---------------------------------------------------------------- exact figures */
 
-/* One semaphore, limit 1, lease 200 ms: 3 grants, 2 busy (a try, a 30 ms wait), a refresh
- * ok, a refresh that finds the lease run out (lost, expired), 3 holds; then a holder left to
- * expire and cleaned up by the next acquire (the server's count). */
+/* One semaphore, limit 1, lease 1 s: 3 grants, 2 busy (a try, a 30 ms wait), a refresh ok,
+ * a refresh that finds the lease run out (lost, expired), 3 holds; then a holder left to
+ * expire and cleaned up by the next acquire (the server's count). The lease leaves a loaded
+ * machine a second for what must happen within it. */
 STRATEGY_TEST(metrics, exact_semaphore_figures, .timeout = 60)
 {
     redsem_client *c = tf_client();
     const char *name = tf_name("exact");
     redsem_sem *s = NULL;
-    OK(c, redsem_sem_open(c, name, strategy, 1, 200, &s));
+    OK(c, redsem_sem_open(c, name, strategy, 1, 1000, &s));
     redsem_permit *p1 = NULL, *p2 = NULL, *p3 = NULL, *x = NULL;
     OK(c, redsem_sem_try_acquire(s, &p1));
     EXPECT(c, REDSEM_EBUSY, redsem_sem_try_acquire(s, &x));
@@ -165,7 +166,7 @@ STRATEGY_TEST(metrics, exact_semaphore_figures, .timeout = 60)
     OK(c, redsem_permit_refresh(p1));
     OK(c, redsem_permit_release(p1));
     OK(c, redsem_sem_acquire(s, 1000, &p2));
-    tf_sleep_ms(400);
+    tf_sleep_ms(1300);
     EXPECT(c, REDSEM_ELOST, redsem_permit_refresh(p2));
     EXPECT(c, REDSEM_ELOST, redsem_permit_release(p2)); /* lost already: not counted twice */
     OK(c, redsem_sem_try_acquire(s, &p3));
@@ -206,7 +207,7 @@ STRATEGY_TEST(metrics, exact_semaphore_figures, .timeout = 60)
 
     /* the server's side: a holder left to expire, cleaned up by the next acquire */
     OK(c, redsem_sem_acquire(s, 1000, &p2));
-    tf_sleep_ms(400);
+    tf_sleep_ms(1300);
     OK(c, redsem_sem_try_acquire(s, &p3));
     const char *names[] = {name, tf_name("missing")};
     t = server_text_of(c, names, 2);
@@ -219,7 +220,7 @@ STRATEGY_TEST(metrics, exact_semaphore_figures, .timeout = 60)
     EXPECT_VALUE(t, 1, "redsem_leases_expired_total{name=\"%s\",%s}", name, k);
     cr_expect_null(strstr(t, names[1]), "a missing name gives no series:\n%s", t);
     free(t);
-    OK(c, redsem_permit_release(p3));
+    (void)redsem_permit_release(p3); /* (its lease may have run out on a loaded machine) */
     redsem_permit_free(p1);
     redsem_permit_free(p2);
     redsem_permit_free(p3);
@@ -352,8 +353,8 @@ Test(metrics, label_values_escaped, .timeout = 60)
     use_name(c, name);
     char *t = text_of(c);
     char want[256];
-    snprintf(want, sizeof want, "redsem_grants_total{name=\"q\\\"b\\\\s-%s\",kind=\"semaphore\"} 1\n",
-             tail);
+    snprintf(want, sizeof want,
+             "redsem_grants_total{name=\"q\\\"b\\\\s-%s\",kind=\"semaphore\"} 1\n", tail);
     cr_expect_not_null(strstr(t, want), "want %s in:\n%s", want, t);
     check_histograms(t);
     promtool_check(t);
@@ -745,12 +746,13 @@ Test(metrics, event_loop_api_is_recorded, .timeout = 60)
     const char *k = "kind=\"semaphore\"";
     EXPECT_VALUE(t, 2, "redsem_grants_total{name=\"%s\",%s}", name, k);
     EXPECT_VALUE(t, 2, "redsem_hold_seconds_count{name=\"%s\",%s}", name, k);
-    /* the waiting acquire waited about 300 ms: above 0.1 s, and not in the 0.1 bucket */
+    /* the waiting acquire waited at least 300 ms: not in the 0.25 s bucket (where the
+     * try-acquire is, unless the machine stalled it that long) */
     char series[512];
     snprintf(series, sizeof series,
-             "redsem_acquire_wait_seconds_bucket{name=\"%s\",%s,outcome=\"granted\",le=\"0.1\"}",
+             "redsem_acquire_wait_seconds_bucket{name=\"%s\",%s,outcome=\"granted\",le=\"0.25\"}",
              name, k);
-    cr_expect_eq(value_of(t, series), 1, "only the try-acquire within 0.1 s:\n%s", t);
+    cr_expect_leq(value_of(t, series), 1, "the waiting acquire is above 0.25 s:\n%s", t);
     EXPECT_VALUE(t, 2, "redsem_acquire_wait_seconds_count{name=\"%s\",%s,outcome=\"granted\"}",
                  name, k);
     free(t);
