@@ -8,6 +8,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -759,6 +760,54 @@ Test(metrics, event_loop_api_is_recorded, .timeout = 60)
     redsem_permit_free(async_permit);
     redsem_permit_free(p);
     redsem_async_free(a);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- automatic renewal */
+
+static atomic_int lost_calls;
+static atomic_int lost_reason;
+static void on_lost(redsem_permit *p, redsem_lost_reason why, void *user)
+{
+    (void)p;
+    (void)user;
+    atomic_store(&lost_reason, (int)why);
+    atomic_fetch_add(&lost_calls, 1);
+}
+
+/* The renewer's refreshes are counted; its permit removed on the server before its deadline
+ * is lost as "taken", once (the release after it adds no loss). */
+Test(metrics, renewer_counts_renewals_and_a_taken_lease, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    const char *name = tf_name("renewer");
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_BASIC, 1, 3000, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    OK(c, redsem_permit_auto_renew(p, 100, on_lost, NULL));
+    tf_sleep_ms(450);
+    char key[256];
+    snprintf(key, sizeof key, "redsem:{%s}:holders", name);
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "DEL", key, NULL), 0);
+    for (int i = 0; i < 300 && atomic_load(&lost_calls) == 0; i++)
+        tf_sleep_ms(10);
+    cr_assert_eq(atomic_load(&lost_calls), 1);
+    cr_expect_eq(atomic_load(&lost_reason), REDSEM_LOST_EXPIRED);
+    EXPECT(c, REDSEM_ELOST, redsem_permit_release(p));
+    char *t = text_of(c);
+    const char *k = "kind=\"semaphore\"";
+    char series[512];
+    snprintf(series, sizeof series, "redsem_renewals_total{name=\"%s\",%s,outcome=\"ok\"}", name,
+             k);
+    cr_expect_geq(value_of(t, series), 2, "%s", t);
+    EXPECT_VALUE(t, 1, "redsem_renewals_total{name=\"%s\",%s,outcome=\"lost\"}", name, k);
+    EXPECT_VALUE(t, 1, "redsem_leases_lost_total{name=\"%s\",%s,reason=\"taken\"}", name, k);
+    EXPECT_VALUE(t, 0, "redsem_leases_lost_total{name=\"%s\",%s,reason=\"expired\"}", name, k);
+    EXPECT_VALUE(t, 1, "redsem_hold_seconds_count{name=\"%s\",%s}", name, k);
+    free(t);
+    redsem_permit_free(p);
     redsem_sem_free(s);
     redsem_client_free(c);
 }
