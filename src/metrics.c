@@ -377,7 +377,8 @@ static double oldest_wait(redsem__metrics *m, int kind, const char *name,
         snprintf(w[i].id, sizeof w[i].id, "%s", id);
         w[i].first_ns = now;
     }
-    qsort(w, n, sizeof *w, seen_waiter_cmp);
+    if (n > 0)
+        qsort(w, n, sizeof *w, seen_waiter_cmp);
     pthread_mutex_lock(&m->seen_mu);
     size_t lo = 0, hi = m->nseen;
     while (lo < hi) {
@@ -686,7 +687,8 @@ int redsem_scan_names(redsem_client *c, const char *pattern, size_t max, char **
         if (rc != REDSEM_OK)
             break;
         /* distinct names so far; past the cap: stop */
-        qsort(names, n, sizeof *names, name_cmp);
+        if (n > 0)
+            qsort(names, n, sizeof *names, name_cmp);
         size_t d = 0;
         for (size_t i = 0; i < n; i++) {
             if (d > 0 && strcmp(names[d - 1], names[i]) == 0)

@@ -740,7 +740,8 @@ Test(metrics, event_loop_api_is_recorded, .timeout = 60)
     OK(c, redsem_permit_release(p));
     run_until(a, 1);
     cr_assert_eq(async_rc, REDSEM_OK, "%s", redsem_err_name(async_rc));
-    OK(c, redsem_permit_release_async(a, async_permit, on_done, NULL, NULL));
+    redsem_permit *got = async_permit;
+    OK(c, redsem_permit_release_async(a, got, on_done, NULL, NULL));
     run_until(a, 2);
     cr_expect_eq(async_rc, REDSEM_OK);
     char *t = text_of(c);
@@ -757,7 +758,7 @@ Test(metrics, event_loop_api_is_recorded, .timeout = 60)
     EXPECT_VALUE(t, 2, "redsem_acquire_wait_seconds_count{name=\"%s\",%s,outcome=\"granted\"}",
                  name, k);
     free(t);
-    redsem_permit_free(async_permit);
+    redsem_permit_free(got);
     redsem_permit_free(p);
     redsem_async_free(a);
     redsem_sem_free(s);
