@@ -14,6 +14,7 @@ int redsem_options_new(redsem_options **ret_options)
     o->command_timeout_ms = REDSEM_DEFAULT_COMMAND_TIMEOUT_MS;
     o->retry_ms = REDSEM_DEFAULT_RETRY_MS;
     o->max_connections = REDSEM_DEFAULT_MAX_CONNECTIONS;
+    o->metrics_names_max = REDSEM_METRICS_NAMES_DEFAULT;
     o->prefix = redsem__strdup(REDSEM_DEFAULT_KEY_PREFIX);
     if (o->prefix == NULL ||
         redsem__url_parse(REDSEM_DEFAULT_URL, &o->ep, NULL, 0) != REDSEM_OK) {
@@ -68,6 +69,22 @@ int redsem_options_set_command_timeout_ms(redsem_options *o, int64_t ms)
 int redsem_options_set_retry_ms(redsem_options *o, int64_t ms)
 {
     return o ? set_ms(&o->retry_ms, ms, 0) : REDSEM_EINVAL;
+}
+
+int redsem_options_set_metrics_names_max(redsem_options *o, uint32_t max)
+{
+    if (o == NULL || max > REDSEM_METRICS_NAMES_MAX)
+        return REDSEM_EINVAL;
+    o->metrics_names_max = max;
+    return REDSEM_OK;
+}
+
+int redsem_options_set_metrics(redsem_options *o, bool on)
+{
+    if (o == NULL)
+        return REDSEM_EINVAL;
+    o->metrics_off = !on;
+    return REDSEM_OK;
 }
 
 int redsem_options_set_max_connections(redsem_options *o, int n)

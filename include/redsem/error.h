@@ -41,7 +41,8 @@ extern "C" {
     XX(ETLS, -20, "TLS: the server's certificate was refused (unknown CA, expired, name mismatch)") \
     XX(EREPLICA, -21, "fewer replicas than required acknowledged the write in time")          \
     XX(EEVICTION, -22,                                                                         \
-       "the server may evict keys (maxmemory with a policy other than noeviction)")
+       "the server may evict keys (maxmemory with a policy other than noeviction)")            \
+    XX(ERANGE, -23, "the caller's buffer is too small (the call reports the size it needs)")
 
 /** Status codes; see REDSEM_ERRNO_MAP for the meaning of each. Since: 0.1 */
 typedef enum redsem_err {

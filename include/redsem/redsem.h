@@ -21,5 +21,6 @@
 #include "renew.h"
 #include "rate.h"
 #include "async.h"
+#include "metrics.h"
 
 #endif /* REDSEM_REDSEM_H */
