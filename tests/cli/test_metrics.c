@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,8 +29,37 @@ static void setup(void)
     setenv("REDSEM_URL", tf_url(), 1);
 }
 
+/* Background processes of the running test (exporters, workers, Prometheus, the file
+ * server): each is stopped by pid when the test is done with it; those left by a failed
+ * assertion are killed here. */
+static pid_t bg_pids[32];
+
+static void bg_add(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof bg_pids / sizeof *bg_pids; i++) {
+        if (bg_pids[i] == 0) {
+            bg_pids[i] = pid;
+            return;
+        }
+    }
+}
+
+static void bg_forget(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof bg_pids / sizeof *bg_pids; i++)
+        if (bg_pids[i] == pid)
+            bg_pids[i] = 0;
+}
+
 static void teardown(void)
 {
+    for (size_t i = 0; i < sizeof bg_pids / sizeof *bg_pids; i++) {
+        if (bg_pids[i] > 0) {
+            kill(bg_pids[i], SIGKILL);
+            waitpid(bg_pids[i], NULL, 0);
+            bg_pids[i] = 0;
+        }
+    }
     cli_cleanup();
 }
 
@@ -177,6 +207,7 @@ static int start_exporter(cli_proc *p, const char *const *env, const char *const
         all[n++] = args[i];
     all[n] = NULL;
     cli_start(p, env, all);
+    bg_add(p->pid);
     for (int i = 0; i < 1200; i++) {
         char *err = cli_slurp(p->err_path);
         const char *at = err != NULL ? strstr(err, "serving http://127.0.0.1:") : NULL;
@@ -198,7 +229,9 @@ static int start_exporter(cli_proc *p, const char *const *env, const char *const
 static int stop_exporter(cli_proc *p)
 {
     kill(p->pid, SIGTERM);
-    return cli_wait(p, 60000);
+    int code = cli_wait(p, 60000);
+    bg_forget(p->pid);
+    return code;
 }
 
 /* acquire --limit LIMIT NAME, keeping the permit (lease 60 s). */
@@ -658,4 +691,241 @@ Test(metrics, watch_redis_refusing)
     int code = CLI(&p, UNREACHABLE_ENV, "status", "--retry", "0", "--watch", "x");
     cr_assert_eq(code, 69, "exited %d: %s", code, p.err);
     cli_proc_free(&p);
+}
+
+/* ------------------------------------------------------------------ a real Prometheus */
+
+/* Start argv in the background, stdout and stderr to log; returns its pid. */
+static pid_t spawn_bg(const char *const *argv, const char *log)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        /* a safety net should the test die first; it is stopped by pid below */
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        FILE *f = freopen(log, "w", stdout);
+        (void)f;
+        dup2(STDOUT_FILENO, STDERR_FILENO);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    bg_add(pid);
+    return pid;
+}
+
+/* SIGTERM, then SIGKILL if it has not ended within 30 s. */
+static void stop_bg(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    bg_forget(pid);
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 600; i++) {
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return;
+        tf_sleep_ms(50);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* Poll url until it answers 200 (up to timeout_ms). */
+static bool wait_http_ok(const char *url, int timeout_ms)
+{
+    for (int waited = 0; waited < timeout_ms; waited += 250) {
+        char *body = NULL;
+        int status = http_get(url, 10, &body);
+        free(body);
+        if (status == 200)
+            return true;
+        tf_sleep_ms(250);
+    }
+    return false;
+}
+
+/* An instant query through Prometheus' HTTP API: the first result's value (false: none). */
+static bool prom_query(int port, const char *query, double *ret)
+{
+    char enc[1024];
+    size_t k = 0;
+    for (const char *p = query; *p && k + 4 < sizeof enc; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+            ch == '-' || ch == '_' || ch == '.' || ch == '~')
+            enc[k++] = (char)ch;
+        else
+            k += (size_t)snprintf(enc + k, sizeof enc - k, "%%%02X", ch);
+    }
+    enc[k] = '\0';
+    char url[1200];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/api/v1/query?query=%s", port, enc);
+    char *body = NULL;
+    int status = http_get(url, 30, &body);
+    cr_assert_eq(status, 200, "query %s: status %d: %s", query, status, body);
+    json_error_t err;
+    json_t *j = json_loads(body, 0, &err);
+    cr_assert_not_null(j, "query %s: not JSON: %s", query, body);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "status")), "success", "%s", body);
+    json_t *result = json_object_get(json_object_get(j, "data"), "result");
+    cr_assert(json_is_array(result), "%s", body);
+    bool found = false;
+    if (json_array_size(result) > 0) {
+        json_t *value = json_object_get(json_array_get(result, 0), "value");
+        const char *v = json_string_value(json_array_get(value, 1));
+        cr_assert_not_null(v, "%s", body);
+        *ret = strtod(v, NULL);
+        found = true;
+    }
+    json_decref(j);
+    free(body);
+    return found;
+}
+
+/* Poll query until its value satisfies want (>= min), up to timeout_ms; the last value. */
+static double prom_wait(int port, const char *query, double min, int timeout_ms)
+{
+    double v = -1;
+    for (int waited = 0; waited < timeout_ms; waited += 500) {
+        double got = 0;
+        if (prom_query(port, query, &got)) {
+            v = got;
+            if (v >= min)
+                return v;
+        }
+        tf_sleep_ms(500);
+    }
+    return v;
+}
+
+/* Prometheus scrapes `redsem exporter` while CLI workers hold and wait, and the workers'
+ * --metrics-file texts (served as node_exporter's textfile collector would: here by
+ * Python's http.server, one target per file). Read back through the query API: permits in
+ * use never above the limit, waiters seen, the wait histogram's count equal to the workers'
+ * acquires. */
+Test(metrics, prometheus_scrapes_the_exporter, .timeout = 900)
+{
+    if (!have_program("prometheus"))
+        cr_skip_test("prometheus not installed (Debian: apt-get install prometheus)");
+    enum { WORKERS = 5 };
+    const char *name = copy_name("m-prom");
+    const char *www = cli_path("www");
+    cr_assert_eq(mkdir(www, 0755), 0);
+    char ready[700];
+    snprintf(ready, sizeof ready, "%s/ready", www);
+    FILE *f = fopen(ready, "w");
+    cr_assert_not_null(f);
+    fputs("ok\n", f);
+    fclose(f);
+
+    /* the exporter, the file server, then Prometheus on free loopback ports */
+    cli_proc e;
+    int exp_port = start_exporter(&e, NULL, CLI_ARGS(name));
+    int fs_port = ts_free_port();
+    cr_assert_gt(fs_port, 0);
+    char fs_port_s[16];
+    snprintf(fs_port_s, sizeof fs_port_s, "%d", fs_port);
+    pid_t fs = spawn_bg(CLI_ARGS("python3", "-m", "http.server", "--bind", "127.0.0.1",
+                                 "--directory", www, fs_port_s),
+                        cli_path("fileserver.log"));
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/ready", fs_port);
+    cr_assert(wait_http_ok(url, 60000), "the file server did not start");
+
+    int prom_port = ts_free_port();
+    cr_assert_gt(prom_port, 0);
+    const char *cfg = cli_path("prometheus.yml");
+    f = fopen(cfg, "w");
+    cr_assert_not_null(f);
+    fprintf(f,
+            "global:\n"
+            "  scrape_interval: 500ms\n"
+            "  scrape_timeout: 500ms\n"
+            "scrape_configs:\n"
+            "  - job_name: redsem\n"
+            "    static_configs:\n"
+            "      - targets: ['127.0.0.1:%d']\n"
+            "  - job_name: runs\n"
+            "    static_configs:\n",
+            exp_port);
+    for (int i = 0; i < WORKERS; i++)
+        fprintf(f,
+                "      - targets: ['127.0.0.1:%d']\n"
+                "        labels: {__metrics_path__: '/w%d.prom', worker: 'w%d'}\n",
+                fs_port, i, i);
+    fclose(f);
+    char cfg_arg[700], data_arg[700], listen_arg[64];
+    snprintf(cfg_arg, sizeof cfg_arg, "--config.file=%s", cfg);
+    snprintf(data_arg, sizeof data_arg, "--storage.tsdb.path=%s", cli_path("prom-data"));
+    snprintf(listen_arg, sizeof listen_arg, "--web.listen-address=127.0.0.1:%d", prom_port);
+    pid_t prom = spawn_bg(CLI_ARGS("prometheus", cfg_arg, data_arg, listen_arg,
+                                   "--log.level=warn"),
+                          cli_path("prometheus.log"));
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/-/ready", prom_port);
+    bool prom_ready = wait_http_ok(url, 120000);
+    if (!prom_ready) {
+        char *log = cli_slurp(cli_path("prometheus.log"));
+        stop_bg(prom);
+        stop_bg(fs);
+        stop_exporter(&e);
+        cr_assert_fail("Prometheus did not become ready: %s", log);
+    }
+
+    /* WORKERS runs of a semaphore of 2: two hold until GO exists, the others wait */
+    const char *go = cli_path("go");
+    char script[800];
+    /* bounded (about 10 minutes), should the test fail before GO */
+    snprintf(script, sizeof script,
+             "i=0; while [ ! -e '%s' ] && [ $i -lt 12000 ]; do sleep 0.05; i=$((i+1)); done",
+             go);
+    static cli_proc w[WORKERS];
+    char files[WORKERS][700];
+    for (int i = 0; i < WORKERS; i++) {
+        snprintf(files[i], sizeof files[i], "%s/w%d.prom", www, i);
+        cli_start(&w[i], NULL,
+                  CLI_ARGS("run", "--limit", "2", "--metrics-file", files[i], name, "--", "sh",
+                           "-c", script));
+        bg_add(w[i].pid);
+    }
+    char q[512];
+    snprintf(q, sizeof q, "max_over_time(redsem_waiters{name=\"%s\"}[1h])", name);
+    double waiters = prom_wait(prom_port, q, WORKERS - 2, 300000);
+    snprintf(q, sizeof q, "max_over_time(redsem_permits_in_use{name=\"%s\"}[1h])", name);
+    double in_use = prom_wait(prom_port, q, 2, 300000);
+
+    /* let them all through */
+    f = fopen(go, "w");
+    cr_assert_not_null(f);
+    fclose(f);
+    for (int i = 0; i < WORKERS; i++) {
+        int code = cli_wait(&w[i], 300000);
+        bg_forget(w[i].pid);
+        cr_assert_eq(code, 0, "worker %d exited %d: %s", i, code, w[i].err);
+        cli_proc_free(&w[i]);
+    }
+    snprintf(q, sizeof q, "sum(redsem_acquire_wait_seconds_count{name=\"%s\"})", name);
+    double acquires = prom_wait(prom_port, q, WORKERS, 300000);
+    snprintf(q, sizeof q,
+             "sum(redsem_acquire_wait_seconds_count{name=\"%s\",outcome=\"granted\"})", name);
+    double granted = -1;
+    bool have_granted = prom_query(prom_port, q, &granted);
+    snprintf(q, sizeof q, "max_over_time(redsem_permits_in_use{name=\"%s\"}[1h])", name);
+    double max_in_use = -1;
+    bool have_max = prom_query(prom_port, q, &max_in_use);
+    snprintf(q, sizeof q, "min_over_time(redsem_limit{name=\"%s\"}[1h])", name);
+    double limit = -1;
+    bool have_limit = prom_query(prom_port, q, &limit);
+
+    stop_bg(prom);
+    stop_bg(fs);
+    cr_assert_eq(stop_exporter(&e), 0, "%s", e.err);
+    cli_proc_free(&e);
+
+    cr_assert_geq(waiters, 1, "Prometheus never saw a waiter (max %g)", waiters);
+    cr_assert_eq(in_use, 2, "Prometheus never saw the 2 permits in use (max %g)", in_use);
+    cr_assert(have_max && have_limit);
+    cr_assert_eq(limit, 2, "redsem_limit %g", limit);
+    cr_assert_leq(max_in_use, limit, "permits in use %g above the limit %g", max_in_use, limit);
+    cr_assert_eq(acquires, WORKERS, "wait histogram count %g, %d acquires", acquires, WORKERS);
+    cr_assert(have_granted);
+    cr_assert_eq(granted, WORKERS, "granted count %g", granted);
 }
