@@ -68,6 +68,7 @@ if m[5] then
     extra = extra - (held - 1)
     redis.call('HSET', meta, 'extra', extra)
   end
+  redis.call('HINCRBY', meta, 'xp', '1') -- a lease that ran out without a release (metrics)
 end
 
 -- Admit iff the permits held + n <= limit: a count check, so a new request never
@@ -82,6 +83,7 @@ if card + extra + n > limit then
     forget(meta, {holders}, gone)
     card = card - #gone
     redis.call('HSET', meta, 'extra', string.format('%d', extra))
+    redis.call('HINCRBY', meta, 'xp', #gone) -- leases that ran out without a release (metrics)
   end
 end
 local used = card + extra

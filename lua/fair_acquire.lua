@@ -149,6 +149,7 @@ if m[5] then
   st.used = math.max(0, st.used - held)
   forget(meta, {timeouts}, {id})
   redis.call('HSET', meta, 'used', string.format('%d', st.used))
+  redis.call('HINCRBY', meta, 'xp', '1') -- a lease that ran out without a release (metrics)
   grant(nil, 1)
 end
 
@@ -163,12 +164,18 @@ local function cleanup()
   local f = {}
   for i, g in ipairs(gone) do f[2 * i - 1] = 't:' .. g; f[2 * i] = 'w:' .. g end
   local tw = redis.call('HMGET', meta, unpack(f))
+  local holders = 0
   for i = 1, #gone do
-    if tw[2 * i - 1] then st.used = st.used - (tonumber(tw[2 * i]) or 1) end
+    if tw[2 * i - 1] then
+      st.used = st.used - (tonumber(tw[2 * i]) or 1)
+      holders = holders + 1
+    end
   end
   if st.used < 0 then st.used = 0 end
   forget(meta, {owners, timeouts}, gone)
   redis.call('HSET', meta, 'used', string.format('%d', st.used))
+  -- leases that ran out without a release (metrics; expired waiters are not counted)
+  if holders > 0 then redis.call('HINCRBY', meta, 'xp', holders) end
   return grant(id, n)
 end
 

@@ -3,13 +3,14 @@
 -- ARGV: 1 'basic', 'fair', or 'auto' (use the strategy recorded in meta), 2 max entries.
 -- Returns {strategy|'', limit, holder count, waiter count, {id, token, ms left, ...},
 --          {id, ticket, ms left, ...}, 0 (hold count), exists 0/1, permits in use,
---          {weight of each listed holder}}
+--          {weight of each listed holder}, leases that ran out without a release (meta 'xp',
+--          counted by the acquire scripts' clean-up)}
 -- Cost O(listed + expired entries not yet cleaned up), never O(holders): a status must not
 -- block the server for long when 100,000 permits are held. fair/locked list their holders
 -- from the deadline set, which holds the waiters too, reading at most 4 x max + 1024 of it.
 local now = clock()
 local meta, max = KEYS[1], tonumber(ARGV[2])
-local m = redis.call('HMGET', meta, 'strategy', 'limit', 'extra', 'used')
+local m = redis.call('HMGET', meta, 'strategy', 'limit', 'extra', 'used', 'xp')
 local hl, wl, hw = {}, {}, {}
 local nh, nw, inuse = 0, 0, 0
 local kind = ARGV[1]
@@ -91,4 +92,5 @@ elseif kind == 'fair' then
 end
 local exists = 0
 if m[1] then exists = 1 end
-return {m[1] or '', tonumber(m[2]) or 0, nh, nw, hl, wl, 0, exists, math.max(0, inuse), hw}
+return {m[1] or '', tonumber(m[2]) or 0, nh, nw, hl, wl, 0, exists, math.max(0, inuse), hw,
+  tonumber(m[5]) or 0}

@@ -550,10 +550,27 @@ static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, con
     return REDSEM_OK;
 }
 
+/* An acquire decided (rc, not REDSEM__PARKED) after it started at start_ns: recorded in its
+ * name's figures (metrics.c), and a permit granted tagged with them and its grant time. */
+static int recorded(const redsem__acquirer *q, int rc, int64_t start_ns,
+                    redsem_permit **ret_permit)
+{
+    if (q->metrics == NULL)
+        return rc;
+    int64_t now = redsem__now_ns();
+    redsem__metrics_acquired(q->metrics, rc, start_ns, now);
+    if (rc == REDSEM_OK) {
+        (*ret_permit)->metrics = q->metrics;
+        (*ret_permit)->granted_ns = now;
+    }
+    return rc;
+}
+
 int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
                            int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit)
 {
     redsem__attempt att;
+    int64_t start = q->metrics != NULL ? redsem__now_ns() : 0;
     if (redsem__park_slot != NULL && timeout_ms != 0 &&
         q->client->ep.kind != REDSEM__EP_CLUSTER) {
         /* the event-loop API: a wait parks the acquire (its state kept on the heap) and
@@ -568,7 +585,8 @@ int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, 
         return redsem__acquire_resume(s, ret_permit);
     }
     int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
-    return acquire_done(q, kind, id, lease_ms, rc, att, ret_permit);
+    rc = acquire_done(q, kind, id, lease_ms, rc, att, ret_permit);
+    return recorded(q, rc, start, ret_permit);
 }
 
 int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit)
@@ -578,6 +596,7 @@ int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit)
     if (rc == REDSEM__WAIT)
         return REDSEM__PARKED; /* s stays with the caller, which waits and calls again */
     rc = acquire_done(&s->q, s->kind, s->id, s->lease_ms, rc, att, ret_permit);
+    rc = recorded(&s->q, rc, s->since_ns, ret_permit);
     *redsem__park_slot = NULL;
     redsem__free(s);
     return rc;

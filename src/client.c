@@ -748,7 +748,8 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     c->prefix_len = strlen(c->prefix);
     if ((c->ep.kind == REDSEM__EP_SENTINEL &&
          (c->sentinel_watch = redsem__sentinel_watch_new()) == NULL) ||
-        redsem__wake_init(c) != REDSEM_OK) {
+        redsem__wake_init(c) != REDSEM_OK ||
+        redsem__metrics_init(c, o->metrics_names_max, o->metrics_off) != REDSEM_OK) {
         redsem_client_free(c);
         snprintf(err, errlen, "out of memory");
         return REDSEM_ENOMEM;
@@ -856,6 +857,7 @@ void redsem_client_free(redsem_client *c)
     redsem__endpoint_clear(&c->ep);
     redsem__tls_opts_clear(&c->tls);
     redsem__tls_ctx_free(c->cfg.tls_ctx); /* the lanes' nodes dropped theirs */
+    redsem__metrics_free(c);
     redsem__free(c->prefix);
     redsem__free(c);
 }

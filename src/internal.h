@@ -76,6 +76,7 @@ struct redsem_options {
     char *prefix;
     bool allow_eviction; /* connect to servers that may evict keys (node.c checks) */
     uint32_t metrics_names_max; /* names with figures of their own (metrics.c) */
+    bool metrics_off;           /* redsem_options_set_metrics(o, false) */
 };
 
 typedef struct redsem__renewer redsem__renewer;
@@ -158,6 +159,7 @@ struct redsem_client {
     size_t *wake_lens;
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled (atomic access) */
     const redsem__renew_ops *renew_ops; /* set with renewer */
+    struct redsem__metrics *metrics; /* what it recorded (metrics.c); NULL: recording off */
 };
 
 /* Borrow a lane (request or wait) of c's pool, and give it back; rc: the call's outcome
@@ -191,6 +193,32 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
 
 /* Build "PREFIX{NAME}SUFFIX". */
 char *redsem__key(const redsem_client *c, const char *name, const char *suffix);
+
+/* ---------------------------------------------------------------- metrics (metrics.c) */
+/* The figures of one (name, kind) a client used: found by redsem__metrics_of() once per
+ * handle, then updated with relaxed atomic adds by any thread (no lock, no I/O). */
+typedef struct redsem__mslot redsem__mslot;
+enum { REDSEM__MK_SEM = 0, REDSEM__MK_LOCK = 1, REDSEM__MK_RATE = 2, REDSEM__MK_N = 3 };
+enum { REDSEM__ML_EXPIRED = 0, REDSEM__ML_TAKEN = 1, REDSEM__ML_RENEWAL = 2, REDSEM__ML_N = 3 };
+/* Make c's table for max names (c->metrics), or leave recording off (NULL) when off is set.
+ * REDSEM_OK or REDSEM_ENOMEM. */
+int redsem__metrics_init(redsem_client *c, uint32_t max, bool off);
+void redsem__metrics_free(redsem_client *c);
+/* The slot of (name, kind) on c, cached in *cache (a handle's; NULL: not looked up yet):
+ * NULL when recording is off or no memory was left (then nothing is recorded). */
+redsem__mslot *redsem__metrics_of(redsem_client *c, redsem__mslot *_Atomic *cache,
+                                  const char *name, int kind);
+/* An acquire's result rc (REDSEM__PARKED: not decided, nothing recorded), started at
+ * start_ns and decided at now_ns (our clock): its wait by outcome, a grant, and for a rate
+ * limiter its outcome. */
+void redsem__metrics_acquired(redsem__mslot *s, int rc, int64_t start_ns, int64_t now_ns);
+/* A release answered by the server, of a permit granted at granted_ns (0: not known). */
+void redsem__metrics_released(redsem__mslot *s, int64_t granted_ns);
+void redsem__metrics_lost(redsem__mslot *s, int reason); /* REDSEM__ML_* */
+/* A permit p found lost by the server (its state was HELD): counted as expired when its
+ * validity deadline had passed by our clock, else as taken. */
+void redsem__metrics_lost_held(const struct redsem_permit *p);
+void redsem__metrics_renewal(redsem__mslot *s, int rc);  /* a refresh's result */
 
 /* ---------------------------------------------------------------- acquire machinery */
 /* What a permit needs from the object that granted it, a semaphore (sem.c) or a lock
@@ -256,6 +284,7 @@ typedef struct redsem__acquirer {
      * is woken by "<id> <wake_meta>" on its client's id list (wake.c) */
     const char *wake_meta;
     uint32_t weight;       /* permits wanted (1 for a lock) */
+    redsem__mslot *metrics; /* where its outcome is recorded (NULL: nowhere) */
 } redsem__acquirer;
 
 /* Parse the {status, a, b, now} reply of an acquire script into att. */
@@ -388,6 +417,8 @@ struct redsem_permit {
     uint32_t weight;             /* permits this permit object stands for (1 for a lock) */
     void *renewal; /* renewer entry, NULL if not renewed (__atomic access; written under the
                     * renewer's lock) */
+    redsem__mslot *metrics; /* its name's figures (NULL: none, e.g. adopted) */
+    int64_t granted_ns;     /* when its acquire returned (our clock): the hold's start */
 };
 
 /* Refresh p on the server through client c (the renewer passes its own), without touching
@@ -420,6 +451,7 @@ struct redsem_sem {
     char *k_owners, *k_timeouts, *k_sigprefix, *k_guard; /* fair / locked */
     size_t sigprefix_len;
     _Atomic uint32_t renewed; /* its permits the renewer holds on to: sem_free lets go */
+    redsem__mslot *_Atomic metrics; /* its figures (metrics.c), found at the first acquire */
 };
 
 struct redsem_lock {
@@ -430,6 +462,7 @@ struct redsem_lock {
     char owner[REDSEM_ID_BUFSIZE]; /* reentrant owner identity */
     char *k_mutex, *k_meta, *k_waiters, *k_signal;
     _Atomic uint32_t renewed; /* its permits the renewer holds on to: lock_free lets go */
+    redsem__mslot *_Atomic metrics; /* its figures (metrics.c), found at the first acquire */
 };
 
 
@@ -451,6 +484,7 @@ struct redsem_status {
     redsem__entry *holders, *waiters;
     uint32_t holds;
     uint64_t in_use; /* permits held (weights summed) */
+    uint64_t expired; /* leases the clean-up removed without a release (status.lua; metrics) */
     char server[300]; /* the address of the node that serves it ("" if not known) */
 };
 

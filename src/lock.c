@@ -136,6 +136,7 @@ static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
         .wait_key = lock_wait_key,
         .wait_lease_ms = 0,
         .weight = 1,
+        .metrics = redsem__metrics_of(c, &l->metrics, l->name, REDSEM__MK_LOCK),
     };
     return redsem__acquire_permit(&q, &lock_kind, id, timeout_ms, l->lease_ms,
                                   ret_permit);

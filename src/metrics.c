@@ -1,39 +1,963 @@
-/* redsem - metrics (metrics.h): first stubs, filled in next. */
+/* redsem - metrics (metrics.h): the figures a client records, their exposition in the
+ * Prometheus text format 0.0.4 and through a visitor, and the server's figures read at scrape
+ * time.
+ *
+ * Recording. Each (name, kind) a client used has one slot of atomic counters, allocated the
+ * first time it is used and never freed before the client. Slots are found by hash in an
+ * open-addressed table of twice the cap's size (never more than half full): lookups are
+ * lock-free (acquire loads of its entries), inserts take the table's mutex, which only the
+ * first use of a name on a handle reaches; a handle caches its slot. Every figure is a
+ * relaxed atomic add; a reader loads each once. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
 #include "internal.h"
+
+enum { OUT_GRANTED, OUT_BUSY, OUT_TIMEOUT, OUT_CANCELLED, OUT_ERROR, OUT_UNKNOWN, OUT_N };
+enum { RN_OK, RN_LOST, RN_ERROR, RN_N };
+enum { RT_ALLOWED, RT_LIMITED, RT_ERROR, RT_N };
+#define NB REDSEM_METRICS_BUCKETS
+
+static const char *const kind_names[REDSEM__MK_N] = {"semaphore", "lock", "rate"};
+static const char *const out_names[OUT_N] = {"granted",   "busy",  "timeout",
+                                             "cancelled", "error", "unknown"};
+static const char *const lost_names[REDSEM__ML_N] = {"expired", "taken", "renewal_failed"};
+static const char *const renew_names[RN_N] = {"ok", "lost", "error"};
+static const char *const rate_names[RT_N] = {"allowed", "limited", "error"};
+
+/* The buckets' upper bounds: seconds (for the exposition) and ns (for recording). */
+static const double bounds_s[NB] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                    0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5,
+                                    5,      10,      30,     60,    120,   300,   INFINITY};
+static const int64_t bounds_ns[NB - 1] = {
+    100000LL,     250000LL,     500000LL,     1000000LL,     2500000LL,
+    5000000LL,    10000000LL,   25000000LL,   50000000LL,    100000000LL,
+    250000000LL,  500000000LL,  1000000000LL, 2500000000LL,  5000000000LL,
+    10000000000LL, 30000000000LL, 60000000000LL, 120000000000LL, 300000000000LL};
+
+typedef struct hist {
+    _Atomic uint64_t b[NB]; /* per bucket (not cumulative) */
+    _Atomic uint64_t sum_ns;
+} hist;
+
+struct redsem__mslot {
+    hist wait[OUT_N];
+    hist hold;
+    _Atomic uint64_t grants;
+    _Atomic uint64_t lost[REDSEM__ML_N];
+    _Atomic uint64_t renew[RN_N];
+    _Atomic uint64_t rate[RT_N];
+    int kind;
+    char name[]; /* NUL-terminated */
+};
+
+/* A waiter the server-side scrape listed, and when a scrape first saw it (our clock). */
+typedef struct seen_waiter {
+    char id[REDSEM_ID_BUFSIZE];
+    int64_t first_ns;
+} seen_waiter;
+
+/* The waiters the last scrape of one (name, kind) listed, sorted by id. */
+typedef struct seen_name {
+    char *name;
+    int kind;
+    seen_waiter *w;
+    size_t n;
+} seen_name;
+
+typedef struct redsem__metrics {
+    bool off;                       /* recording off: no table */
+    /* the server-side scrapes' waiters, sorted by (kind, name); under seen_mu */
+    pthread_mutex_t seen_mu;
+    seen_name *seen;
+    size_t nseen, seen_cap;
+    size_t mask;                    /* table size - 1 (a power of 2) */
+    redsem__mslot *_Atomic *table;  /* by hash; entries never change once set */
+    redsem__mslot **order;          /* slots in the order they were made: norder of them */
+    _Atomic size_t norder;          /* written under mu (release), read with acquire */
+    uint32_t max, nnames;           /* the cap; names with a slot of their own (under mu) */
+    redsem__mslot *other[REDSEM__MK_N]; /* "_other" of each kind (under mu) */
+    _Atomic uint64_t dropped;
+    pthread_mutex_t mu;
+} redsem__metrics;
+
+int redsem__metrics_init(redsem_client *c, uint32_t max, bool off)
+{
+    redsem__metrics *m = redsem__calloc(1, sizeof *m);
+    if (m == NULL)
+        return REDSEM_ENOMEM;
+    pthread_mutex_init(&m->seen_mu, NULL);
+    pthread_mutex_init(&m->mu, NULL);
+    m->off = off;
+    c->metrics = m;
+    if (off)
+        return REDSEM_OK;
+    size_t size = 16;
+    while (size < 2 * ((size_t)max + REDSEM__MK_N))
+        size *= 2;
+    m->mask = size - 1;
+    m->max = max;
+    m->table = redsem__calloc(size, sizeof *m->table);
+    m->order = redsem__calloc((size_t)max + REDSEM__MK_N, sizeof *m->order);
+    return m->table != NULL && m->order != NULL ? REDSEM_OK : REDSEM_ENOMEM;
+}
+
+void redsem__metrics_free(redsem_client *c)
+{
+    redsem__metrics *m = c->metrics;
+    if (m == NULL)
+        return;
+    size_t n = atomic_load(&m->norder);
+    for (size_t i = 0; i < n; i++)
+        redsem__free(m->order[i]);
+    redsem__free(m->order);
+    redsem__free(m->table);
+    for (size_t i = 0; i < m->nseen; i++) {
+        redsem__free(m->seen[i].name);
+        redsem__free(m->seen[i].w);
+    }
+    redsem__free(m->seen);
+    if (c->pid == getpid()) {
+        pthread_mutex_destroy(&m->mu);
+        pthread_mutex_destroy(&m->seen_mu);
+    }
+    redsem__free(m);
+    c->metrics = NULL;
+}
+
+/* FNV-1a, 64 bits, of the name and the kind. */
+static uint64_t name_hash(const char *name, int kind)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 1099511628211ULL;
+    return (h ^ (uint64_t)kind) * 1099511628211ULL;
+}
+
+/* The slot of (name, kind), or the index of the empty entry where it would go (*at). */
+static redsem__mslot *probe(redsem__metrics *m, const char *name, int kind, size_t *at)
+{
+    size_t i = (size_t)name_hash(name, kind) & m->mask;
+    for (;;) {
+        redsem__mslot *s = atomic_load_explicit(&m->table[i], memory_order_acquire);
+        if (s == NULL) {
+            *at = i;
+            return NULL;
+        }
+        if (s->kind == kind && strcmp(s->name, name) == 0)
+            return s;
+        i = (i + 1) & m->mask;
+    }
+}
+
+/* Under mu: a new slot, appended to the order (NULL: no memory). */
+static redsem__mslot *slot_new(redsem__metrics *m, const char *name, int kind)
+{
+    size_t len = strlen(name);
+    redsem__mslot *s = redsem__calloc(1, sizeof *s + len + 1);
+    if (s == NULL)
+        return NULL;
+    s->kind = kind;
+    memcpy(s->name, name, len + 1);
+    size_t n = atomic_load_explicit(&m->norder, memory_order_relaxed);
+    m->order[n] = s;
+    atomic_store_explicit(&m->norder, n + 1, memory_order_release);
+    return s;
+}
+
+static redsem__mslot *lookup(redsem__metrics *m, const char *name, int kind)
+{
+    size_t at;
+    redsem__mslot *s = probe(m, name, kind, &at);
+    if (s != NULL)
+        return s;
+    pthread_mutex_lock(&m->mu);
+    if ((s = probe(m, name, kind, &at)) == NULL) {
+        if (m->nnames < m->max) {
+            if ((s = slot_new(m, name, kind)) != NULL) {
+                m->nnames++;
+                atomic_store_explicit(&m->table[at], s, memory_order_release);
+            }
+        } else {
+            if (m->other[kind] == NULL)
+                m->other[kind] = slot_new(m, "_other", kind);
+            s = m->other[kind];
+            atomic_fetch_add_explicit(&m->dropped, 1, memory_order_relaxed);
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    return s;
+}
+
+redsem__mslot *redsem__metrics_of(redsem_client *c, redsem__mslot *_Atomic *cache,
+                                  const char *name, int kind)
+{
+    redsem__mslot *s = atomic_load_explicit(cache, memory_order_acquire);
+    if (s != NULL || c->metrics == NULL || c->metrics->off)
+        return s;
+    s = lookup(c->metrics, name, kind);
+    atomic_store_explicit(cache, s, memory_order_release);
+    return s;
+}
+
+static void hist_add(hist *h, int64_t ns)
+{
+    if (ns < 0)
+        ns = 0;
+    int i = 0;
+    while (i < NB - 1 && ns > bounds_ns[i])
+        i++;
+    atomic_fetch_add_explicit(&h->b[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, (uint64_t)ns, memory_order_relaxed);
+}
+
+void redsem__metrics_acquired(redsem__mslot *s, int rc, int64_t start_ns, int64_t now_ns)
+{
+    if (s == NULL || rc == REDSEM__PARKED)
+        return;
+    int out = rc == REDSEM_OK           ? OUT_GRANTED
+              : rc == REDSEM_EBUSY      ? OUT_BUSY
+              : rc == REDSEM_ETIMEDOUT  ? OUT_TIMEOUT
+              : rc == REDSEM_ECANCELED  ? OUT_CANCELLED
+              : rc == REDSEM_EUNKNOWN   ? OUT_UNKNOWN
+                                        : OUT_ERROR;
+    hist_add(&s->wait[out], now_ns - start_ns);
+    if (s->kind == REDSEM__MK_RATE) {
+        int r = rc == REDSEM_OK ? RT_ALLOWED : rc == REDSEM_EBUSY ? RT_LIMITED : RT_ERROR;
+        atomic_fetch_add_explicit(&s->rate[r], 1, memory_order_relaxed);
+    } else if (rc == REDSEM_OK) {
+        atomic_fetch_add_explicit(&s->grants, 1, memory_order_relaxed);
+    }
+}
+
+void redsem__metrics_released(redsem__mslot *s, int64_t granted_ns)
+{
+    if (s != NULL && granted_ns > 0)
+        hist_add(&s->hold, redsem__now_ns() - granted_ns);
+}
+
+void redsem__metrics_lost(redsem__mslot *s, int reason)
+{
+    if (s != NULL && reason >= 0 && reason < REDSEM__ML_N)
+        atomic_fetch_add_explicit(&s->lost[reason], 1, memory_order_relaxed);
+}
+
+void redsem__metrics_lost_held(const redsem_permit *p)
+{
+    if (p->metrics != NULL)
+        redsem__metrics_lost(p->metrics, atomic_load(&p->deadline_ns) <= redsem__now_ns()
+                                             ? REDSEM__ML_EXPIRED
+                                             : REDSEM__ML_TAKEN);
+}
+
+void redsem__metrics_renewal(redsem__mslot *s, int rc)
+{
+    if (s == NULL)
+        return;
+    int r = rc == REDSEM_OK ? RN_OK : rc == REDSEM_ELOST ? RN_LOST : RN_ERROR;
+    atomic_fetch_add_explicit(&s->renew[r], 1, memory_order_relaxed);
+}
+
+/* ------------------------------------------------------------------ the samples */
+
+/* Each sample, family by family, to one sink: the text writer or the visitor. */
+typedef int (*sink_fn)(const redsem_metric *m, void *arg);
+
+#define HELP_WAIT "Time from an acquire's call to its result, by outcome."
+#define HELP_HOLD "Time from a grant to its release."
+#define HELP_GRANTS "Permits granted to this client."
+#define HELP_LOST "Leases this client lost, by reason."
+#define HELP_RENEW "Refreshes of leases (by the caller or the renewer), by outcome."
+#define HELP_RATE "Rate limiter acquires, by outcome."
+
+static uint64_t ld(const _Atomic uint64_t *v)
+{
+    return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+/* A histogram's snapshot into m (counts cumulative, read once each). */
+static void hist_sample(redsem_metric *m, const hist *h, uint64_t counts[NB])
+{
+    uint64_t acc = 0;
+    for (int i = 0; i < NB; i++) {
+        acc += ld(&h->b[i]);
+        counts[i] = acc;
+    }
+    m->bounds = bounds_s;
+    m->counts = counts;
+    m->nbuckets = NB;
+    m->count = acc;
+    m->sum = (double)ld(&h->sum_ns) / 1e9;
+}
+
+static int visit_all(const redsem_client *c, sink_fn fn, void *arg)
+{
+    redsem__metrics *mt = c->metrics;
+    size_t n = mt != NULL && !mt->off ? atomic_load_explicit(&mt->norder, memory_order_acquire)
+                                      : 0;
+    redsem__mslot *const *order = mt != NULL ? mt->order : NULL;
+    uint64_t counts[NB];
+    redsem_metric_label l[3];
+    int rc;
+#define EMIT(fam, hlp, typ, nl)                                                                \
+    do {                                                                                       \
+        m.family = (fam);                                                                      \
+        m.help = (hlp);                                                                        \
+        m.type = (typ);                                                                        \
+        m.labels = l;                                                                          \
+        m.nlabels = (nl);                                                                      \
+        if ((rc = fn(&m, arg)) != 0)                                                           \
+            return rc;                                                                         \
+    } while (0)
+    redsem_metric m;
+    /* the wait histogram: every outcome seen */
+    for (size_t i = 0; i < n; i++) {
+        const redsem__mslot *s = order[i];
+        for (int o = 0; o < OUT_N; o++) {
+            memset(&m, 0, sizeof m);
+            hist_sample(&m, &s->wait[o], counts);
+            if (m.count == 0)
+                continue;
+            l[0] = (redsem_metric_label){"name", s->name};
+            l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
+            l[2] = (redsem_metric_label){"outcome", out_names[o]};
+            EMIT("redsem_acquire_wait_seconds", HELP_WAIT, REDSEM_METRIC_HISTOGRAM, 3);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const redsem__mslot *s = order[i];
+        if (s->kind == REDSEM__MK_RATE)
+            continue;
+        memset(&m, 0, sizeof m);
+        hist_sample(&m, &s->hold, counts);
+        l[0] = (redsem_metric_label){"name", s->name};
+        l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
+        EMIT("redsem_hold_seconds", HELP_HOLD, REDSEM_METRIC_HISTOGRAM, 2);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const redsem__mslot *s = order[i];
+        if (s->kind == REDSEM__MK_RATE)
+            continue;
+        memset(&m, 0, sizeof m);
+        m.value = (double)ld(&s->grants);
+        l[0] = (redsem_metric_label){"name", s->name};
+        l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
+        EMIT("redsem_grants_total", HELP_GRANTS, REDSEM_METRIC_COUNTER, 2);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const redsem__mslot *s = order[i];
+        if (s->kind == REDSEM__MK_RATE)
+            continue;
+        for (int r = 0; r < REDSEM__ML_N; r++) {
+            memset(&m, 0, sizeof m);
+            m.value = (double)ld(&s->lost[r]);
+            l[0] = (redsem_metric_label){"name", s->name};
+            l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
+            l[2] = (redsem_metric_label){"reason", lost_names[r]};
+            EMIT("redsem_leases_lost_total", HELP_LOST, REDSEM_METRIC_COUNTER, 3);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const redsem__mslot *s = order[i];
+        if (s->kind == REDSEM__MK_RATE)
+            continue;
+        for (int r = 0; r < RN_N; r++) {
+            memset(&m, 0, sizeof m);
+            m.value = (double)ld(&s->renew[r]);
+            l[0] = (redsem_metric_label){"name", s->name};
+            l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
+            l[2] = (redsem_metric_label){"outcome", renew_names[r]};
+            EMIT("redsem_renewals_total", HELP_RENEW, REDSEM_METRIC_COUNTER, 3);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const redsem__mslot *s = order[i];
+        if (s->kind != REDSEM__MK_RATE)
+            continue;
+        for (int r = 0; r < RT_N; r++) {
+            memset(&m, 0, sizeof m);
+            m.value = (double)ld(&s->rate[r]);
+            l[0] = (redsem_metric_label){"name", s->name};
+            l[1] = (redsem_metric_label){"outcome", rate_names[r]};
+            EMIT("redsem_rate_limit_total", HELP_RATE, REDSEM_METRIC_COUNTER, 2);
+        }
+    }
+    redsem_client_stats st;
+    (void)redsem_client_get_stats(c, &st);
+    static const struct {
+        const char *family, *help;
+        size_t off;
+    } counters[] = {
+#define C(f, field, h) {"redsem_client_" f "_total", h, offsetof(redsem_client_stats, field)}
+        C("requests", requests, "Requests this client wrote to Redis."),
+        C("connects", connects, "Connections this client made."),
+        C("script_loads", script_loads, "Script bodies this client sent (SCRIPT LOAD)."),
+        C("noscript", noscript, "NOSCRIPT replies this client got."),
+        C("retries", retries, "Requests re-sent after a connection-level failure."),
+        C("redirects", redirects, "Redis Cluster MOVED and ASK replies followed."),
+        C("pool_waits", pool_waits, "Requests that waited for a free request connection."),
+        C("wakeups", wakeups, "Blocking waits ended by a wake-up signal."),
+        C("pipelined", pipelined, "Script calls written in one write with other calls."),
+        C("direct_grants", direct_grants, "Acquires decided by a wake-up that carried the permit."),
+#undef C
+    };
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++) {
+        memset(&m, 0, sizeof m);
+        uint64_t v;
+        memcpy(&v, (const char *)&st + counters[i].off, sizeof v);
+        m.value = (double)v;
+        EMIT(counters[i].family, counters[i].help, REDSEM_METRIC_COUNTER, 0);
+    }
+    memset(&m, 0, sizeof m);
+    m.value = mt != NULL ? (double)ld(&mt->dropped) : 0;
+    EMIT("redsem_metrics_names_dropped_total",
+         "Handles whose name found no room under the names cap (recorded as _other).",
+         REDSEM_METRIC_COUNTER, 0);
+#undef EMIT
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the text writer */
+
+typedef struct text {
+    char *buf;
+    size_t len;
+    size_t pos;      /* bytes the text needs so far, NUL excluded */
+    size_t line_end; /* end of the last whole line that fit */
+    const char *family; /* of the last sample written: HELP and TYPE once per family */
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(text *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *dst = t->pos < t->len ? t->buf + t->pos : NULL;
+    size_t room = t->pos < t->len ? t->len - t->pos : 0;
+    int n = vsnprintf(dst, room, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        t->pos += (size_t)n;
+}
+
+/* A label value with \, " and newline escaped. */
+static void put_escaped(text *t, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\')
+            put(t, "\\\\");
+        else if (*v == '"')
+            put(t, "\\\"");
+        else if (*v == '\n')
+            put(t, "\\n");
+        else
+            put(t, "%c", *v);
+    }
+}
+
+/* A line ends: remember it if it fit (with room for the NUL). */
+static void line_done(text *t)
+{
+    put(t, "\n");
+    if (t->pos < t->len)
+        t->line_end = t->pos;
+}
+
+/* NAME{labels[,le="x"]} */
+static void put_series(text *t, const redsem_metric *m, const char *suffix, const char *le)
+{
+    put(t, "%s%s", m->family, suffix);
+    if (m->nlabels == 0 && le == NULL)
+        return;
+    put(t, "{");
+    for (size_t i = 0; i < m->nlabels; i++) {
+        put(t, "%s%s=\"", i ? "," : "", m->labels[i].name);
+        put_escaped(t, m->labels[i].value);
+        put(t, "\"");
+    }
+    if (le != NULL)
+        put(t, "%sle=\"%s\"", m->nlabels ? "," : "", le);
+    put(t, "}");
+}
+
+static const char *type_name(redsem_metric_type ty)
+{
+    return ty == REDSEM_METRIC_COUNTER ? "counter" : ty == REDSEM_METRIC_GAUGE ? "gauge"
+                                                                                : "histogram";
+}
+
+/* A value as Prometheus reads it: integers exactly, else shortest round trip. */
+static void put_value(text *t, double v)
+{
+    if (v == floor(v) && fabs(v) < 9e15)
+        put(t, "%.0f", v);
+    else
+        put(t, "%.17g", v);
+}
+
+static int text_sink(const redsem_metric *m, void *arg)
+{
+    text *t = arg;
+    if (t->family == NULL || strcmp(t->family, m->family) != 0) {
+        put(t, "# HELP %s %s", m->family, m->help);
+        line_done(t);
+        put(t, "# TYPE %s %s", m->family, type_name(m->type));
+        line_done(t);
+        t->family = m->family;
+    }
+    if (m->type != REDSEM_METRIC_HISTOGRAM) {
+        put_series(t, m, "", NULL);
+        put(t, " ");
+        put_value(t, m->value);
+        line_done(t);
+        return 0;
+    }
+    for (size_t i = 0; i < m->nbuckets; i++) {
+        char le[32];
+        if (isinf(m->bounds[i]))
+            snprintf(le, sizeof le, "+Inf");
+        else
+            snprintf(le, sizeof le, "%g", m->bounds[i]);
+        put_series(t, m, "_bucket", le);
+        put(t, " %llu", (unsigned long long)m->counts[i]);
+        line_done(t);
+    }
+    put_series(t, m, "_sum", NULL);
+    put(t, " ");
+    put_value(t, m->sum);
+    line_done(t);
+    put_series(t, m, "_count", NULL);
+    put(t, " %llu", (unsigned long long)m->count);
+    line_done(t);
+    return 0;
+}
+
+static void text_init(text *t, char *buf, size_t len)
+{
+    *t = (text){.buf = buf, .len = len};
+    if (len > 0)
+        buf[0] = '\0';
+}
+
+/* The end of a text: REDSEM_OK, or REDSEM_ERANGE with the prefix cut at a line end. */
+static int text_end(text *t, size_t *needed)
+{
+    if (needed != NULL)
+        *needed = t->pos + 1;
+    if (t->pos < t->len)
+        return REDSEM_OK;
+    if (t->len > 0)
+        t->buf[t->line_end] = '\0';
+    return REDSEM_ERANGE;
+}
 
 int redsem_metrics_write(const redsem_client *c, char *buf, size_t len, size_t *needed)
 {
-    (void)needed;
     if (c == NULL || (buf == NULL && len > 0))
         return REDSEM_EINVAL;
-    return REDSEM_ESTATE;
+    text t;
+    text_init(&t, buf, len);
+    (void)visit_all(c, text_sink, &t);
+    return text_end(&t, needed);
 }
 
 int redsem_metrics_visit(const redsem_client *c, redsem_metric_visitor fn, void *arg)
 {
-    (void)arg;
     if (c == NULL || fn == NULL)
         return REDSEM_EINVAL;
-    return REDSEM_ESTATE;
+    return visit_all(c, fn, arg);
+}
+
+/* ------------------------------------------------------------------ the server's figures */
+
+/* Waiters listed per name by a scrape: the oldest wait is the oldest among them. */
+#define SCRAPE_LISTED 256
+/* Names per redsem_metrics_write_server() call at most. */
+#define SCRAPE_NAMES_MAX 100000
+
+/* What one scrape read for one (name, kind) that exists. */
+typedef struct srv_rec {
+    const char *name;
+    int kind;
+    uint32_t limit;
+    uint64_t in_use, holders, waiters, expired, window_grants;
+    double oldest_s;
+} srv_rec;
+
+static int seen_name_cmp(const seen_name *a, int kind, const char *name)
+{
+    return a->kind != kind ? (a->kind > kind) - (a->kind < kind) : strcmp(a->name, name);
+}
+
+static int seen_waiter_cmp(const void *a, const void *b)
+{
+    return strcmp(((const seen_waiter *)a)->id, ((const seen_waiter *)b)->id);
+}
+
+/* The age in seconds of the oldest waiter of st that scrapes have seen (the time since the
+ * first scrape that listed it), remembering st's listed waiters for the next scrape. 0 when
+ * none is listed, or without memory. */
+static double oldest_wait(redsem__metrics *m, int kind, const char *name,
+                          const redsem_status *st, int64_t now)
+{
+    size_t n = redsem_status_waiters_listed(st);
+    seen_waiter *w = n ? redsem__calloc(n, sizeof *w) : NULL;
+    if (n && w == NULL)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *id = "";
+        (void)redsem_status_waiter(st, i, &id, NULL, NULL);
+        snprintf(w[i].id, sizeof w[i].id, "%s", id);
+        w[i].first_ns = now;
+    }
+    qsort(w, n, sizeof *w, seen_waiter_cmp);
+    pthread_mutex_lock(&m->seen_mu);
+    size_t lo = 0, hi = m->nseen;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (seen_name_cmp(&m->seen[mid], kind, name) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    seen_name *e = lo < m->nseen && seen_name_cmp(&m->seen[lo], kind, name) == 0 ? &m->seen[lo]
+                                                                                : NULL;
+    if (e == NULL) {
+        char *copy = redsem__strdup(name);
+        if (m->nseen == m->seen_cap) {
+            size_t cap = m->seen_cap ? 2 * m->seen_cap : 16;
+            seen_name *v = copy ? redsem__realloc(m->seen, cap * sizeof *v) : NULL;
+            if (v != NULL) {
+                m->seen = v;
+                m->seen_cap = cap;
+            }
+        }
+        if (copy == NULL || m->nseen == m->seen_cap) {
+            pthread_mutex_unlock(&m->seen_mu);
+            redsem__free(copy);
+            redsem__free(w);
+            return 0;
+        }
+        memmove(&m->seen[lo + 1], &m->seen[lo], (m->nseen - lo) * sizeof *m->seen);
+        m->nseen++;
+        e = &m->seen[lo];
+        *e = (seen_name){.name = copy, .kind = kind};
+    }
+    int64_t first = now;
+    for (size_t i = 0; i < n; i++) {
+        const seen_waiter *old =
+            e->n ? bsearch(&w[i], e->w, e->n, sizeof *w, seen_waiter_cmp) : NULL;
+        if (old != NULL)
+            w[i].first_ns = old->first_ns;
+        if (w[i].first_ns < first)
+            first = w[i].first_ns;
+    }
+    redsem__free(e->w);
+    e->w = w;
+    e->n = n;
+    pthread_mutex_unlock(&m->seen_mu);
+    return (double)(now - first) / 1e9;
+}
+
+/* The server's figures of one name into recs (0..3 of them: it may be a semaphore, a lock
+ * and a rate limiter at once). REDSEM_OK or the first read's fault. */
+static int read_name(redsem_client *c, const char *name, srv_rec *recs, size_t *nrecs)
+{
+    redsem_status *st = NULL;
+    int rc = redsem_sem_inspect(c, name, SCRAPE_LISTED, &st);
+    int64_t now = redsem__now_ns();
+    if (rc != REDSEM_OK)
+        return rc;
+    if (redsem_status_exists(st))
+        recs[(*nrecs)++] = (srv_rec){
+            .name = name, .kind = REDSEM__MK_SEM, .limit = redsem_status_limit(st),
+            .in_use = redsem_status_permits_in_use(st),
+            .holders = redsem_status_holder_count(st),
+            .waiters = redsem_status_waiter_count(st), .expired = st->expired,
+            .oldest_s = oldest_wait(c->metrics, REDSEM__MK_SEM, name, st, now)};
+    redsem_status_free(st);
+    redsem_lock *l = NULL;
+    if ((rc = redsem_lock_open(c, name, REDSEM_LEASE_MIN_MS, &l)) != REDSEM_OK)
+        return rc;
+    rc = redsem_lock_status(l, SCRAPE_LISTED, &st);
+    now = redsem__now_ns();
+    redsem_lock_free(l);
+    if (rc != REDSEM_OK)
+        return rc;
+    if (redsem_status_exists(st))
+        recs[(*nrecs)++] = (srv_rec){
+            .name = name, .kind = REDSEM__MK_LOCK, .limit = 1,
+            .in_use = redsem_status_holder_count(st),
+            .holders = redsem_status_holder_count(st),
+            .waiters = redsem_status_waiter_count(st),
+            .oldest_s = oldest_wait(c->metrics, REDSEM__MK_LOCK, name, st, now)};
+    redsem_status_free(st);
+    redsem_rate_info ri;
+    if ((rc = redsem_rate_inspect(c, name, &ri)) != REDSEM_OK)
+        return rc;
+    if (ri.exists)
+        recs[(*nrecs)++] = (srv_rec){.name = name, .kind = REDSEM__MK_RATE, .limit = ri.limit,
+                                     .waiters = ri.waiters, .window_grants = ri.in_window};
+    return REDSEM_OK;
+}
+
+/* One gauge or counter family over the records (those of the kinds it applies to). */
+static void put_family(text *t, const char *family, const char *help, redsem_metric_type ty,
+                       const srv_rec *recs, size_t n, bool rate_only, bool no_rate,
+                       size_t field)
+{
+    bool any = false;
+    for (size_t i = 0; i < n; i++) {
+        const srv_rec *r = &recs[i];
+        if ((rate_only && r->kind != REDSEM__MK_RATE) || (no_rate && r->kind == REDSEM__MK_RATE))
+            continue;
+        if (!any) {
+            put(t, "# HELP %s %s", family, help);
+            line_done(t);
+            put(t, "# TYPE %s %s", family, type_name(ty));
+            line_done(t);
+            any = true;
+        }
+        redsem_metric_label l[2] = {{"name", r->name}, {"kind", kind_names[r->kind]}};
+        redsem_metric m = {.family = family, .labels = l, .nlabels = rate_only ? 1 : 2};
+        put_series(t, &m, "", NULL);
+        put(t, " ");
+        const char *base = (const char *)r + field;
+        if (field == offsetof(srv_rec, oldest_s)) {
+            double v;
+            memcpy(&v, base, sizeof v);
+            put(t, "%.3f", v);
+        } else if (field == offsetof(srv_rec, limit)) {
+            uint32_t v;
+            memcpy(&v, base, sizeof v);
+            put(t, "%u", v);
+        } else {
+            uint64_t v;
+            memcpy(&v, base, sizeof v);
+            put(t, "%llu", (unsigned long long)v);
+        }
+        line_done(t);
+    }
 }
 
 int redsem_metrics_write_server(redsem_client *c, const char *const *names, size_t n, char *buf,
                                 size_t len, size_t *needed)
 {
-    (void)needed;
-    if (c == NULL || (names == NULL && n > 0) || (buf == NULL && len > 0))
+    if (c == NULL)
         return REDSEM_EINVAL;
-    return REDSEM_ESTATE;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    if ((names == NULL && n > 0) || (buf == NULL && len > 0) || n > SCRAPE_NAMES_MAX)
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "names NULL with n > 0, buf NULL with len > 0, or more than %d "
+                               "names",
+                               SCRAPE_NAMES_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (names[i] == NULL || !redsem__valid_name(names[i]))
+            return redsem__set_err(c, REDSEM_EINVAL,
+                                   "name %zu: must be 1..%d bytes of printable ASCII without "
+                                   "'{' '}'",
+                                   i, REDSEM_NAME_MAX);
+    srv_rec *recs = n ? redsem__calloc(3 * n, sizeof *recs) : NULL;
+    if (n && recs == NULL)
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    size_t nrecs = 0;
+    int up_rc = REDSEM_OK;
+    for (size_t i = 0; i < n && up_rc == REDSEM_OK; i++)
+        up_rc = read_name(c, names[i], recs, &nrecs);
+    if (up_rc == REDSEM_ENOMEM) {
+        redsem__free(recs);
+        return up_rc;
+    }
+    if (up_rc != REDSEM_OK)
+        nrecs = 0; /* down: no name's series (the error text says why) */
+    text t;
+    text_init(&t, buf, len);
+    put(&t, "# HELP redsem_up Whether every read of this scrape succeeded (1) or Redis could "
+            "not be read (0).");
+    line_done(&t);
+    put(&t, "# TYPE redsem_up gauge");
+    line_done(&t);
+    put(&t, "redsem_up %d", up_rc == REDSEM_OK);
+    line_done(&t);
+    put_family(&t, "redsem_limit", "Permits of a semaphore (1 for a lock, N for a rate limiter).",
+               REDSEM_METRIC_GAUGE, recs, nrecs, false, false, offsetof(srv_rec, limit));
+    put_family(&t, "redsem_permits_in_use", "Permits held now (weights summed).",
+               REDSEM_METRIC_GAUGE, recs, nrecs, false, true, offsetof(srv_rec, in_use));
+    put_family(&t, "redsem_holders", "Live holders now.", REDSEM_METRIC_GAUGE, recs, nrecs,
+               false, true, offsetof(srv_rec, holders));
+    put_family(&t, "redsem_waiters", "Live registered or queued waiters now.",
+               REDSEM_METRIC_GAUGE, recs, nrecs, false, false, offsetof(srv_rec, waiters));
+    put_family(&t, "redsem_oldest_wait_seconds",
+               "Age of the oldest listed waiter, since a scrape of this client first saw it.",
+               REDSEM_METRIC_GAUGE, recs, nrecs, false, true, offsetof(srv_rec, oldest_s));
+    put_family(&t, "redsem_rate_window_grants", "Grants of a rate limiter in its current window.",
+               REDSEM_METRIC_GAUGE, recs, nrecs, true, false, offsetof(srv_rec, window_grants));
+    /* the clean-up's counter: semaphores only (a lock's lease ends by the key's own expiry) */
+    size_t nsem = 0;
+    for (size_t i = 0; i < nrecs; i++)
+        if (recs[i].kind == REDSEM__MK_SEM)
+            recs[nsem++] = recs[i];
+    put_family(&t, "redsem_leases_expired_total",
+               "Holders the scripts' clean-up removed after their lease ran out, never released.",
+               REDSEM_METRIC_COUNTER, recs, nsem, false, true, offsetof(srv_rec, expired));
+    redsem__free(recs);
+    if (up_rc != REDSEM_OK)
+        (void)redsem__set_err(c, up_rc, "%s", redsem__errbuf(c));
+    return text_end(&t, needed);
+}
+
+/* ------------------------------------------------------------------ SCAN */
+
+/* Names found so far: sorted and distinct at the end. */
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The NAME of a key PREFIX{NAME}... (NULL if it is not of that form). */
+static char *name_of_key(const redsem_client *c, const char *key, size_t len)
+{
+    if (len < c->prefix_len + 2 || memcmp(key, c->prefix, c->prefix_len) != 0 ||
+        key[c->prefix_len] != '{')
+        return NULL;
+    const char *s = key + c->prefix_len + 1;
+    const char *e = memchr(s, '}', len - c->prefix_len - 1);
+    if (e == NULL || e == s)
+        return NULL;
+    char *name = redsem__memdup0(s, (size_t)(e - s));
+    if (name != NULL && !redsem__valid_name(name)) {
+        redsem__free(name);
+        return NULL;
+    }
+    return name;
 }
 
 int redsem_scan_names(redsem_client *c, const char *pattern, size_t max, char ***ret_names,
                       size_t *ret_n, bool *capped)
 {
-    (void)max;
-    (void)capped;
-    if (c == NULL || pattern == NULL || ret_names == NULL || ret_n == NULL)
+    if (c == NULL)
         return REDSEM_EINVAL;
-    return REDSEM_ESTATE;
+    int rc = redsem__check_owner(c);
+    if (rc != REDSEM_OK)
+        return rc;
+    size_t plen = pattern != NULL ? strlen(pattern) : 0;
+    if (pattern == NULL || plen == 0 || plen > 1024 || max < 1 || max > 1000000 ||
+        ret_names == NULL || ret_n == NULL)
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "pattern NULL or not 1..1024 bytes, max not 1..1000000, or "
+                               "ret_names / ret_n NULL");
+    if (c->ep.kind == REDSEM__EP_CLUSTER)
+        return redsem__set_err(c, REDSEM_ESTATE,
+                               "SCAN of names is not supported on a Redis Cluster client");
+    /* MATCH PREFIX{PATTERN}* (the prefix's own glob characters escaped) */
+    size_t mlen = 2 * c->prefix_len + plen + 4;
+    char *match = redsem__malloc(mlen);
+    if (match == NULL)
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < c->prefix_len; i++) {
+        if (strchr("*?[]\\", c->prefix[i]) != NULL)
+            match[k++] = '\\';
+        match[k++] = c->prefix[i];
+    }
+    k += (size_t)snprintf(match + k, mlen - k, "{%s}*", pattern);
+    size_t n = 0, cap = 0;
+    char **names = NULL;
+    bool over = false;
+    char cursor[32] = "0";
+    do {
+        redsem__args a;
+        redsem__args_init(&a);
+        redsem__args_str(&a, "SCAN");
+        redsem__args_str(&a, cursor);
+        redsem__args_str(&a, "MATCH");
+        redsem__args_str(&a, match);
+        redsem__args_str(&a, "COUNT");
+        redsem__args_str(&a, "1000");
+        redisReply *r = NULL;
+        rc = redsem__request(c, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
+        if (rc != REDSEM_OK)
+            break;
+        if (r->type == REDIS_REPLY_ERROR) {
+            rc = redsem__set_err(c, strncmp(r->str, "NOPERM", 6) == 0 ? REDSEM_EPERM
+                                                                      : REDSEM_ESERVER,
+                                 "SCAN: %.200s", r->str);
+            freeReplyObject(r);
+            break;
+        }
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len >= sizeof cursor ||
+            r->element[1]->type != REDIS_REPLY_ARRAY) {
+            freeReplyObject(r);
+            rc = redsem__set_err(c, REDSEM_EPROTO, "SCAN: unexpected reply");
+            break;
+        }
+        memcpy(cursor, r->element[0]->str, r->element[0]->len + 1);
+        const redisReply *keys = r->element[1];
+        for (size_t i = 0; i < keys->elements && rc == REDSEM_OK; i++) {
+            const redisReply *key = keys->element[i];
+            if (key->type != REDIS_REPLY_STRING)
+                continue;
+            char *name = name_of_key(c, key->str, key->len);
+            if (name == NULL)
+                continue;
+            if (n == cap) {
+                size_t ncap = cap ? 2 * cap : 64;
+                char **v = redsem__realloc(names, ncap * sizeof *v);
+                if (v == NULL) {
+                    redsem__free(name);
+                    rc = redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+                    break;
+                }
+                names = v;
+                cap = ncap;
+            }
+            names[n++] = name;
+        }
+        freeReplyObject(r);
+        if (rc != REDSEM_OK)
+            break;
+        /* distinct names so far; past the cap: stop */
+        qsort(names, n, sizeof *names, name_cmp);
+        size_t d = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (d > 0 && strcmp(names[d - 1], names[i]) == 0)
+                redsem__free(names[i]);
+            else
+                names[d++] = names[i];
+        }
+        n = d;
+        if (n > max) {
+            over = true;
+            break;
+        }
+    } while (strcmp(cursor, "0") != 0);
+    redsem__free(match);
+    if (rc != REDSEM_OK) {
+        redsem_names_free(names, n);
+        return rc;
+    }
+    if (over) {
+        for (size_t i = max; i < n; i++)
+            redsem__free(names[i]);
+        n = max;
+    }
+    if (n == 0) {
+        redsem__free(names);
+        names = NULL;
+    }
+    *ret_names = names;
+    *ret_n = n;
+    if (capped != NULL)
+        *capped = over;
+    return REDSEM_OK;
 }
 
 void redsem_names_free(char **names, size_t n)

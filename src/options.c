@@ -79,6 +79,14 @@ int redsem_options_set_metrics_names_max(redsem_options *o, uint32_t max)
     return REDSEM_OK;
 }
 
+int redsem_options_set_metrics(redsem_options *o, bool on)
+{
+    if (o == NULL)
+        return REDSEM_EINVAL;
+    o->metrics_off = !on;
+    return REDSEM_OK;
+}
+
 int redsem_options_set_max_connections(redsem_options *o, int n)
 {
     if (o == NULL || n < 1 || n > REDSEM_MAX_CONNECTIONS_MAX)

@@ -128,6 +128,7 @@ int redsem_permit_refresh(redsem_permit *p)
                                st == REDSEM__RELEASED ? "released" : "found lost");
     int64_t sent = 0;
     rc = redsem__refresh(c, p, &sent);
+    redsem__metrics_renewal(p->metrics, rc);
     if (rc == REDSEM_OK) {
         int64_t d = redsem__validity_deadline(sent, p->lease_ms);
         /* never move the deadline back (a concurrent renewal may have moved it further) */
@@ -135,7 +136,8 @@ int redsem_permit_refresh(redsem_permit *p)
         while (d > cur && !atomic_compare_exchange_weak(&p->deadline_ns, &cur, d))
             ;
     } else if (rc == REDSEM_ELOST) {
-        atomic_store(&p->state, REDSEM__LOST);
+        if (atomic_exchange(&p->state, REDSEM__LOST) == REDSEM__HELD)
+            redsem__metrics_lost_held(p);
     }
     return rc;
 }
@@ -156,8 +158,11 @@ int redsem_permit_release(redsem_permit *p)
     if (__atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE) != NULL)
         c->renew_ops->detach(p);
     rc = p->kind->release(c, p->handle, p);
-    if (rc == REDSEM_OK || rc == REDSEM_ELOST)
-        atomic_store(&p->state, REDSEM__RELEASED);
+    if (rc == REDSEM_OK || rc == REDSEM_ELOST) {
+        if (atomic_exchange(&p->state, REDSEM__RELEASED) == REDSEM__HELD && rc == REDSEM_ELOST)
+            redsem__metrics_lost_held(p);
+        redsem__metrics_released(p->metrics, p->granted_ns);
+    }
     return rc;
 }
 

@@ -14,6 +14,7 @@ struct redsem_rate {
     int64_t window_ms;
     int64_t wait_lease_ms;
     char *k_meta, *k_grants, *k_queue, *k_timeouts, *k_sigprefix;
+    redsem__mslot *_Atomic metrics; /* its figures (metrics.c), found at the first acquire */
 };
 
 /* rate.lua's modes beyond the acquire modes (REDSEM__MODE_*). */
@@ -221,6 +222,8 @@ static int64_t retry_after(const rate_call *call)
     return call->busy_next_ms > since_ms ? call->busy_next_ms - since_ms : 0;
 }
 
+static int rate_wait(redsem_rate *r, int64_t timeout_ms, redsem_rate_grant *g);
+
 static int rate_acquire(redsem_rate *r, const char *holder_id, bool id_required,
                         int64_t timeout_ms, redsem_rate_grant *g)
 {
@@ -236,6 +239,19 @@ static int rate_acquire(redsem_rate *r, const char *holder_id, bool id_required,
     int rc = redsem__acquire_args(c, &unused, timeout_ms, holder_id, id_required, g->id);
     if (rc != REDSEM_OK)
         return rc;
+    redsem__mslot *ms = redsem__metrics_of(c, &r->metrics, r->name, REDSEM__MK_RATE);
+    int64_t start = ms != NULL ? redsem__now_ns() : 0;
+    rc = rate_wait(r, timeout_ms, g);
+    if (ms != NULL)
+        redsem__metrics_acquired(ms, rc, start, redsem__now_ns());
+    return rc;
+}
+
+/* rate_acquire's wait for a grant, its arguments checked. */
+static int rate_wait(redsem_rate *r, int64_t timeout_ms, redsem_rate_grant *g)
+{
+    redsem_client *c = r->client;
+    int rc;
     rate_call call = {.rate = r, .busy_next_ms = -1};
     redsem__acquirer q = {
         .client = c,

@@ -248,7 +248,12 @@ static void declare_lost(redsem__renewer *r, renew_entry *e, redsem_lost_reason 
     /* Called with the lock held and e in flight (so detach waits); unlocks for the callback,
      * which may let go of e or of others in flight (drop), or free the client (orphaned):
      * the caller then touches none of their permits, nor the client. */
-    atomic_store(&e->permit->state, REDSEM__LOST);
+    if (atomic_exchange(&e->permit->state, REDSEM__LOST) == REDSEM__HELD) {
+        if (why == REDSEM_LOST_EXPIRED)
+            redsem__metrics_lost_held(e->permit);
+        else
+            redsem__metrics_lost(e->permit->metrics, REDSEM__ML_RENEWAL);
+    }
     if (why == REDSEM_LOST_EXPIRED)
         r->stats.lost_expired++;
     else
@@ -280,6 +285,8 @@ static void requeue(redsem__renewer *r, renew_entry *e)
 static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
 {
     redsem_permit *p = e->permit;
+    if (!e->detached)
+        redsem__metrics_renewal(p->metrics, rc);
     if (e->detached) {
         /* let go of by an earlier lost callback of this round: its permit may be gone */
     } else if (rc == REDSEM_OK) {

@@ -359,6 +359,7 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, u
         .lease_ms = s->lease_ms,
         .weight = n,
         .wake_meta = wake_by_id(s) ? s->k_meta : NULL,
+        .metrics = redsem__metrics_of(s->client, &s->metrics, s->name, REDSEM__MK_SEM),
     };
     return redsem__acquire_permit(&q, &sem_kind, id, timeout_ms, s->lease_ms,
                                   ret_permit);

@@ -61,9 +61,11 @@ static int weights(const redisReply *r, redsem__entry *list, size_t n)
 int redsem__status_from_reply(redsem_client *c, const char *key, const redisReply *r,
                               redsem_status **ret)
 {
-    long long limit, nh, nw, holds, exists, in_use = -1;
-    if (r->type != REDIS_REPLY_ARRAY || (r->elements != 8 && r->elements != 10) ||
-        (r->elements == 10 && (!redsem__reply_int(r->element[8], &in_use) || in_use < 0)) ||
+    long long limit, nh, nw, holds, exists, in_use = -1, expired = 0;
+    if (r->type != REDIS_REPLY_ARRAY ||
+        (r->elements != 8 && r->elements != 10 && r->elements != 11) ||
+        (r->elements >= 10 && (!redsem__reply_int(r->element[8], &in_use) || in_use < 0)) ||
+        (r->elements == 11 && (!redsem__reply_int(r->element[10], &expired) || expired < 0)) ||
         r->element[0]->type != REDIS_REPLY_STRING || !redsem__reply_int(r->element[1], &limit) ||
         !redsem__reply_int(r->element[2], &nh) || !redsem__reply_int(r->element[3], &nw) ||
         !redsem__reply_int(r->element[6], &holds) || !redsem__reply_int(r->element[7], &exists) ||
@@ -81,10 +83,11 @@ int redsem__status_from_reply(redsem_client *c, const char *key, const redisRepl
     st->waiter_count = (size_t)nw;
     st->holds = holds > 0 ? (uint32_t)holds : 0;
     st->in_use = in_use >= 0 ? (uint64_t)in_use : (uint64_t)nh;
+    st->expired = (uint64_t)expired;
     int rc = entries(r->element[4], &st->holders, &st->nholders);
     if (rc == REDSEM_OK)
         rc = entries(r->element[5], &st->waiters, &st->nwaiters);
-    if (rc == REDSEM_OK && r->elements == 10)
+    if (rc == REDSEM_OK && r->elements >= 10)
         rc = weights(r->element[9], st->holders, st->nholders);
     if (rc != REDSEM_OK) {
         redsem_status_free(st);

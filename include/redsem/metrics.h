@@ -73,12 +73,24 @@ extern "C" {
 REDSEM_API int redsem_options_set_metrics_names_max(redsem_options *options, uint32_t max);
 
 /**
+ * redsem_options_set_metrics - whether clients made with these options record figures.
+ *
+ * @options  borrowed; must not be NULL.
+ * @on       true (the default): record; false: record nothing (no table is made; the
+ *           exposition then has only the client's transport counters).
+ * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options.
+ * Server: none. Thread safety: one thread at a time per options object. Since: 0.5
+ */
+REDSEM_API int redsem_options_set_metrics(redsem_options *options, bool on);
+
+/**
  * redsem_metrics_write - the client's figures (see CLIENT SIDE above) in the Prometheus text
  * exposition format 0.0.4: for each family a "# HELP" and a "# TYPE" line, then its samples;
  * label values escaped (backslash, double quote and newline as \\, \" and \n); histograms as
  * cumulative NAME_bucket{...,le="..."} lines ending with le="+Inf", then NAME_sum and
- * NAME_count. Families with no sample yet are still written (HELP and TYPE), except the
- * per-name ones. Names are in the order they were first used.
+ * NAME_count. A family with no sample is left out (per name: a wait histogram only for the
+ * outcomes seen; the counters of every name with all their label values, zeros included).
+ * Names are in the order they were first used.
  *
  * @client  borrowed; must not be NULL.
  * @buf     borrowed; the text and a NUL go here; may be NULL when len is 0 (to ask the size).
