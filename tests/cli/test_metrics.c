@@ -553,7 +553,8 @@ static void only_file_in(const char *dir, const char *file)
 Test(metrics, run_metrics_file)
 {
     const char *name = copy_name("m-run");
-    const char *dir = cli_path("textfile");
+    char dir[640];
+    snprintf(dir, sizeof dir, "%s", cli_path("textfile"));
     cr_assert_eq(mkdir(dir, 0755), 0);
     char path[700];
     snprintf(path, sizeof path, "%s/run.prom", dir);
@@ -808,7 +809,8 @@ Test(metrics, prometheus_scrapes_the_exporter, .timeout = 900)
         cr_skip_test("prometheus not installed (Debian: apt-get install prometheus)");
     enum { WORKERS = 5 };
     const char *name = copy_name("m-prom");
-    const char *www = cli_path("www");
+    char www[640];
+    snprintf(www, sizeof www, "%s", cli_path("www"));
     cr_assert_eq(mkdir(www, 0755), 0);
     char ready[700];
     snprintf(ready, sizeof ready, "%s/ready", www);
@@ -833,7 +835,8 @@ Test(metrics, prometheus_scrapes_the_exporter, .timeout = 900)
 
     int prom_port = ts_free_port();
     cr_assert_gt(prom_port, 0);
-    const char *cfg = cli_path("prometheus.yml");
+    char cfg[640];
+    snprintf(cfg, sizeof cfg, "%s", cli_path("prometheus.yml"));
     f = fopen(cfg, "w");
     cr_assert_not_null(f);
     fprintf(f,
@@ -871,7 +874,8 @@ Test(metrics, prometheus_scrapes_the_exporter, .timeout = 900)
     }
 
     /* WORKERS runs of a semaphore of 2: two hold until GO exists, the others wait */
-    const char *go = cli_path("go");
+    char go[640];
+    snprintf(go, sizeof go, "%s", cli_path("go"));
     char script[800];
     /* bounded (about 10 minutes), should the test fail before GO */
     snprintf(script, sizeof script,
