@@ -647,8 +647,8 @@ Test(metrics, watch_plain_lines_and_sigterm)
     cli_proc p;
     cli_start(&p, NULL, CLI_ARGS("status", "--watch", "100ms", a, b));
     char want_a[256], want_b[256];
-    snprintf(want_a, sizeof want_a, "name=%s kind=semaphore in_use=1 limit=2 holders=1 waiters=0\n",
-             a);
+    snprintf(want_a, sizeof want_a,
+             "name=%s kind=semaphore in_use=1 limit=2 holders=1 waiters=0 oldest_wait=", a);
     snprintf(want_b, sizeof want_b, "name=%s kind=none\n", b);
     bool two_rounds = false;
     for (int i = 0; i < 1200 && !two_rounds; i++) {
@@ -932,4 +932,62 @@ Test(metrics, prometheus_scrapes_the_exporter, .timeout = 900)
     cr_assert_eq(acquires, WORKERS, "wait histogram count %g, %d acquires", acquires, WORKERS);
     cr_assert(have_granted);
     cr_assert_eq(granted, WORKERS, "granted count %g", granted);
+}
+
+/* Wait until the watch's output has a line with every one of want (up to 120 s). */
+static bool watch_saw(const cli_proc *p, const char *name, const char *const *want)
+{
+    char tag[200];
+    snprintf(tag, sizeof tag, " name=%s ", name);
+    for (int i = 0; i < 2400; i++) {
+        char *out = cli_slurp(p->out_path);
+        bool seen = false;
+        char *save = NULL;
+        for (char *line = out != NULL ? strtok_r(out, "\n", &save) : NULL; line && !seen;
+             line = strtok_r(NULL, "\n", &save)) {
+            seen = strstr(line, tag) != NULL;
+            for (size_t k = 0; seen && want[k] != NULL; k++)
+                seen = strstr(line, want[k]) != NULL;
+        }
+        free(out);
+        if (seen)
+            return true;
+        tf_sleep_ms(50);
+    }
+    return false;
+}
+
+/* A waiter that gives up is a timeout; a new holder is a grant (as the watch saw them). */
+Test(metrics, watch_counts_grants_and_timeouts)
+{
+    const char *name = copy_name("m-watch-gt");
+    cli_proc h;
+    int code = CLI(&h, NULL, "acquire", "--limit", "1", "--lease", "60s", name);
+    cr_assert_eq(code, 0, "%s", h.err);
+    char id[64];
+    cr_assert_eq(sscanf(h.out, "%63s", id), 1);
+    cli_proc_free(&h);
+    cli_proc w;
+    cli_start(&w, NULL, CLI_ARGS("status", "--watch", "100ms", name));
+    bg_add(w.pid);
+    cr_assert(watch_saw(&w, name, LABELS("holders=1 waiters=0", "grants=0", "timeouts=0")));
+    /* a waiter that gives up after 3 s */
+    cli_proc r;
+    cli_start(&r, NULL, CLI_ARGS("run", "--limit", "1", "--wait", "3s", name, "--", "true"));
+    cr_assert(watch_saw(&w, name, LABELS("waiters=1")), "the waiter was not seen");
+    code = cli_wait(&r, 120000);
+    cr_assert_eq(code, 75, "exited %d: %s", code, r.err);
+    cli_proc_free(&r);
+    cr_assert(watch_saw(&w, name, LABELS("waiters=0", "timeouts=1")), "no timeout seen");
+    /* the permit given back, a run that holds for 2 s: one grant */
+    cr_assert_eq(CLI(&r, NULL, "release", "--limit", "1", name, id), 0, "%s", r.err);
+    cli_proc_free(&r);
+    cr_assert_eq(CLI(&r, NULL, "run", "--limit", "1", name, "--", "sleep", "2"), 0, "%s", r.err);
+    cli_proc_free(&r);
+    cr_assert(watch_saw(&w, name, LABELS("grants=1")), "no grant seen");
+    kill(w.pid, SIGTERM);
+    code = cli_wait(&w, 60000);
+    bg_forget(w.pid);
+    cr_assert_eq(code, 0, "%s", w.err);
+    cli_proc_free(&w);
 }
