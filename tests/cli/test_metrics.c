@@ -9,10 +9,13 @@
  * generous (a busy 2-core machine) and none is a speed claim. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -995,4 +998,76 @@ Test(metrics, watch_counts_grants_and_timeouts)
     bg_forget(w.pid);
     cr_assert_eq(code, 0, "%s", w.err);
     cli_proc_free(&w);
+}
+
+/* On a terminal: the table, redrawn in place (cursor home, no scrolling lines); Ctrl-C
+ * (SIGINT from the terminal) ends it with status 0. */
+Test(metrics, watch_redraws_on_a_terminal)
+{
+    const char *name = copy_name("m-watch-tty");
+    hold(name, "3");
+    char errf[640];
+    snprintf(errf, sizeof errf, "%s", cli_path("watch-tty.err"));
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    cr_assert(master >= 0, "posix_openpt: %s", strerror(errno));
+    cr_assert_eq(grantpt(master), 0);
+    cr_assert_eq(unlockpt(master), 0);
+    char slave[256];
+    cr_assert_eq(ptsname_r(master, slave, sizeof slave), 0);
+    const char *argv[] = {cli_bin(), "status", "--watch", "100ms", name, NULL};
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        setsid();
+        int t = open(slave, O_RDWR);
+        if (t < 0 || ioctl(t, TIOCSCTTY, 0) != 0)
+            _exit(120);
+        int e = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(t, 0);
+        dup2(t, 1);
+        dup2(e >= 0 ? e : t, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(121);
+    }
+    bg_add(pid);
+    static char out[1 << 20];
+    size_t len = 0;
+    char row[200];
+    snprintf(row, sizeof row, "%s ", name);
+    bool redrawn = false;
+    for (int64_t until = tf_now_ms() + 120000; !redrawn && tf_now_ms() < until;) {
+        struct pollfd pfd = {.fd = master, .events = POLLIN};
+        if (poll(&pfd, 1, 200) > 0) {
+            ssize_t n = read(master, out + len, sizeof out - 1 - len);
+            if (n > 0)
+                len += (size_t)n;
+            out[len] = '\0';
+        }
+        /* the first draw clears the screen; two more start at the cursor's home */
+        const char *first = strstr(out, "\033[H\033[2J");
+        const char *second = first != NULL ? strstr(first + 1, "\033[H") : NULL;
+        const char *third = second != NULL ? strstr(second + 1, "\033[H") : NULL;
+        redrawn = third != NULL && strstr(third, row) != NULL && strstr(third, "\033[J");
+    }
+    cr_assert(redrawn, "no table redrawn in place within 120 s: %s", out);
+    cr_assert_not_null(strstr(out, "IN USE/LIMIT"));
+    cr_assert_not_null(strstr(out, "1/3"), "%s", out);
+    cr_assert_null(strstr(out, "name="), "plain lines on a terminal");
+    cr_assert_eq(write(master, "\003", 1), 1); /* Ctrl-C */
+    int status = 0;
+    pid_t w = 0;
+    for (int64_t until = tf_now_ms() + 60000; (w = waitpid(pid, &status, WNOHANG)) == 0 &&
+                                               tf_now_ms() < until;) {
+        char drain[4096];
+        struct pollfd pfd = {.fd = master, .events = POLLIN};
+        if (poll(&pfd, 1, 50) > 0 && read(master, drain, sizeof drain) < 0)
+            tf_sleep_ms(10);
+    }
+    close(master);
+    cr_assert_eq(w, pid, "status --watch did not end on Ctrl-C");
+    bg_forget(pid);
+    char *e = cli_slurp(errf);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %#x: %s", status,
+              e ? e : "");
+    free(e);
 }
