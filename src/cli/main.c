@@ -123,6 +123,8 @@ static const char help_text2[] =
     "  --scrape-timeout DURATION\n"
     "                       exporter: answer a scrape within this (default 10s); Redis\n"
     "                       slower than that: redsem_up 0\n"
+    "  --watch[=INTERVAL]   status: the live table of status --watch (INTERVAL may also\n"
+    "                       be the next argument when a NAME follows it)\n"
     "  -h, --help           show this help and exit\n"
     "  -V, --version        show the version and exit\n"
     "\n"

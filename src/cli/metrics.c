@@ -13,9 +13,11 @@
 
 #include "cli.h"
 
+/* the library's HELP text for redsem_up (src/metrics.c), so that a scrape answered here reads
+ * the same to Prometheus */
 static const char down_text[] =
-    "# HELP redsem_up Whether Redis answered the scrape: 1 yes, 0 no (unreachable, refused, "
-    "too slow).\n"
+    "# HELP redsem_up Whether every read of this scrape succeeded (1) or Redis could not be "
+    "read (0).\n"
     "# TYPE redsem_up gauge\n"
     "redsem_up 0\n";
 
