@@ -81,7 +81,8 @@ static bool list_ids(const redsem_status *st, bool holders, int64_t now, seen_li
         snprintf(out->e[out->n].id, sizeof out->e[0].id, "%s", id);
         out->e[out->n++].since_ms = now;
     }
-    qsort(out->e, out->n, sizeof *out->e, seen_cmp);
+    if (out->n > 1)
+        qsort(out->e, out->n, sizeof *out->e, seen_cmp);
     return true;
 }
 
