@@ -114,6 +114,7 @@ typedef struct bench_ctx {
     /* --url redis+cluster://: the hash slots served by the first seed node, the one the raw
      * connections reach (bench_name picks names there); NULL for any other URL */
     unsigned char *raw_slots;
+    bool metrics_off; /* library clients: redsem_options_set_metrics(o, false) (metrics.c) */
 } bench_ctx;
 
 /* ---------------------------------------------------------------- time, randomness */
@@ -292,6 +293,9 @@ json_t *bench_busy_json(bench_busy *b, uint64_t acquires); /* sorts b->acq */
 
 /* ---------------------------------------------------------------- workloads */
 void bench_run_uncontended(bench_ctx *ctx, bool floor_only);
+/* The metrics recording's cost on the uncontended pair (metrics.c; run by the uncontended
+ * workload at its end). */
+void bench_run_metrics_cost(bench_ctx *ctx);
 void bench_run_threads(bench_ctx *ctx);
 void bench_run_contended(bench_ctx *ctx);
 void bench_run_scale(bench_ctx *ctx);

@@ -315,6 +315,8 @@ void bench_run_uncontended(bench_ctx *ctx, bool floor_only)
     }
     fflush(stdout);
     json_object_set_new(ctx->json, floor_only ? "floor" : "uncontended", arr);
+    if (!floor_only)
+        bench_run_metrics_cost(ctx);
 }
 
 /* ================================================================ T threads */

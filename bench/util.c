@@ -219,6 +219,8 @@ int bench_client_try(const bench_ctx *ctx, redsem_client **ret, char *err, size_
         rc = redsem_options_set_sync_replicas(o, ctx->sync_replicas, ctx->sync_timeout_ms);
     if (rc == REDSEM_OK && ctx->o != NULL && ctx->o->max_connections > 0)
         rc = redsem_options_set_max_connections(o, ctx->o->max_connections);
+    if (rc == REDSEM_OK && ctx->metrics_off)
+        rc = redsem_options_set_metrics(o, false);
     if (rc == REDSEM_OK)
         rc = redsem_client_new_verbose(o, ret, err, errlen);
     else

@@ -159,7 +159,7 @@ struct redsem_client {
     size_t *wake_lens;
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled (atomic access) */
     const redsem__renew_ops *renew_ops; /* set with renewer */
-    struct redsem__metrics *metrics; /* what it recorded (metrics.c); NULL: recording off */
+    struct redsem__metrics *metrics; /* what it recorded (record.c) */
 };
 
 /* Borrow a lane (request or wait) of c's pool, and give it back; rc: the call's outcome
@@ -194,12 +194,67 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
 /* Build "PREFIX{NAME}SUFFIX". */
 char *redsem__key(const redsem_client *c, const char *name, const char *suffix);
 
-/* ---------------------------------------------------------------- metrics (metrics.c) */
-/* The figures of one (name, kind) a client used: found by redsem__metrics_of() once per
+/* ---------------------------------------------------------------- metrics (record.c) */
+/* What a client records (metrics.h): record.c keeps it, metrics.c writes it out. The figures
+ * of one (name, kind) a client used are a slot, found by redsem__metrics_of() once per
  * handle, then updated with relaxed atomic adds by any thread (no lock, no I/O). */
 typedef struct redsem__mslot redsem__mslot;
 enum { REDSEM__MK_SEM = 0, REDSEM__MK_LOCK = 1, REDSEM__MK_RATE = 2, REDSEM__MK_N = 3 };
+/* lost reasons; acquire outcomes; refresh outcomes; rate outcomes */
 enum { REDSEM__ML_EXPIRED = 0, REDSEM__ML_TAKEN = 1, REDSEM__ML_RENEWAL = 2, REDSEM__ML_N = 3 };
+enum {
+    REDSEM__MO_GRANTED, REDSEM__MO_BUSY, REDSEM__MO_TIMEOUT, REDSEM__MO_CANCELLED,
+    REDSEM__MO_ERROR, REDSEM__MO_UNKNOWN, REDSEM__MO_N
+};
+enum { REDSEM__MR_OK, REDSEM__MR_LOST, REDSEM__MR_ERROR, REDSEM__MR_N };
+enum { REDSEM__MT_ALLOWED, REDSEM__MT_LIMITED, REDSEM__MT_ERROR, REDSEM__MT_N };
+
+typedef struct redsem__hist {
+    _Atomic uint64_t b[REDSEM_METRICS_BUCKETS]; /* per bucket (not cumulative) */
+    _Atomic uint64_t sum_ns;
+} redsem__hist;
+
+struct redsem__mslot {
+    redsem__hist wait[REDSEM__MO_N];
+    redsem__hist hold;
+    _Atomic uint64_t grants;
+    _Atomic uint64_t lost[REDSEM__ML_N];
+    _Atomic uint64_t renew[REDSEM__MR_N];
+    _Atomic uint64_t rate[REDSEM__MT_N];
+    int kind;
+    char name[]; /* NUL-terminated */
+};
+
+/* A waiter the server-side scrape listed, and when a scrape first saw it (our clock). */
+typedef struct redsem__seen_waiter {
+    char id[REDSEM_ID_BUFSIZE];
+    int64_t first_ns;
+} redsem__seen_waiter;
+
+/* The waiters the last scrape of one (name, kind) listed, sorted by id. */
+typedef struct redsem__seen_name {
+    char *name;
+    int kind;
+    redsem__seen_waiter *w;
+    size_t n;
+} redsem__seen_name;
+
+typedef struct redsem__metrics {
+    bool off;                       /* recording off: no table */
+    /* the server-side scrapes' waiters, sorted by (kind, name); under seen_mu */
+    pthread_mutex_t seen_mu;
+    redsem__seen_name *seen;
+    size_t nseen, seen_cap;
+    size_t mask;                    /* table size - 1 (a power of 2) */
+    redsem__mslot *_Atomic *table;  /* by hash; entries never change once set */
+    redsem__mslot **order;          /* slots in the order they were made: norder of them */
+    _Atomic size_t norder;          /* written under mu (release), read with acquire */
+    uint32_t max, nnames;           /* the cap; names with a slot of their own (under mu) */
+    redsem__mslot *other[REDSEM__MK_N]; /* "_other" of each kind (under mu) */
+    _Atomic uint64_t dropped;
+    pthread_mutex_t mu;
+} redsem__metrics;
+
 /* Make c's table for max names (c->metrics), or leave recording off (NULL) when off is set.
  * REDSEM_OK or REDSEM_ENOMEM. */
 int redsem__metrics_init(redsem_client *c, uint32_t max, bool off);

@@ -1,268 +1,30 @@
-/* redsem - metrics (metrics.h): the figures a client records, their exposition in the
- * Prometheus text format 0.0.4 and through a visitor, and the server's figures read at scrape
- * time.
- *
- * Recording. Each (name, kind) a client used has one slot of atomic counters, allocated the
- * first time it is used and never freed before the client. Slots are found by hash in an
- * open-addressed table of twice the cap's size (never more than half full): lookups are
- * lock-free (acquire loads of its entries), inserts take the table's mutex, which only the
- * first use of a name on a handle reaches; a handle caches its slot. Every figure is a
- * relaxed atomic add; a reader loads each once. */
+/* redsem - metrics (metrics.h): the exposition of what a client recorded (record.c) in the
+ * Prometheus text format 0.0.4 and through a visitor; the server's figures read at scrape
+ * time with the status reads of semaphores, locks and rate limiters; SCAN of names. Above
+ * the objects it reads (sem.c, lock.c, rate.c, status.c) and the client; nothing calls it
+ * but the application. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
 #include "internal.h"
 
-enum { OUT_GRANTED, OUT_BUSY, OUT_TIMEOUT, OUT_CANCELLED, OUT_ERROR, OUT_UNKNOWN, OUT_N };
-enum { RN_OK, RN_LOST, RN_ERROR, RN_N };
-enum { RT_ALLOWED, RT_LIMITED, RT_ERROR, RT_N };
 #define NB REDSEM_METRICS_BUCKETS
 
 static const char *const kind_names[REDSEM__MK_N] = {"semaphore", "lock", "rate"};
-static const char *const out_names[OUT_N] = {"granted",   "busy",  "timeout",
+static const char *const out_names[REDSEM__MO_N] = {"granted",   "busy",  "timeout",
                                              "cancelled", "error", "unknown"};
 static const char *const lost_names[REDSEM__ML_N] = {"expired", "taken", "renewal_failed"};
-static const char *const renew_names[RN_N] = {"ok", "lost", "error"};
-static const char *const rate_names[RT_N] = {"allowed", "limited", "error"};
+static const char *const renew_names[REDSEM__MR_N] = {"ok", "lost", "error"};
+static const char *const rate_names[REDSEM__MT_N] = {"allowed", "limited", "error"};
 
-/* The buckets' upper bounds: seconds (for the exposition) and ns (for recording). */
+/* The buckets' upper bounds in seconds (record.c has them in ns). */
 static const double bounds_s[NB] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                                     0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5,
                                     5,      10,      30,     60,    120,   300,   INFINITY};
-static const int64_t bounds_ns[NB - 1] = {
-    100000LL,     250000LL,     500000LL,     1000000LL,     2500000LL,
-    5000000LL,    10000000LL,   25000000LL,   50000000LL,    100000000LL,
-    250000000LL,  500000000LL,  1000000000LL, 2500000000LL,  5000000000LL,
-    10000000000LL, 30000000000LL, 60000000000LL, 120000000000LL, 300000000000LL};
-
-typedef struct hist {
-    _Atomic uint64_t b[NB]; /* per bucket (not cumulative) */
-    _Atomic uint64_t sum_ns;
-} hist;
-
-struct redsem__mslot {
-    hist wait[OUT_N];
-    hist hold;
-    _Atomic uint64_t grants;
-    _Atomic uint64_t lost[REDSEM__ML_N];
-    _Atomic uint64_t renew[RN_N];
-    _Atomic uint64_t rate[RT_N];
-    int kind;
-    char name[]; /* NUL-terminated */
-};
-
-/* A waiter the server-side scrape listed, and when a scrape first saw it (our clock). */
-typedef struct seen_waiter {
-    char id[REDSEM_ID_BUFSIZE];
-    int64_t first_ns;
-} seen_waiter;
-
-/* The waiters the last scrape of one (name, kind) listed, sorted by id. */
-typedef struct seen_name {
-    char *name;
-    int kind;
-    seen_waiter *w;
-    size_t n;
-} seen_name;
-
-typedef struct redsem__metrics {
-    bool off;                       /* recording off: no table */
-    /* the server-side scrapes' waiters, sorted by (kind, name); under seen_mu */
-    pthread_mutex_t seen_mu;
-    seen_name *seen;
-    size_t nseen, seen_cap;
-    size_t mask;                    /* table size - 1 (a power of 2) */
-    redsem__mslot *_Atomic *table;  /* by hash; entries never change once set */
-    redsem__mslot **order;          /* slots in the order they were made: norder of them */
-    _Atomic size_t norder;          /* written under mu (release), read with acquire */
-    uint32_t max, nnames;           /* the cap; names with a slot of their own (under mu) */
-    redsem__mslot *other[REDSEM__MK_N]; /* "_other" of each kind (under mu) */
-    _Atomic uint64_t dropped;
-    pthread_mutex_t mu;
-} redsem__metrics;
-
-int redsem__metrics_init(redsem_client *c, uint32_t max, bool off)
-{
-    redsem__metrics *m = redsem__calloc(1, sizeof *m);
-    if (m == NULL)
-        return REDSEM_ENOMEM;
-    pthread_mutex_init(&m->seen_mu, NULL);
-    pthread_mutex_init(&m->mu, NULL);
-    m->off = off;
-    c->metrics = m;
-    if (off)
-        return REDSEM_OK;
-    size_t size = 16;
-    while (size < 2 * ((size_t)max + REDSEM__MK_N))
-        size *= 2;
-    m->mask = size - 1;
-    m->max = max;
-    m->table = redsem__calloc(size, sizeof *m->table);
-    m->order = redsem__calloc((size_t)max + REDSEM__MK_N, sizeof *m->order);
-    return m->table != NULL && m->order != NULL ? REDSEM_OK : REDSEM_ENOMEM;
-}
-
-void redsem__metrics_free(redsem_client *c)
-{
-    redsem__metrics *m = c->metrics;
-    if (m == NULL)
-        return;
-    size_t n = atomic_load(&m->norder);
-    for (size_t i = 0; i < n; i++)
-        redsem__free(m->order[i]);
-    redsem__free(m->order);
-    redsem__free(m->table);
-    for (size_t i = 0; i < m->nseen; i++) {
-        redsem__free(m->seen[i].name);
-        redsem__free(m->seen[i].w);
-    }
-    redsem__free(m->seen);
-    if (c->pid == getpid()) {
-        pthread_mutex_destroy(&m->mu);
-        pthread_mutex_destroy(&m->seen_mu);
-    }
-    redsem__free(m);
-    c->metrics = NULL;
-}
-
-/* FNV-1a, 64 bits, of the name and the kind. */
-static uint64_t name_hash(const char *name, int kind)
-{
-    uint64_t h = 14695981039346656037ULL;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-        h = (h ^ *p) * 1099511628211ULL;
-    return (h ^ (uint64_t)kind) * 1099511628211ULL;
-}
-
-/* The slot of (name, kind), or the index of the empty entry where it would go (*at). */
-static redsem__mslot *probe(redsem__metrics *m, const char *name, int kind, size_t *at)
-{
-    size_t i = (size_t)name_hash(name, kind) & m->mask;
-    for (;;) {
-        redsem__mslot *s = atomic_load_explicit(&m->table[i], memory_order_acquire);
-        if (s == NULL) {
-            *at = i;
-            return NULL;
-        }
-        if (s->kind == kind && strcmp(s->name, name) == 0)
-            return s;
-        i = (i + 1) & m->mask;
-    }
-}
-
-/* Under mu: a new slot, appended to the order (NULL: no memory). */
-static redsem__mslot *slot_new(redsem__metrics *m, const char *name, int kind)
-{
-    size_t len = strlen(name);
-    redsem__mslot *s = redsem__calloc(1, sizeof *s + len + 1);
-    if (s == NULL)
-        return NULL;
-    s->kind = kind;
-    memcpy(s->name, name, len + 1);
-    size_t n = atomic_load_explicit(&m->norder, memory_order_relaxed);
-    m->order[n] = s;
-    atomic_store_explicit(&m->norder, n + 1, memory_order_release);
-    return s;
-}
-
-static redsem__mslot *lookup(redsem__metrics *m, const char *name, int kind)
-{
-    size_t at;
-    redsem__mslot *s = probe(m, name, kind, &at);
-    if (s != NULL)
-        return s;
-    pthread_mutex_lock(&m->mu);
-    if ((s = probe(m, name, kind, &at)) == NULL) {
-        if (m->nnames < m->max) {
-            if ((s = slot_new(m, name, kind)) != NULL) {
-                m->nnames++;
-                atomic_store_explicit(&m->table[at], s, memory_order_release);
-            }
-        } else {
-            if (m->other[kind] == NULL)
-                m->other[kind] = slot_new(m, "_other", kind);
-            s = m->other[kind];
-            atomic_fetch_add_explicit(&m->dropped, 1, memory_order_relaxed);
-        }
-    }
-    pthread_mutex_unlock(&m->mu);
-    return s;
-}
-
-redsem__mslot *redsem__metrics_of(redsem_client *c, redsem__mslot *_Atomic *cache,
-                                  const char *name, int kind)
-{
-    redsem__mslot *s = atomic_load_explicit(cache, memory_order_acquire);
-    if (s != NULL || c->metrics == NULL || c->metrics->off)
-        return s;
-    s = lookup(c->metrics, name, kind);
-    atomic_store_explicit(cache, s, memory_order_release);
-    return s;
-}
-
-static void hist_add(hist *h, int64_t ns)
-{
-    if (ns < 0)
-        ns = 0;
-    int i = 0;
-    while (i < NB - 1 && ns > bounds_ns[i])
-        i++;
-    atomic_fetch_add_explicit(&h->b[i], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->sum_ns, (uint64_t)ns, memory_order_relaxed);
-}
-
-void redsem__metrics_acquired(redsem__mslot *s, int rc, int64_t start_ns, int64_t now_ns)
-{
-    if (s == NULL || rc == REDSEM__PARKED)
-        return;
-    int out = rc == REDSEM_OK           ? OUT_GRANTED
-              : rc == REDSEM_EBUSY      ? OUT_BUSY
-              : rc == REDSEM_ETIMEDOUT  ? OUT_TIMEOUT
-              : rc == REDSEM_ECANCELED  ? OUT_CANCELLED
-              : rc == REDSEM_EUNKNOWN   ? OUT_UNKNOWN
-                                        : OUT_ERROR;
-    hist_add(&s->wait[out], now_ns - start_ns);
-    if (s->kind == REDSEM__MK_RATE) {
-        int r = rc == REDSEM_OK ? RT_ALLOWED : rc == REDSEM_EBUSY ? RT_LIMITED : RT_ERROR;
-        atomic_fetch_add_explicit(&s->rate[r], 1, memory_order_relaxed);
-    } else if (rc == REDSEM_OK) {
-        atomic_fetch_add_explicit(&s->grants, 1, memory_order_relaxed);
-    }
-}
-
-void redsem__metrics_released(redsem__mslot *s, int64_t granted_ns)
-{
-    if (s != NULL && granted_ns > 0)
-        hist_add(&s->hold, redsem__now_ns() - granted_ns);
-}
-
-void redsem__metrics_lost(redsem__mslot *s, int reason)
-{
-    if (s != NULL && reason >= 0 && reason < REDSEM__ML_N)
-        atomic_fetch_add_explicit(&s->lost[reason], 1, memory_order_relaxed);
-}
-
-void redsem__metrics_lost_held(const redsem_permit *p)
-{
-    if (p->metrics != NULL)
-        redsem__metrics_lost(p->metrics, atomic_load(&p->deadline_ns) <= redsem__now_ns()
-                                             ? REDSEM__ML_EXPIRED
-                                             : REDSEM__ML_TAKEN);
-}
-
-void redsem__metrics_renewal(redsem__mslot *s, int rc)
-{
-    if (s == NULL)
-        return;
-    int r = rc == REDSEM_OK ? RN_OK : rc == REDSEM_ELOST ? RN_LOST : RN_ERROR;
-    atomic_fetch_add_explicit(&s->renew[r], 1, memory_order_relaxed);
-}
-
 /* ------------------------------------------------------------------ the samples */
 
 /* Each sample, family by family, to one sink: the text writer or the visitor. */
@@ -281,7 +43,7 @@ static uint64_t ld(const _Atomic uint64_t *v)
 }
 
 /* A histogram's snapshot into m (counts cumulative, read once each). */
-static void hist_sample(redsem_metric *m, const hist *h, uint64_t counts[NB])
+static void hist_sample(redsem_metric *m, const redsem__hist *h, uint64_t counts[NB])
 {
     uint64_t acc = 0;
     for (int i = 0; i < NB; i++) {
@@ -318,7 +80,7 @@ static int visit_all(const redsem_client *c, sink_fn fn, void *arg)
     /* the wait histogram: every outcome seen */
     for (size_t i = 0; i < n; i++) {
         const redsem__mslot *s = order[i];
-        for (int o = 0; o < OUT_N; o++) {
+        for (int o = 0; o < REDSEM__MO_N; o++) {
             memset(&m, 0, sizeof m);
             hist_sample(&m, &s->wait[o], counts);
             if (m.count == 0)
@@ -366,7 +128,7 @@ static int visit_all(const redsem_client *c, sink_fn fn, void *arg)
         const redsem__mslot *s = order[i];
         if (s->kind == REDSEM__MK_RATE)
             continue;
-        for (int r = 0; r < RN_N; r++) {
+        for (int r = 0; r < REDSEM__MR_N; r++) {
             memset(&m, 0, sizeof m);
             m.value = (double)ld(&s->renew[r]);
             l[0] = (redsem_metric_label){"name", s->name};
@@ -379,7 +141,7 @@ static int visit_all(const redsem_client *c, sink_fn fn, void *arg)
         const redsem__mslot *s = order[i];
         if (s->kind != REDSEM__MK_RATE)
             continue;
-        for (int r = 0; r < RT_N; r++) {
+        for (int r = 0; r < REDSEM__MT_N; r++) {
             memset(&m, 0, sizeof m);
             m.value = (double)ld(&s->rate[r]);
             l[0] = (redsem_metric_label){"name", s->name};
@@ -494,8 +256,8 @@ static const char *type_name(redsem_metric_type ty)
 /* A value as Prometheus reads it: integers exactly, else shortest round trip. */
 static void put_value(text *t, double v)
 {
-    if (v == floor(v) && fabs(v) < 9e15)
-        put(t, "%.0f", v);
+    if (v >= 0 && v < 9e15 && (double)(uint64_t)v == v)
+        put(t, "%llu", (unsigned long long)v);
     else
         put(t, "%.17g", v);
 }
@@ -519,7 +281,7 @@ static int text_sink(const redsem_metric *m, void *arg)
     }
     for (size_t i = 0; i < m->nbuckets; i++) {
         char le[32];
-        if (isinf(m->bounds[i]))
+        if (m->bounds[i] > 1e300) /* INFINITY: no libm needed */
             snprintf(le, sizeof le, "+Inf");
         else
             snprintf(le, sizeof le, "%g", m->bounds[i]);
@@ -589,14 +351,14 @@ typedef struct srv_rec {
     double oldest_s;
 } srv_rec;
 
-static int seen_name_cmp(const seen_name *a, int kind, const char *name)
+static int seen_name_cmp(const redsem__seen_name *a, int kind, const char *name)
 {
     return a->kind != kind ? (a->kind > kind) - (a->kind < kind) : strcmp(a->name, name);
 }
 
 static int seen_waiter_cmp(const void *a, const void *b)
 {
-    return strcmp(((const seen_waiter *)a)->id, ((const seen_waiter *)b)->id);
+    return strcmp(((const redsem__seen_waiter *)a)->id, ((const redsem__seen_waiter *)b)->id);
 }
 
 /* The age in seconds of the oldest waiter of st that scrapes have seen (the time since the
@@ -606,7 +368,7 @@ static double oldest_wait(redsem__metrics *m, int kind, const char *name,
                           const redsem_status *st, int64_t now)
 {
     size_t n = redsem_status_waiters_listed(st);
-    seen_waiter *w = n ? redsem__calloc(n, sizeof *w) : NULL;
+    redsem__seen_waiter *w = n ? redsem__calloc(n, sizeof *w) : NULL;
     if (n && w == NULL)
         return 0;
     for (size_t i = 0; i < n; i++) {
@@ -615,7 +377,8 @@ static double oldest_wait(redsem__metrics *m, int kind, const char *name,
         snprintf(w[i].id, sizeof w[i].id, "%s", id);
         w[i].first_ns = now;
     }
-    qsort(w, n, sizeof *w, seen_waiter_cmp);
+    if (n > 0)
+        qsort(w, n, sizeof *w, seen_waiter_cmp);
     pthread_mutex_lock(&m->seen_mu);
     size_t lo = 0, hi = m->nseen;
     while (lo < hi) {
@@ -625,13 +388,14 @@ static double oldest_wait(redsem__metrics *m, int kind, const char *name,
         else
             hi = mid;
     }
-    seen_name *e = lo < m->nseen && seen_name_cmp(&m->seen[lo], kind, name) == 0 ? &m->seen[lo]
-                                                                                : NULL;
+    redsem__seen_name *e = NULL;
+    if (lo < m->nseen && seen_name_cmp(&m->seen[lo], kind, name) == 0)
+        e = &m->seen[lo];
     if (e == NULL) {
         char *copy = redsem__strdup(name);
         if (m->nseen == m->seen_cap) {
             size_t cap = m->seen_cap ? 2 * m->seen_cap : 16;
-            seen_name *v = copy ? redsem__realloc(m->seen, cap * sizeof *v) : NULL;
+            redsem__seen_name *v = copy ? redsem__realloc(m->seen, cap * sizeof *v) : NULL;
             if (v != NULL) {
                 m->seen = v;
                 m->seen_cap = cap;
@@ -646,11 +410,11 @@ static double oldest_wait(redsem__metrics *m, int kind, const char *name,
         memmove(&m->seen[lo + 1], &m->seen[lo], (m->nseen - lo) * sizeof *m->seen);
         m->nseen++;
         e = &m->seen[lo];
-        *e = (seen_name){.name = copy, .kind = kind};
+        *e = (redsem__seen_name){.name = copy, .kind = kind};
     }
     int64_t first = now;
     for (size_t i = 0; i < n; i++) {
-        const seen_waiter *old =
+        const redsem__seen_waiter *old =
             e->n ? bsearch(&w[i], e->w, e->n, sizeof *w, seen_waiter_cmp) : NULL;
         if (old != NULL)
             w[i].first_ns = old->first_ns;
@@ -808,9 +572,7 @@ int redsem_metrics_write_server(redsem_client *c, const char *const *names, size
                "Holders the scripts' clean-up removed after their lease ran out, never released.",
                REDSEM_METRIC_COUNTER, recs, nsem, false, true, offsetof(srv_rec, expired));
     redsem__free(recs);
-    if (up_rc != REDSEM_OK)
-        (void)redsem__set_err(c, up_rc, "%s", redsem__errbuf(c));
-    return text_end(&t, needed);
+    return text_end(&t, needed); /* down: the failed read's error text stays */
 }
 
 /* ------------------------------------------------------------------ SCAN */
@@ -925,7 +687,8 @@ int redsem_scan_names(redsem_client *c, const char *pattern, size_t max, char **
         if (rc != REDSEM_OK)
             break;
         /* distinct names so far; past the cap: stop */
-        qsort(names, n, sizeof *names, name_cmp);
+        if (n > 0)
+            qsort(names, n, sizeof *names, name_cmp);
         size_t d = 0;
         for (size_t i = 0; i < n; i++) {
             if (d > 0 && strcmp(names[d - 1], names[i]) == 0)

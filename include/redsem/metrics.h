@@ -16,39 +16,48 @@ extern "C" {
 
 /*
  * CLIENT SIDE. Every client records, with no round trip and no I/O, for each semaphore, lock
- * and rate limiter name it used (kind "semaphore", "lock" or "rate"):
- *   redsem_acquire_wait_seconds  histogram: from an acquire's call to its result, labelled
- *                                with its outcome: granted, busy (REDSEM_EBUSY: none free in
- *                                the timeout, or a try-acquire that found none), timeout
- *                                (REDSEM_ETIMEDOUT), cancelled (REDSEM_ECANCELED), unknown
- *                                (REDSEM_EUNKNOWN), error (any other fault). Blocking
+ * and rate limiter name it used (label kind: "semaphore", "lock" or "rate"):
+ *   redsem_acquire_wait_seconds  histogram: from an acquire's call to its result (for the
+ *                                event-loop API: from when its worker starts it), labelled
+ *                                with its outcome: granted, busy (REDSEM_EBUSY: none free
+ *                                within the timeout, or a try-acquire that found none),
+ *                                timeout (REDSEM_ETIMEDOUT), cancelled (REDSEM_ECANCELED),
+ *                                unknown (REDSEM_EUNKNOWN), error (any other code). Blocking
  *                                acquires, try-acquires and the event-loop API's acquires
- *                                alike; argument errors (REDSEM_EINVAL before any I/O) are
- *                                not recorded.
- *   redsem_hold_seconds          histogram: from a grant to its release (redsem_permit_release,
- *                                whatever the server said), by the client's monotonic clock.
- *   redsem_grants_total          counter: permits granted (acquire, try-acquire, adopt not).
- *   redsem_leases_lost_total     counter, label reason: "expired" (the client saw the lease's
- *                                validity run out before a refresh or release), "taken"
- *                                (the server said the holder is gone: expired there or
- *                                taken over), "renewal_failed" (the renewer gave it up).
- *   redsem_renewals_total        counter, label outcome: ok, lost, error (a refresh by
- *                                redsem_permit_refresh() or by the renewer).
- *   redsem_rate_limit_total      counter, label outcome: allowed, limited, error.
- * and the counters of redsem_client_get_stats() as redsem_client_*_total (no name label),
- * and redsem_metrics_names_dropped_total (figures of names past the cap, which went to the
- * name "_other").
+ *                                alike, of every kind; calls refused before any I/O (bad
+ *                                arguments, a NULL handle) are not recorded.
+ *   redsem_hold_seconds          histogram (semaphores, locks): from a grant (its acquire's
+ *                                return) to its release, when the server answered the release
+ *                                (REDSEM_OK or REDSEM_ELOST), by the client's monotonic clock.
+ *   redsem_grants_total          counter (semaphores, locks): permits granted. Permits made
+ *                                by redsem_sem_adopt() / redsem_lock_adopt() are not grants
+ *                                and record nothing (no hold, no loss, no refresh).
+ *   redsem_leases_lost_total     counter (semaphores, locks), label reason: "expired" (the
+ *                                server said the lease was gone, at a release, a refresh or a
+ *                                renewal, after the permit's validity deadline had passed by
+ *                                the client's clock), "taken" (it said so before that
+ *                                deadline: removed or taken over), "renewal_failed" (the
+ *                                renewer reached the deadline without a successful renewal).
+ *                                A permit counts once.
+ *   redsem_renewals_total        counter (semaphores, locks), label outcome: ok, lost, error:
+ *                                refreshes by redsem_permit_refresh() and by the renewer.
+ *   redsem_rate_limit_total      counter (rate limiters), label outcome: allowed, limited
+ *                                (REDSEM_EBUSY), error.
+ * then the counters of redsem_client_get_stats() as redsem_client_<field>_total (no labels),
+ * and redsem_metrics_names_dropped_total: the handles (semaphore, lock or rate limiter) whose
+ * name found no room under the cap, so that their figures went to the name "_other" (a name
+ * past the cap counts once per handle that uses it).
  *
  * Histogram buckets (REDSEM_METRICS_BUCKETS of them, the same for both histograms), upper
  * bounds in seconds: 0.0001 0.00025 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1
  * 2.5 5 10 30 60 120 300 +Inf: from an uncontended round trip on loopback (100 us) to waits
  * of minutes. A sample equal to a bound falls in that bound's bucket (Prometheus' "le").
  *
- * Recording is lock-free: a name is found in a fixed open-addressed table by its hash (a new
- * name takes its slot with one compare-and-swap), and every figure is an atomic add; the
- * table is made with the client (the cap's slots and their histograms: about 1.1 kB per
- * name, allocated at the first use of a name in blocks of 64 names). A name's figures are
- * never forgotten while the client lives.
+ * Cost. A handle finds its name's figures at its first acquire (a hash lookup without a lock
+ * in a table made with the client, 16 bytes per name of the cap; only a name's first use
+ * takes the table's lock to add it) and keeps them; then every figure is one relaxed atomic
+ * add, and an acquire reads the monotonic clock twice. A name's figures take about 1.3 kB,
+ * allocated at its first use and kept until the client is freed.
  */
 
 /** Default of redsem_options_set_metrics_names_max(). */
@@ -60,8 +69,8 @@ extern "C" {
 
 /**
  * redsem_options_set_metrics_names_max - how many distinct (name, kind) pairs a client keeps
- * figures for. Past the cap, figures of new names are added to the name "_other" (with their
- * own kind), and redsem_metrics_names_dropped_total counts the calls that went there.
+ * figures for. Past the cap, the figures of new names are added to the name "_other" (one
+ * per kind), and redsem_metrics_names_dropped_total counts the handles that went there.
  *
  * @options  borrowed; must not be NULL.
  * @max      0 .. REDSEM_METRICS_NAMES_MAX names; 0 keeps every figure in "_other" (no
@@ -154,8 +163,7 @@ typedef int (*redsem_metric_visitor)(const redsem_metric *m, void *arg);
  *          call other redsem functions on the client, including recording ones.
  * @arg     passed to fn as it is; may be NULL.
  * Returns: REDSEM_OK (every sample visited); the first non-zero value fn returned (which
- *          stopped the visit; no more calls follow); REDSEM_EINVAL (NULL client or fn);
- *          REDSEM_ENOMEM (no memory for the snapshot of one histogram's counts: none).
+ *          stopped the visit; no more calls follow); REDSEM_EINVAL (NULL client or fn).
  * Server: none (no I/O). Thread safety: as redsem_metrics_write(). Since: 0.5
  */
 REDSEM_API int redsem_metrics_visit(const redsem_client *client, redsem_metric_visitor fn,
@@ -163,33 +171,41 @@ REDSEM_API int redsem_metrics_visit(const redsem_client *client, redsem_metric_v
 
 /**
  * redsem_metrics_write_server - what the server holds now for the given names, in the same
- * text format: redsem_up (1 when every read succeeded; 0 when Redis could not be reached or
- * refused), and for each name that exists (kind found from its keys: a semaphore's meta hash,
- * a lock's meta hash, a rate limiter's key; a name missing on the server gives no series):
- *   redsem_limit{name,kind}               permits (1 for a lock; the rate for a limiter)
- *   redsem_permits_in_use{name,kind}      permits held (weights summed)
- *   redsem_holders{name,kind}             live holders
- *   redsem_waiters{name,kind}             live registered or queued waiters
- *   redsem_oldest_wait_seconds{name,kind} the oldest listed waiter's age (0: none)
- *   redsem_rate_window_grants{name}       a rate limiter's grants in its current window
- *   redsem_leases_expired_total{name,kind} holders removed by the scripts' clean-up of
- *                                         expired leases (never released), since the name
- *                                         was made
+ * text format: redsem_up (1 when every read succeeded; 0 when one failed: Redis could not be
+ * reached, timed out or refused), and, when up, for each name that exists as a semaphore, a
+ * lock or a rate limiter (one name may be several; a name missing on the server gives no
+ * series), in families:
+ *   redsem_limit{name,kind}                permits (1 for a lock; N for a rate limiter)
+ *   redsem_permits_in_use{name,kind}       permits held (weights summed); not for rate
+ *   redsem_holders{name,kind}              live holders; not for rate
+ *   redsem_waiters{name,kind}              live registered or queued waiters
+ *   redsem_oldest_wait_seconds{name,kind}  the age of the oldest waiter, as this client's
+ *                                          scrapes saw it: the time since the first scrape
+ *                                          that listed the longest-seen of the waiters listed
+ *                                          now (at most 256 per name; 0 when none, and at a
+ *                                          waiter's first scrape: the server does not record
+ *                                          when a waiter arrived); not for rate
+ *   redsem_rate_window_grants{name}        a rate limiter's grants in its current window
+ *   redsem_leases_expired_total{name,kind} semaphores: holders the acquire scripts' clean-up
+ *                                          removed after their lease ran out, never released,
+ *                                          since the semaphore's keys were made (a lock's
+ *                                          lease ends by its key's own expiry, not counted)
+ * The client keeps, per name scraped, the ids of the waiters listed (for the oldest wait).
  *
  * @client  borrowed; must not be NULL.
- * @names   borrowed; n NUL-terminated names (each as redsem_sem_open() accepts); may be NULL
- *          when n is 0 (only redsem_up is written).
+ * @names   borrowed; n NUL-terminated names (1..REDSEM_NAME_MAX bytes of printable ASCII
+ *          without '{' and '}'); may be NULL when n is 0 (only redsem_up is written).
  * @n       0 .. 100000 names.
  * @buf, @len, @needed  as redsem_metrics_write().
- * Returns: REDSEM_OK (also when Redis could not be reached: then "redsem_up 0" is written,
- *          no name's series, and redsem_client_errmsg() says why); REDSEM_ERANGE (as
+ * Returns: REDSEM_OK (also when a read failed: then "redsem_up 0" and no name's series are
+ *          written, and redsem_client_errmsg() says why); REDSEM_ERANGE (as
  *          redsem_metrics_write(); the figures were read: call again with room to re-read);
  *          REDSEM_EINVAL (NULL client, NULL names with n > 0, a NULL or invalid name, n too
  *          large, NULL buf with len > 0); REDSEM_ENOMEM; REDSEM_EFORKED.
- * Server: read-only: per name one EVALSHA of the status script of its kind (status.lua,
- * lock_status.lua) or HGETALL-free reads of the rate key, each a round trip (no writes;
- * works for a read-only ACL user). Thread safety: any thread, at the same time as others.
- * Since: 0.5
+ * Server: read-only, three round trips per name: the EVALSHA of status.lua (strategy read
+ * from the semaphore's meta hash), of lock_status.lua and of rate.lua's status mode (no
+ * writes; works for a read-only ACL user). Thread safety: any thread, at the same time as
+ * others. Since: 0.5
  */
 REDSEM_API int redsem_metrics_write_server(redsem_client *client, const char *const *names,
                                            size_t n, char *buf, size_t len, size_t *needed);
@@ -206,14 +222,18 @@ REDSEM_API int redsem_metrics_write_server(redsem_client *client, const char *co
  * @ret_names  owned-out; an array of *ret_n NUL-terminated names, sorted, distinct; free with
  *             redsem_names_free(*ret_names, *ret_n). NULL when *ret_n is 0. Must not be NULL.
  * @ret_n      borrowed; must not be NULL.
- * @capped     borrowed; may be NULL; true when more than max names matched (the first max
- *             found are returned).
+ * @capped     borrowed; may be NULL; true when more than max names matched: the scan stopped
+ *             once it had found more than max, and the first max of those, sorted, are
+ *             returned. (A name is taken from every key PREFIX{NAME}... matched: the
+ *             pattern's '*' may also match a '}' of such a key.)
  * Returns: REDSEM_OK; REDSEM_EINVAL; REDSEM_ENOMEM; REDSEM_ECONN; REDSEM_ETIMEDOUT;
  *          REDSEM_EPERM (SCAN refused by the ACL); REDSEM_ESERVER; REDSEM_EPROTO;
  *          REDSEM_EFORKED; REDSEM_ESTATE for a Redis Cluster client (not supported: SCAN
  *          would have to visit every primary).
- * Server: SCAN cursor MATCH PREFIX{...}* COUNT 1000 until the cursor returns to 0 or the cap
- * is passed (read-only; one round trip per SCAN call). Thread safety: any thread, at the
+ * Server: SCAN cursor MATCH PREFIX{PATTERN}* COUNT 1000 (the prefix's glob characters
+ * escaped) until the cursor returns to 0 or the cap is passed (read-only; one round trip per
+ * SCAN call; SCAN's own guarantees: a name present throughout is found, one created or
+ * removed meanwhile may or may not be). Thread safety: any thread, at the
  * same time as others. Since: 0.5
  */
 REDSEM_API int redsem_scan_names(redsem_client *client, const char *pattern, size_t max,
