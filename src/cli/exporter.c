@@ -154,6 +154,8 @@ static char *gather(exporter *ex)
     if (rc != REDSEM_OK) {
         char why[640];
         const char *detail = redsem_client_errmsg(ex->client);
+        if (rc == REDSEM_ESTATE && o->match != NULL)
+            detail = "a Redis Cluster cannot be SCANned as one server: give the NAMEs instead";
         snprintf(why, sizeof why, "%s%s%s%s", o->match != NULL ? "--match: " : "",
                  redsem_strerror(rc), *detail ? ": " : "", detail);
         note_down(ex, true, why);

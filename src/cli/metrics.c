@@ -116,7 +116,11 @@ int cli_cmd_metrics(const cli_opts *o)
     char *text = NULL;
     bool capped = false, up = true;
     int rc = cli_metrics_gather(o, s.client, &text, &capped, &up);
-    if (rc != REDSEM_OK)
+    if (rc == REDSEM_ESTATE && o->match != NULL) {
+        cli_msg(o, "--match needs SCAN on one server, which a Redis Cluster is not: give the "
+                   "NAMEs instead");
+        code = CLI_EXIT_USAGE;
+    } else if (rc != REDSEM_OK)
         code = cli_fail(o, o->match != NULL ? "--match" : NULL, rc,
                         redsem_client_errmsg(s.client));
     else if (!up)
