@@ -39,6 +39,17 @@ enum {
 #define CLI_DEFAULT_KILL_AFTER_MS 10000
 /* status lists at most this many holders and waiters (the counts are always exact) */
 #define CLI_STATUS_MAX_ENTRIES 1000
+/* metrics, exporter: --max-names (how many names --match may find) */
+#define CLI_DEFAULT_MAX_NAMES 1000u
+#define CLI_MAX_NAMES_MAX 100000u
+/* exporter: --scrape-timeout */
+#define CLI_DEFAULT_SCRAPE_TIMEOUT_MS 10000
+#define CLI_SCRAPE_TIMEOUT_MIN_MS 100
+#define CLI_SCRAPE_TIMEOUT_MAX_MS 300000
+/* status --watch: the interval */
+#define CLI_DEFAULT_WATCH_MS 2000
+#define CLI_WATCH_MIN_MS 100
+#define CLI_WATCH_MAX_MS 3600000
 /* Largest --kill-after: one day. */
 #define CLI_KILL_AFTER_MAX_MS 86400000LL
 
@@ -49,7 +60,9 @@ typedef enum cli_command {
     CLI_CMD_ACQUIRE = 4,
     CLI_CMD_REFRESH = 8,
     CLI_CMD_RELEASE = 16,
-    CLI_CMD_STATUS = 32
+    CLI_CMD_STATUS = 32,
+    CLI_CMD_METRICS = 64,
+    CLI_CMD_EXPORTER = 128
 } cli_command;
 
 typedef struct cli_opts {
@@ -79,7 +92,16 @@ typedef struct cli_opts {
     int64_t kill_after_ms;
     bool foreground;
     bool json;
-    const char *name;
+    const char *name;       /* the first NAME */
+    char **names;           /* metrics, exporter, status --watch: every NAME (nnames) */
+    size_t nnames;
+    const char *match;      /* metrics, exporter: --match PATTERN (NULL: the NAMEs) */
+    uint32_t max_names;     /* --max-names */
+    const char *listen;     /* exporter: --listen ADDR:PORT */
+    int64_t scrape_timeout_ms; /* exporter: --scrape-timeout */
+    const char *metrics_file; /* run, lock: --metrics-file PATH (NULL: none) */
+    bool watch;             /* status --watch */
+    int64_t watch_ms;       /* ... its interval */
     const char *id;         /* refresh, release */
     char **argv;            /* run, lock: CMD and its arguments, NULL-terminated */
 } cli_opts;
@@ -115,6 +137,9 @@ typedef struct cli_session {
  * returns 0 on success. */
 /* Connect only (no semaphore or lock opened). */
 int cli_session_connect(const cli_opts *o, cli_session *s);
+/* The client options the command line asks for (URL, TLS, retry, ...), for a client made
+ * later (the exporter's). Prints and returns the exit status on failure, 0 on success. */
+int cli_client_options(const cli_opts *o, redsem_options **ret_opts);
 int cli_session_open(const cli_opts *o, cli_session *s);
 void cli_session_close(cli_session *s);
 /* Acquire a permit, waiting o->wait_ms; retries an acquire whose outcome was unknown with
@@ -133,5 +158,27 @@ int cli_cmd_acquire(const cli_opts *o); /* commands.c */
 int cli_cmd_refresh(const cli_opts *o);
 int cli_cmd_release(const cli_opts *o);
 int cli_cmd_status(const cli_opts *o);
+int cli_cmd_watch(const cli_opts *o);    /* watch.c: status --watch */
+int cli_cmd_metrics(const cli_opts *o);  /* metrics.c */
+int cli_cmd_exporter(const cli_opts *o); /* exporter.c */
+
+/* ------------------------------------------------------------------ metrics.c */
+/* The server-side figures of o->names, or of the names --match finds (at most
+ * o->max_names; *capped tells whether more matched, and redsem_scan_capped says so in the
+ * text), as Prometheus text (malloc'd, *ret_text; NULL on failure). Returns a library
+ * status: REDSEM_OK also when Redis could not be reached (the text then says redsem_up 0,
+ * and *up is false: redsem_client_errmsg() says why); a failed --match SCAN returns its
+ * code (no text). */
+int cli_metrics_gather(const cli_opts *o, redsem_client *c, char **ret_text, bool *capped,
+                       bool *up);
+/* The text of a failed scrape: redsem_up 0 alone. */
+const char *cli_metrics_down_text(void);
+/* run --metrics-file: the client's own figures written to o->metrics_file atomically (a
+ * temporary file in the same directory, then rename). Prints and returns the exit status
+ * on failure, 0 on success. */
+int cli_metrics_file_write(const cli_opts *o, const redsem_client *c);
+/* Whether --metrics-file's directory exists and is writable: prints and returns
+ * CLI_EXIT_USAGE if not, 0 if so (checked before anything runs). */
+int cli_metrics_file_check(const cli_opts *o);
 
 #endif /* REDSEM_CLI_H */

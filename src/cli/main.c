@@ -17,6 +17,7 @@
  * statuses of the two). */
 static const char help_commands[] =
     "Usage: redsem COMMAND [OPTIONS] NAME [ID | -- CMD [ARGS...]]\n"
+    "       redsem metrics|exporter [OPTIONS] NAME... | --match PATTERN\n"
     "\n"
     "Cap how many processes, on any number of machines, run at once: a counting semaphore\n"
     "(or a lock) kept in Redis, with leases and fencing tokens.\n"
@@ -39,6 +40,17 @@ static const char help_commands[] =
     "        show the strategy, the limit, the node that serves NAME, the permits in use,\n"
     "        the holders (permits, lease left, fencing token) and the waiters, and NAME's\n"
     "        rate window if it has a rate limit\n"
+    "  status --watch [INTERVAL] [OPTIONS] NAME...\n"
+    "        a live table of each NAME: permits in use / limit, holders, waiters, oldest\n"
+    "        wait, grants and timeouts per interval, redrawn every INTERVAL (a DURATION,\n"
+    "        default 2s) on a terminal, plain lines otherwise; ends on SIGINT or SIGTERM\n"
+    "  metrics [OPTIONS] NAME... | --match PATTERN\n"
+    "        print what the server holds for each NAME (or each name matching PATTERN) in\n"
+    "        Prometheus' text format: limit, permits in use, holders, waiters, oldest\n"
+    "        wait, expired leases, rate window grants, redsem_up (docs/metrics.md)\n"
+    "  exporter --listen ADDR:PORT [OPTIONS] [NAME... | --match PATTERN]\n"
+    "        serve the same figures at http://ADDR:PORT/metrics for Prometheus, read at\n"
+    "        each scrape; Redis down: redsem_up 0; ends on SIGINT or SIGTERM\n"
     "  help  show this help\n"
     "\n";
 /* four literals: each stays under the 4095 bytes C11 compilers must support */
@@ -98,6 +110,21 @@ static const char help_text2[] =
     "                       read the terminal; only CMD itself is then signalled\n"
     "  --lock               acquire, refresh, release, status: the lock NAME, not a semaphore\n"
     "  --json               acquire, refresh, status: print one JSON object\n"
+    "  --metrics-file PATH  run, lock: when it ends, write the run's wait, hold and\n"
+    "                       outcome figures there in Prometheus' text format, atomically\n"
+    "                       (for node_exporter's textfile collector); the directory must\n"
+    "                       exist\n"
+    "  --match PATTERN      metrics, exporter: every name matching the glob PATTERN (SCAN)\n"
+    "  --max-names N        metrics, exporter: at most N names from --match (default 1000,\n"
+    "                       at most 100000); more: redsem_scan_capped 1, and metrics\n"
+    "                       exits with 64 after printing the first N\n"
+    "  --listen ADDR:PORT   exporter: the address to serve: 127.0.0.1:9720, [::1]:9720,\n"
+    "                       :9720 (every IPv4 address); port 0: a free port (printed)\n"
+    "  --scrape-timeout DURATION\n"
+    "                       exporter: answer a scrape within this (default 10s); Redis\n"
+    "                       slower than that: redsem_up 0\n"
+    "  --watch[=INTERVAL]   status: the live table of status --watch (INTERVAL may also\n"
+    "                       be the next argument when a NAME follows it)\n"
     "  -h, --help           show this help and exit\n"
     "  -V, --version        show the version and exit\n"
     "\n"
@@ -133,11 +160,12 @@ static const char help_env[] =
     "Exit status:\n"
     "  0      success\n"
     "  CODE   run, lock: CMD's own exit status; 128+N if CMD was killed by signal N\n"
-    "  64     usage error\n"
+    "  64     usage error; metrics: --match matched more than --max-names names\n"
     "  69     cannot connect to Redis, or the connection was lost or timed out, or\n"
     "         fewer replicas than --sync-replicas acknowledged in time\n"
     "  70     internal error\n"
-    "  71     operating system error (pipe, signals, process creation)\n"
+    "  71     operating system error (pipe, signals, process creation, --listen's\n"
+    "         port in use)\n"
     "  75     no permit (or rate grant) within --wait (run, lock: CMD was not run)\n"
     "  76     Redis answered with an error (its text is printed)\n"
     "  77     Redis refused the password or the ACL user's permissions, or TLS refused\n"
@@ -201,13 +229,19 @@ enum {
     OPT_SYNC_REPLICAS,
     OPT_SYNC_TIMEOUT,
     OPT_RATE,
-    OPT_RETRY
+    OPT_RETRY,
+    OPT_METRICS_FILE,
+    OPT_MATCH,
+    OPT_MAX_NAMES,
+    OPT_LISTEN,
+    OPT_SCRAPE_TIMEOUT,
+    OPT_WATCH
 };
 
 #define CMDS_ALL                                                                               \
     (CLI_CMD_RUN | CLI_CMD_LOCK | CLI_CMD_ACQUIRE | CLI_CMD_REFRESH | CLI_CMD_RELEASE |        \
-     CLI_CMD_STATUS)
-#define CMDS_SEM (CMDS_ALL & ~CLI_CMD_LOCK)
+     CLI_CMD_STATUS | CLI_CMD_METRICS | CLI_CMD_EXPORTER)
+#define CMDS_SEM (CMDS_ALL & ~(CLI_CMD_LOCK | CLI_CMD_METRICS | CLI_CMD_EXPORTER))
 
 static const struct option long_options[] = {
     {"url", required_argument, NULL, OPT_URL},
@@ -231,6 +265,12 @@ static const struct option long_options[] = {
     {"sync-timeout", required_argument, NULL, OPT_SYNC_TIMEOUT},
     {"rate", required_argument, NULL, OPT_RATE},
     {"retry", required_argument, NULL, OPT_RETRY},
+    {"metrics-file", required_argument, NULL, OPT_METRICS_FILE},
+    {"match", required_argument, NULL, OPT_MATCH},
+    {"max-names", required_argument, NULL, OPT_MAX_NAMES},
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"scrape-timeout", required_argument, NULL, OPT_SCRAPE_TIMEOUT},
+    {"watch", optional_argument, NULL, OPT_WATCH},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
@@ -258,6 +298,18 @@ static unsigned option_commands(int opt)
         return CLI_CMD_ACQUIRE | CLI_CMD_REFRESH | CLI_CMD_RELEASE | CLI_CMD_STATUS;
     case OPT_JSON:
         return CLI_CMD_ACQUIRE | CLI_CMD_REFRESH | CLI_CMD_STATUS;
+    case OPT_METRICS_FILE:
+        return CLI_CMD_RUN | CLI_CMD_LOCK;
+    case OPT_MATCH:
+    case OPT_MAX_NAMES:
+        return CLI_CMD_METRICS | CLI_CMD_EXPORTER;
+    case OPT_LISTEN:
+    case OPT_SCRAPE_TIMEOUT:
+        return CLI_CMD_EXPORTER;
+    case OPT_WATCH:
+        return CLI_CMD_STATUS;
+    case OPT_LEASE:
+        return CMDS_ALL & ~(CLI_CMD_METRICS | CLI_CMD_EXPORTER);
     default:
         return CMDS_ALL;
     }
@@ -277,6 +329,7 @@ static const struct {
 } commands[] = {
     {"run", CLI_CMD_RUN},         {"lock", CLI_CMD_LOCK},       {"acquire", CLI_CMD_ACQUIRE},
     {"refresh", CLI_CMD_REFRESH}, {"release", CLI_CMD_RELEASE}, {"status", CLI_CMD_STATUS},
+    {"metrics", CLI_CMD_METRICS}, {"exporter", CLI_CMD_EXPORTER},
 };
 
 static bool valid_name(const char *s)
@@ -336,6 +389,75 @@ static int parse_rate(const char *s, uint32_t *ret_n, int64_t *ret_window_ms)
     return 0;
 }
 
+static int bad_name(const cli_opts *o, const char *name)
+{
+    char shown[72];
+    return usage_error(o, "NAME '%s': use 1 to %d printable ASCII characters other than space, "
+                          "'{' and '}'",
+                       cli_shown_name(name, shown), REDSEM_NAME_MAX);
+}
+
+/* What follows the options: NAME and an ID or CMD; or metrics', exporter's and
+ * status --watch's NAMEs (or none with --match). Returns 0 or the exit status. */
+static int parse_args(cli_opts *o, char **args, int rest)
+{
+    if (o->watch && o->json)
+        return usage_error(o, "--watch draws a table: it has no --json");
+    if (o->cmd == CLI_CMD_METRICS || o->cmd == CLI_CMD_EXPORTER || o->watch) {
+        if (o->cmd == CLI_CMD_EXPORTER && o->listen == NULL)
+            return usage_error(o, "--listen ADDR:PORT is missing");
+        if (o->match != NULL && rest > 0)
+            return usage_error(o, "give NAMEs or --match PATTERN, not both");
+        if (o->match == NULL && o->cmd != CLI_CMD_EXPORTER && rest < 1)
+            return usage_error(o, o->watch ? "NAME is missing"
+                                           : "NAME or --match PATTERN is missing");
+        for (int i = 0; i < rest; i++)
+            if (!valid_name(args[i]))
+                return bad_name(o, args[i]);
+        o->names = args;
+        o->nnames = (size_t)rest;
+        o->name = rest == 1 ? args[0] : NULL;
+        return 0;
+    }
+    if (rest < 1)
+        return usage_error(o, "NAME is missing");
+    o->name = args[0];
+    if (!valid_name(o->name))
+        return bad_name(o, o->name);
+    args++;
+    rest--;
+    switch (o->cmd) {
+    case CLI_CMD_RUN:
+    case CLI_CMD_LOCK:
+        if (rest > 0 && strcmp(args[0], "--") == 0) {
+            args++;
+            rest--;
+        }
+        if (rest < 1)
+            return usage_error(o, "CMD is missing: redsem %s [OPTIONS] NAME -- CMD [ARGS...]",
+                               o->cmd_name);
+        o->argv = args;
+        break;
+    case CLI_CMD_REFRESH:
+    case CLI_CMD_RELEASE:
+        if (rest < 1)
+            return usage_error(o, "ID is missing: redsem %s [OPTIONS] NAME ID", o->cmd_name);
+        if (rest > 1)
+            return usage_error(o, "unexpected argument '%s' after ID", args[1]);
+        o->id = args[0];
+        if (!valid_id(o->id))
+            return usage_error(o, "ID '%s': a permit ID is %d lower-case hex characters, as "
+                                  "printed by acquire",
+                               o->id, REDSEM_ID_LEN);
+        break;
+    default:
+        if (rest > 0)
+            return usage_error(o, "unexpected argument '%s' after NAME", args[0]);
+        break;
+    }
+    return 0;
+}
+
 /* Returns 0 to go on, -1 when the help or the version was printed, or an exit status. */
 static int parse(int argc, char **argv, cli_opts *o)
 {
@@ -347,6 +469,9 @@ static int parse(int argc, char **argv, cli_opts *o)
     o->wait_ms = REDSEM_WAIT_FOREVER;
     o->kill_after_ms = CLI_DEFAULT_KILL_AFTER_MS;
     o->sync_timeout_ms = 100;
+    o->max_names = CLI_DEFAULT_MAX_NAMES;
+    o->scrape_timeout_ms = CLI_DEFAULT_SCRAPE_TIMEOUT_MS;
+    o->watch_ms = CLI_DEFAULT_WATCH_MS;
 
     if (argc < 2)
         return usage_error(NULL, "no command given");
@@ -491,6 +616,47 @@ static int parse(int argc, char **argv, cli_opts *o)
         case OPT_JSON:
             o->json = true;
             break;
+        case OPT_METRICS_FILE:
+            if (*optarg == '\0')
+                return usage_error(o, "--metrics-file: the PATH is empty");
+            o->metrics_file = optarg;
+            break;
+        case OPT_MATCH:
+            if (*optarg == '\0' || strlen(optarg) > 1024)
+                return usage_error(o, "--match: use a glob PATTERN of 1 to 1024 bytes, such as "
+                                      "'jobs-*'");
+            o->match = optarg;
+            break;
+        case OPT_MAX_NAMES:
+            if (parse_count(optarg, strlen(optarg), CLI_MAX_NAMES_MAX, &o->max_names) != 0)
+                return usage_error(o, "--max-names '%s': use a whole number from 1 to %u",
+                                   optarg, CLI_MAX_NAMES_MAX);
+            break;
+        case OPT_LISTEN:
+            o->listen = optarg; /* checked by the exporter, which binds it */
+            break;
+        case OPT_SCRAPE_TIMEOUT:
+            if (cli_parse_duration(optarg, CLI_SCRAPE_TIMEOUT_MAX_MS, &o->scrape_timeout_ms) !=
+                    0 ||
+                o->scrape_timeout_ms < CLI_SCRAPE_TIMEOUT_MIN_MS)
+                return usage_error(o, "--scrape-timeout '%s': use a DURATION from %dms to 5m, "
+                                      "such as 10s",
+                                   optarg, CLI_SCRAPE_TIMEOUT_MIN_MS);
+            break;
+        case OPT_WATCH: {
+            /* --watch=INTERVAL, or --watch INTERVAL when a DURATION and a NAME follow */
+            const char *iv = optarg;
+            if (iv == NULL && optind < sub_argc - 1 &&
+                cli_parse_duration(sub_argv[optind], CLI_WATCH_MAX_MS, &o->watch_ms) == 0)
+                iv = sub_argv[optind++];
+            if (iv != NULL &&
+                (cli_parse_duration(iv, CLI_WATCH_MAX_MS, &o->watch_ms) != 0 ||
+                 o->watch_ms < CLI_WATCH_MIN_MS))
+                return usage_error(o, "--watch '%s': use a DURATION from %dms to 1h, such as 2s",
+                                   iv, CLI_WATCH_MIN_MS);
+            o->watch = true;
+            break;
+        }
         case OPT_PERMITS:
             if (parse_limit(optarg, &o->permits) != 0)
                 return usage_error(o, "--permits '%s': use a whole number from 1 to the limit",
@@ -507,48 +673,11 @@ static int parse(int argc, char **argv, cli_opts *o)
     if (o->permits > o->limit)
         return usage_error(o, "--permits %u is more than --limit %u", o->permits, o->limit);
 
-    int rest = sub_argc - optind;
-    char **args = sub_argv + optind;
-    if (rest < 1)
-        return usage_error(o, "NAME is missing");
-    o->name = args[0];
-    if (!valid_name(o->name)) {
-        char shown[72];
-        return usage_error(o, "NAME '%s': use 1 to %d printable ASCII characters other than "
-                              "space, '{' and '}'",
-                           cli_shown_name(o->name, shown), REDSEM_NAME_MAX);
-    }
-    args++;
-    rest--;
-    switch (o->cmd) {
-    case CLI_CMD_RUN:
-    case CLI_CMD_LOCK:
-        if (rest > 0 && strcmp(args[0], "--") == 0) {
-            args++;
-            rest--;
-        }
-        if (rest < 1)
-            return usage_error(o, "CMD is missing: redsem %s [OPTIONS] NAME -- CMD [ARGS...]",
-                               o->cmd_name);
-        o->argv = args;
-        break;
-    case CLI_CMD_REFRESH:
-    case CLI_CMD_RELEASE:
-        if (rest < 1)
-            return usage_error(o, "ID is missing: redsem %s [OPTIONS] NAME ID", o->cmd_name);
-        if (rest > 1)
-            return usage_error(o, "unexpected argument '%s' after ID", args[1]);
-        o->id = args[0];
-        if (!valid_id(o->id))
-            return usage_error(o, "ID '%s': a permit ID is %d lower-case hex characters, as "
-                                  "printed by acquire",
-                               o->id, REDSEM_ID_LEN);
-        break;
-    default:
-        if (rest > 0)
-            return usage_error(o, "unexpected argument '%s' after NAME", args[0]);
-        break;
-    }
+    int code = parse_args(o, sub_argv + optind, sub_argc - optind);
+    if (code != 0)
+        return code;
+    if (o->metrics_file != NULL && strlen(o->metrics_file) > 4000)
+        return usage_error(o, "--metrics-file: the PATH is longer than 4000 bytes");
 
     if (o->url == NULL) {
         const char *env = getenv("REDSEM_URL");
@@ -618,7 +747,11 @@ int main(int argc, char **argv)
     case CLI_CMD_RELEASE:
         return cli_cmd_release(&o);
     case CLI_CMD_STATUS:
-        return cli_cmd_status(&o);
+        return o.watch ? cli_cmd_watch(&o) : cli_cmd_status(&o);
+    case CLI_CMD_METRICS:
+        return cli_cmd_metrics(&o);
+    case CLI_CMD_EXPORTER:
+        return cli_cmd_exporter(&o);
     }
     return CLI_EXIT_SOFTWARE;
 }

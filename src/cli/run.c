@@ -464,6 +464,16 @@ static int exit_status_of(int wstatus)
 
 /* ------------------------------------------------------------------ the command */
 
+/* The end of a run that connected: --metrics-file gets the run's figures (the wait and its
+ * outcome, the hold), then the session is closed. A file that cannot be written is reported;
+ * CMD's own status (or redsem's, if CMD did not run) stands. */
+static int finish(const cli_opts *o, cli_session *s, int code)
+{
+    (void)cli_metrics_file_write(o, s->client);
+    cli_session_close(s);
+    return code;
+}
+
 int cli_cmd_run(const cli_opts *o)
 {
     /* --rate alone: a rate grant, no permit. --rate with --limit or --strategy: the grant
@@ -473,7 +483,10 @@ int cli_cmd_run(const cli_opts *o)
     bool rate = o->rate_n > 0;
     bool permit = !rate || o->lock || o->limit_set || o->strategy_set;
     cli_session s;
-    int code = permit ? cli_session_open(o, &s) : cli_session_connect(o, &s);
+    int code = cli_metrics_file_check(o);
+    if (code != 0)
+        return code;
+    code = permit ? cli_session_open(o, &s) : cli_session_connect(o, &s);
     if (code != 0)
         return code;
     redsem_rate_grant grant;
@@ -481,10 +494,8 @@ int cli_cmd_run(const cli_opts *o)
     if (rate) {
         int64_t start = redsem_monotonic_ms();
         code = cli_session_rate(o, &s, o->wait_ms, &grant);
-        if (code != 0) {
-            cli_session_close(&s);
-            return code;
-        }
+        if (code != 0)
+            return finish(o, &s, code);
         if (o->wait_ms > 0) {
             po.wait_ms = o->wait_ms - (redsem_monotonic_ms() - start);
             if (po.wait_ms < 0)
@@ -492,10 +503,8 @@ int cli_cmd_run(const cli_opts *o)
         }
     }
     redsem_permit *p = NULL;
-    if (permit && (code = cli_session_acquire(&po, &s, &p)) != 0) {
-        cli_session_close(&s);
-        return code;
-    }
+    if (permit && (code = cli_session_acquire(&po, &s, &p)) != 0)
+        return finish(o, &s, code);
 
     /* From here on the permit is released on every path. */
     foreground_mode = o->foreground;
@@ -555,7 +564,7 @@ release:
     }
     redsem_permit_free(p);
     free_env(env);
-    cli_session_close(&s);
+    code = finish(o, &s, code);
     for (int i = 0; i < 2; i++)
         if (wake_fd[i] >= 0)
             close(wake_fd[i]);

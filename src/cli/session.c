@@ -4,9 +4,8 @@
 
 #include "cli.h"
 
-int cli_session_connect(const cli_opts *o, cli_session *s)
+int cli_client_options(const cli_opts *o, redsem_options **ret_opts)
 {
-    memset(s, 0, sizeof *s);
     redsem_options *opts = NULL;
     int rc = redsem_options_new(&opts);
     if (rc != REDSEM_OK)
@@ -43,11 +42,7 @@ int cli_session_connect(const cli_opts *o, cli_session *s)
         (rc = redsem_options_set_sync_replicas(opts, o->sync_replicas, o->sync_timeout_ms)) !=
             REDSEM_OK)
         goto bad_tls;
-    char err[512] = "";
-    rc = redsem_client_new_verbose(opts, &s->client, err, sizeof err);
-    redsem_options_free(opts);
-    if (rc != REDSEM_OK)
-        return cli_fail(o, NULL, rc, err);
+    *ret_opts = opts;
     return 0;
 bad_tls:
     redsem_options_free(opts);
@@ -57,6 +52,21 @@ bad_tls:
         return CLI_EXIT_USAGE;
     }
     return cli_fail(o, "connect", rc, NULL);
+}
+
+int cli_session_connect(const cli_opts *o, cli_session *s)
+{
+    memset(s, 0, sizeof *s);
+    redsem_options *opts = NULL;
+    int code = cli_client_options(o, &opts);
+    if (code != 0)
+        return code;
+    char err[512] = "";
+    int rc = redsem_client_new_verbose(opts, &s->client, err, sizeof err);
+    redsem_options_free(opts);
+    if (rc != REDSEM_OK)
+        return cli_fail(o, NULL, rc, err);
+    return 0;
 }
 
 int cli_session_open(const cli_opts *o, cli_session *s)

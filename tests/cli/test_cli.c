@@ -1779,6 +1779,17 @@ Test(cli, man_page_matches_help)
         cr_assert(strstr(p.out, h) != NULL, "%s missing from --help", cmds[i]);
         cr_assert(strstr(man, m) != NULL, "%s missing from the SYNOPSIS of redsem.1", cmds[i]);
     }
+    /* the commands of several NAMEs (issue 26) */
+    static const char *const many[] = {"status --watch", "metrics", "exporter"};
+    for (size_t i = 0; i < 3; i++) {
+        char h[64], m[64];
+        snprintf(h, sizeof h, "\n  %s ", many[i]);
+        snprintf(m, sizeof m, ".B redsem %s", many[i]);
+        if (strchr(many[i], ' ') != NULL)
+            snprintf(m, sizeof m, ".B redsem status \\-\\-watch\n");
+        cr_assert(strstr(p.out, h) != NULL, "%s missing from --help", many[i]);
+        cr_assert(strstr(man, m) != NULL, "%s missing from the SYNOPSIS of redsem.1", many[i]);
+    }
     static const char *const sections[] = {"NAME",        "SYNOPSIS",    "DESCRIPTION",
                                            "COMMANDS",    "OPTIONS",     "ENVIRONMENT",
                                            "EXIT STATUS", "EXAMPLES",    "SEE ALSO"};
