@@ -207,6 +207,9 @@ STRATEGY_TEST(metrics, exact_semaphore_figures, .timeout = 60)
     free(t);
 
     /* the server's side: a holder left to expire, cleaned up by the next acquire */
+    redsem_permit_free(p2);
+    redsem_permit_free(p3);
+    p2 = p3 = NULL;
     OK(c, redsem_sem_acquire(s, 1000, &p2));
     tf_sleep_ms(1300);
     OK(c, redsem_sem_try_acquire(s, &p3));
