@@ -509,6 +509,38 @@ static void put_family(text *t, const char *family, const char *help, redsem_met
     }
 }
 
+/* A name and its place in the caller's list, sorted by name, then by place. */
+typedef struct placed_name {
+    const char *name;
+    size_t i;
+} placed_name;
+
+static int placed_cmp(const void *a, const void *b)
+{
+    const placed_name *x = a, *y = b;
+    int d = strcmp(x->name, y->name);
+    return d != 0 ? d : (x->i > y->i) - (x->i < y->i);
+}
+
+/* For each of the n names, whether an earlier one is the same (malloc'd; NULL: no memory). */
+static bool *repeated_names(const char *const *names, size_t n)
+{
+    bool *repeat = redsem__calloc(n, sizeof *repeat);
+    placed_name *v = redsem__calloc(n, sizeof *v);
+    if (repeat == NULL || v == NULL) {
+        redsem__free(repeat);
+        redsem__free(v);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        v[i] = (placed_name){names[i], i};
+    qsort(v, n, sizeof *v, placed_cmp);
+    for (size_t i = 1; i < n; i++)
+        repeat[v[i].i] = strcmp(v[i].name, v[i - 1].name) == 0;
+    redsem__free(v);
+    return repeat;
+}
+
 int redsem_metrics_write_server(redsem_client *c, const char *const *names, size_t n, char *buf,
                                 size_t len, size_t *needed)
 {
@@ -529,12 +561,18 @@ int redsem_metrics_write_server(redsem_client *c, const char *const *names, size
                                    "'{' '}'",
                                    i, REDSEM_NAME_MAX);
     srv_rec *recs = n ? redsem__calloc(3 * n, sizeof *recs) : NULL;
-    if (n && recs == NULL)
+    bool *repeat = n ? repeated_names(names, n) : NULL;
+    if (n && (recs == NULL || repeat == NULL)) {
+        redsem__free(recs);
+        redsem__free(repeat);
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    }
     size_t nrecs = 0;
     int up_rc = REDSEM_OK;
     for (size_t i = 0; i < n && up_rc == REDSEM_OK; i++)
-        up_rc = read_name(c, names[i], recs, &nrecs);
+        if (!repeat[i]) /* a series twice in one scrape is an error to Prometheus */
+            up_rc = read_name(c, names[i], recs, &nrecs);
+    redsem__free(repeat);
     if (up_rc == REDSEM_ENOMEM) {
         redsem__free(recs);
         return up_rc;

@@ -812,3 +812,49 @@ Test(metrics, renewer_counts_renewals_and_a_taken_lease, .timeout = 60)
     redsem_sem_free(s);
     redsem_client_free(c);
 }
+
+/* The number of lines of text that start with prefix. */
+static int lines_starting(const char *text, const char *prefix)
+{
+    int n = 0;
+    size_t len = strlen(prefix);
+    for (const char *p = text; p != NULL && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        n += strncmp(p, prefix, len) == 0;
+    return n;
+}
+
+/* A name given twice (redsem metrics a a, an exporter's list with a repeat) is read and
+ * written once: a series twice in one scrape is an error to Prometheus (duplicate sample). */
+Test(metrics, server_name_given_twice_gives_one_series, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    char a[160], b[160];
+    snprintf(a, sizeof a, "%s", tf_name("dup-a"));
+    snprintf(b, sizeof b, "%s", tf_name("dup-b"));
+    redsem_sem *sa = NULL, *sb = NULL;
+    OK(c, redsem_sem_open(c, a, REDSEM_STRATEGY_FAIR, 2, 5000, &sa));
+    OK(c, redsem_sem_open(c, b, REDSEM_STRATEGY_FAIR, 3, 5000, &sb));
+    redsem_permit *p = NULL, *q = NULL;
+    OK(c, redsem_sem_try_acquire(sa, &p));
+    OK(c, redsem_sem_try_acquire(sb, &q));
+    const char *names[] = {a, b, a, a, b};
+    char *t = server_text_of(c, names, 5);
+    char series[256];
+    snprintf(series, sizeof series, "redsem_limit{name=\"%s\",", a);
+    cr_expect_eq(lines_starting(t, series), 1, "%s", t);
+    snprintf(series, sizeof series, "redsem_holders{name=\"%s\",", b);
+    cr_expect_eq(lines_starting(t, series), 1, "%s", t);
+    EXPECT_VALUE(t, 2, "redsem_limit{name=\"%s\",kind=\"semaphore\"}", a);
+    EXPECT_VALUE(t, 3, "redsem_limit{name=\"%s\",kind=\"semaphore\"}", b);
+    /* in the order first given */
+    cr_expect_lt(strstr(t, a) - t, strstr(t, b) - t);
+    promtool_check(t);
+    free(t);
+    OK(c, redsem_permit_release(p));
+    OK(c, redsem_permit_release(q));
+    redsem_permit_free(p);
+    redsem_permit_free(q);
+    redsem_sem_free(sa);
+    redsem_sem_free(sb);
+    redsem_client_free(c);
+}

@@ -194,7 +194,9 @@ REDSEM_API int redsem_metrics_visit(const redsem_client *client, redsem_metric_v
  *
  * @client  borrowed; must not be NULL.
  * @names   borrowed; n NUL-terminated names (1..REDSEM_NAME_MAX bytes of printable ASCII
- *          without '{' and '}'); may be NULL when n is 0 (only redsem_up is written).
+ *          without '{' and '}'); may be NULL when n is 0 (only redsem_up is written). A
+ *          name given more than once is read and written once, where first given (a series
+ *          twice in one scrape is an error to Prometheus).
  * @n       0 .. 100000 names.
  * @buf, @len, @needed  as redsem_metrics_write().
  * Returns: REDSEM_OK (also when a read failed: then "redsem_up 0" and no name's series are
