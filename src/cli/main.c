@@ -113,7 +113,7 @@ static const char help_text2[] =
     "  --metrics-file PATH  run, lock: when it ends, write the run's wait, hold and\n"
     "                       outcome figures there in Prometheus' text format, atomically\n"
     "                       (for node_exporter's textfile collector); the directory must\n"
-    "                       exist\n"
+    "                       exist, and PATH must not be a directory\n"
     "  --match PATTERN      metrics, exporter: every name matching the glob PATTERN (SCAN)\n"
     "  --max-names N        metrics, exporter: at most N names from --match (default 1000,\n"
     "                       at most 100000); more: redsem_scan_capped 1, and metrics\n"
