@@ -858,3 +858,45 @@ Test(metrics, server_name_given_twice_gives_one_series, .timeout = 60)
     redsem_sem_free(sb);
     redsem_client_free(c);
 }
+
+/* Threads whose first acquires on one handle past the cap race: the handle counts once in
+ * redsem_metrics_names_dropped_total ("a name past the cap counts once per handle"). */
+enum { RACERS = 8 };
+static pthread_barrier_t racers_go;
+static void *race_first_use(void *arg)
+{
+    redsem_sem *s = arg;
+    pthread_barrier_wait(&racers_go);
+    redsem_permit *p = NULL;
+    if (redsem_sem_try_acquire(s, &p) == REDSEM_OK) {
+        (void)redsem_permit_release(p);
+        redsem_permit_free(p);
+    }
+    return NULL;
+}
+
+Test(metrics, a_handle_past_the_cap_counts_once_under_threads, .timeout = 120)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s", tf_name("caprace"));
+    for (int round = 0; round < 50; round++) {
+        redsem_client *c = client_with(0, true);
+        redsem_sem *s = NULL;
+        OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 64, 5000, &s));
+        pthread_barrier_init(&racers_go, NULL, RACERS);
+        pthread_t th[RACERS];
+        for (int i = 0; i < RACERS; i++)
+            cr_assert_eq(pthread_create(&th[i], NULL, race_first_use, s), 0);
+        for (int i = 0; i < RACERS; i++)
+            pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&racers_go);
+        char *t = text_of(c);
+        cr_assert_eq(value_of(t, "redsem_metrics_names_dropped_total"), 1, "round %d:\n%s",
+                     round, t);
+        cr_assert_eq(value_of(t, "redsem_grants_total{name=\"_other\",kind=\"semaphore\"}"),
+                     RACERS, "round %d:\n%s", round, t);
+        free(t);
+        redsem_sem_free(s);
+        redsem_client_free(c);
+    }
+}
