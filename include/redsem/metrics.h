@@ -54,9 +54,10 @@ extern "C" {
  * of minutes. A sample equal to a bound falls in that bound's bucket (Prometheus' "le").
  *
  * Cost. A handle finds its name's figures at its first acquire (a hash lookup without a lock
- * in a table made with the client, 16 bytes per name of the cap; only a name's first use
- * takes the table's lock to add it) and keeps them; then every figure is one relaxed atomic
- * add, and an acquire reads the monotonic clock twice. A name's figures take about 1.3 kB,
+ * in a table made with the client, 24 to 40 bytes per name of the cap: 24 kB for the
+ * default, 25 MB for REDSEM_METRICS_NAMES_MAX; only a name's first use, and a handle's first
+ * use past the cap, take the table's lock) and keeps them; then every figure is one relaxed
+ * atomic add, and an acquire reads the monotonic clock twice. A name's figures take about 1.3 kB,
  * allocated at its first use and kept until the client is freed.
  */
 
