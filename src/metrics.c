@@ -101,52 +101,41 @@ static int visit_all(const redsem_client *c, sink_fn fn, void *arg)
         l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
         EMIT("redsem_hold_seconds", HELP_HOLD, REDSEM_METRIC_HISTOGRAM, 2);
     }
-    for (size_t i = 0; i < n; i++) {
-        const redsem__mslot *s = order[i];
-        if (s->kind == REDSEM__MK_RATE)
-            continue;
-        memset(&m, 0, sizeof m);
-        m.value = (double)ld(&s->grants);
-        l[0] = (redsem_metric_label){"name", s->name};
-        l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
-        EMIT("redsem_grants_total", HELP_GRANTS, REDSEM_METRIC_COUNTER, 2);
-    }
-    for (size_t i = 0; i < n; i++) {
-        const redsem__mslot *s = order[i];
-        if (s->kind == REDSEM__MK_RATE)
-            continue;
-        for (int r = 0; r < REDSEM__ML_N; r++) {
-            memset(&m, 0, sizeof m);
-            m.value = (double)ld(&s->lost[r]);
-            l[0] = (redsem_metric_label){"name", s->name};
-            l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
-            l[2] = (redsem_metric_label){"reason", lost_names[r]};
-            EMIT("redsem_leases_lost_total", HELP_LOST, REDSEM_METRIC_COUNTER, 3);
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        const redsem__mslot *s = order[i];
-        if (s->kind == REDSEM__MK_RATE)
-            continue;
-        for (int r = 0; r < REDSEM__MR_N; r++) {
-            memset(&m, 0, sizeof m);
-            m.value = (double)ld(&s->renew[r]);
-            l[0] = (redsem_metric_label){"name", s->name};
-            l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
-            l[2] = (redsem_metric_label){"outcome", renew_names[r]};
-            EMIT("redsem_renewals_total", HELP_RENEW, REDSEM_METRIC_COUNTER, 3);
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        const redsem__mslot *s = order[i];
-        if (s->kind != REDSEM__MK_RATE)
-            continue;
-        for (int r = 0; r < REDSEM__MT_N; r++) {
-            memset(&m, 0, sizeof m);
-            m.value = (double)ld(&s->rate[r]);
-            l[0] = (redsem_metric_label){"name", s->name};
-            l[1] = (redsem_metric_label){"outcome", rate_names[r]};
-            EMIT("redsem_rate_limit_total", HELP_RATE, REDSEM_METRIC_COUNTER, 2);
+    /* the per-name counters: one sample per name and label value */
+    static const struct {
+        const char *family, *help, *label; /* label NULL: no third label */
+        const char *const *values;
+        int nvalues;
+        size_t off; /* of the counters in the slot */
+        bool rate;  /* rate limiters only (no kind label), else all but them */
+    } per_name[] = {
+        {"redsem_grants_total", HELP_GRANTS, NULL, NULL, 1, offsetof(redsem__mslot, grants),
+         false},
+        {"redsem_leases_lost_total", HELP_LOST, "reason", lost_names, REDSEM__ML_N,
+         offsetof(redsem__mslot, lost), false},
+        {"redsem_renewals_total", HELP_RENEW, "outcome", renew_names, REDSEM__MR_N,
+         offsetof(redsem__mslot, renew), false},
+        {"redsem_rate_limit_total", HELP_RATE, "outcome", rate_names, REDSEM__MT_N,
+         offsetof(redsem__mslot, rate), true},
+    };
+    for (size_t f = 0; f < sizeof per_name / sizeof per_name[0]; f++) {
+        for (size_t i = 0; i < n; i++) {
+            const redsem__mslot *s = order[i];
+            if ((s->kind == REDSEM__MK_RATE) != per_name[f].rate)
+                continue;
+            const _Atomic uint64_t *v =
+                (const _Atomic uint64_t *)((const char *)s + per_name[f].off);
+            for (int r = 0; r < per_name[f].nvalues; r++) {
+                memset(&m, 0, sizeof m);
+                m.value = (double)ld(&v[r]);
+                size_t nl = 0;
+                l[nl++] = (redsem_metric_label){"name", s->name};
+                if (!per_name[f].rate)
+                    l[nl++] = (redsem_metric_label){"kind", kind_names[s->kind]};
+                if (per_name[f].label != NULL)
+                    l[nl++] = (redsem_metric_label){per_name[f].label, per_name[f].values[r]};
+                EMIT(per_name[f].family, per_name[f].help, REDSEM_METRIC_COUNTER, nl);
+            }
         }
     }
     redsem_client_stats st;
