@@ -644,10 +644,12 @@ static int parse(int argc, char **argv, cli_opts *o)
                                    optarg, CLI_SCRAPE_TIMEOUT_MIN_MS);
             break;
         case OPT_WATCH: {
-            /* --watch=INTERVAL, or --watch INTERVAL when a DURATION and a NAME follow */
+            /* --watch=INTERVAL, or --watch INTERVAL when a DURATION (in range or not: "2h"
+             * is a bad INTERVAL, not a NAME) and a NAME follow */
             const char *iv = optarg;
+            int64_t any_ms = 0;
             if (iv == NULL && optind < sub_argc - 1 &&
-                cli_parse_duration(sub_argv[optind], CLI_WATCH_MAX_MS, &o->watch_ms) == 0)
+                cli_parse_duration(sub_argv[optind], INT64_MAX, &any_ms) == 0)
                 iv = sub_argv[optind++];
             if (iv != NULL &&
                 (cli_parse_duration(iv, CLI_WATCH_MAX_MS, &o->watch_ms) != 0 ||

@@ -369,6 +369,9 @@ Test(metrics, usage_errors)
         {{"exporter", "--listen", "127.0.0.1:0", "--scrape-timeout", "1ms", "x"},
          "--scrape-timeout '1ms'"},
         {{"status", "--watch=0", "x"}, "--watch '0'"},
+        /* an INTERVAL out of range is refused, not taken for a NAME (which watched forever) */
+        {{"status", "--watch", "2h", "x"}, "--watch '2h'"},
+        {{"status", "--watch", "50ms", "x"}, "--watch '50ms'"},
         {{"status", "--watch", "--json", "x"}, "no --json"},
         {{"status", "--watch"}, "NAME is missing"},
         {{"status", "--match", "a*"}, "--match is not an option of status"},
