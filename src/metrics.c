@@ -352,11 +352,11 @@ static int seen_waiter_cmp(const void *a, const void *b)
 
 /* The age in seconds of the oldest waiter of st that scrapes have seen (the time since the
  * first scrape that listed it), remembering st's listed waiters for the next scrape. 0 when
- * none is listed, or without memory. */
+ * none is listed (st NULL: the name is not on the server), or without memory. */
 static double oldest_wait(redsem__metrics *m, int kind, const char *name,
                           const redsem_status *st, int64_t now)
 {
-    size_t n = redsem_status_waiters_listed(st);
+    size_t n = st != NULL ? redsem_status_waiters_listed(st) : 0;
     redsem__seen_waiter *w = n ? redsem__calloc(n, sizeof *w) : NULL;
     if (n && w == NULL)
         return 0;
@@ -380,6 +380,18 @@ static double oldest_wait(redsem__metrics *m, int kind, const char *name,
     redsem__seen_name *e = NULL;
     if (lo < m->nseen && seen_name_cmp(&m->seen[lo], kind, name) == 0)
         e = &m->seen[lo];
+    if (n == 0) {
+        /* nothing to remember: forget the name (the memory stays bounded by the names
+         * with waiters now, and a waiter seen again later starts from now) */
+        if (e != NULL) {
+            redsem__free(e->name);
+            redsem__free(e->w);
+            memmove(e, e + 1, (m->nseen - lo - 1) * sizeof *e);
+            m->nseen--;
+        }
+        pthread_mutex_unlock(&m->seen_mu);
+        return 0;
+    }
     if (e == NULL) {
         char *copy = redsem__strdup(name);
         if (m->nseen == m->seen_cap) {
@@ -426,13 +438,15 @@ static int read_name(redsem_client *c, const char *name, srv_rec *recs, size_t *
     int64_t now = redsem__now_ns();
     if (rc != REDSEM_OK)
         return rc;
+    double oldest = oldest_wait(c->metrics, REDSEM__MK_SEM, name,
+                                redsem_status_exists(st) ? st : NULL, now);
     if (redsem_status_exists(st))
         recs[(*nrecs)++] = (srv_rec){
             .name = name, .kind = REDSEM__MK_SEM, .limit = redsem_status_limit(st),
             .in_use = redsem_status_permits_in_use(st),
             .holders = redsem_status_holder_count(st),
             .waiters = redsem_status_waiter_count(st), .expired = st->expired,
-            .oldest_s = oldest_wait(c->metrics, REDSEM__MK_SEM, name, st, now)};
+            .oldest_s = oldest};
     redsem_status_free(st);
     redsem_lock *l = NULL;
     if ((rc = redsem_lock_open(c, name, REDSEM_LEASE_MIN_MS, &l)) != REDSEM_OK)
@@ -442,13 +456,14 @@ static int read_name(redsem_client *c, const char *name, srv_rec *recs, size_t *
     redsem_lock_free(l);
     if (rc != REDSEM_OK)
         return rc;
+    oldest = oldest_wait(c->metrics, REDSEM__MK_LOCK, name, redsem_status_exists(st) ? st : NULL,
+                         now);
     if (redsem_status_exists(st))
         recs[(*nrecs)++] = (srv_rec){
             .name = name, .kind = REDSEM__MK_LOCK, .limit = 1,
             .in_use = redsem_status_holder_count(st),
             .holders = redsem_status_holder_count(st),
-            .waiters = redsem_status_waiter_count(st),
-            .oldest_s = oldest_wait(c->metrics, REDSEM__MK_LOCK, name, st, now)};
+            .waiters = redsem_status_waiter_count(st), .oldest_s = oldest};
     redsem_status_free(st);
     redsem_rate_info ri;
     if ((rc = redsem_rate_inspect(c, name, &ri)) != REDSEM_OK)

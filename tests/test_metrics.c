@@ -900,3 +900,70 @@ Test(metrics, a_handle_past_the_cap_counts_once_under_threads, .timeout = 120)
         redsem_client_free(c);
     }
 }
+
+static void *block_acquire_as(void *arg)
+{
+    blocked *b = arg;
+    redsem_permit *p = NULL;
+    char id[REDSEM_ID_LEN + 1];
+    memset(id, 'a', REDSEM_ID_LEN);
+    id[REDSEM_ID_LEN] = '\0';
+    b->rc = redsem_sem_acquire_as(b->s, id, 20000, &p);
+    if (b->rc == REDSEM_OK) {
+        (void)redsem_permit_release(p);
+        redsem_permit_free(p);
+    }
+    return NULL;
+}
+
+/* One waiter (a fixed holder id) on a fresh semaphore, seen by a scrape; then it is granted. */
+static void wait_once_seen(redsem_client *c, const char *name, bool scrape)
+{
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, 10000, &s));
+    redsem_permit *p = NULL;
+    OK(c, redsem_sem_try_acquire(s, &p));
+    blocked b = {.s = s};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, block_acquire_as, &b), 0);
+    for (int i = 0; i < 200 && tf_waiters(s) < 1; i++)
+        tf_sleep_ms(10);
+    if (scrape) {
+        const char *names[] = {name};
+        char *t = server_text_of(c, names, 1);
+        EXPECT_VALUE(t, 1, "redsem_waiters{name=\"%s\",kind=\"semaphore\"}", name);
+        EXPECT_VALUE(t, 0, "redsem_oldest_wait_seconds{name=\"%s\",kind=\"semaphore\"}", name);
+        free(t);
+    }
+    OK(c, redsem_permit_release(p));
+    pthread_join(th, NULL);
+    cr_expect_eq(b.rc, REDSEM_OK);
+    redsem_permit_free(p);
+    redsem_sem_free(s);
+}
+
+/* A name gone from the server is forgotten by the scrapes' memory of waiters: made again
+ * later, a waiter with the same id starts from its first scrape again (the memory stays
+ * bounded by the names that have waiters now). */
+Test(metrics, server_forgets_the_waiters_of_a_name_gone, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    char name[160];
+    snprintf(name, sizeof name, "%s", tf_name("forget"));
+    wait_once_seen(c, name, true);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "redis-cli -s '%s' --scan --pattern 'redsem:{%s}*' | "
+             "xargs -r redis-cli -s '%s' DEL > /dev/null",
+             tf_sock(), name, tf_sock());
+    cr_assert_eq(system(cmd), 0);
+    const char *names[] = {name};
+    char *t = server_text_of(c, names, 1);
+    EXPECT_VALUE(t, 1, "redsem_up");
+    cr_assert_null(strstr(t, "redsem_limit{"), "the keys are gone:\n%s", t);
+    free(t);
+    tf_sleep_ms(400);
+    /* made again; the same waiter id, first listed by the scrape in wait_once_seen */
+    wait_once_seen(c, name, true);
+    redsem_client_free(c);
+}

@@ -191,7 +191,8 @@ REDSEM_API int redsem_metrics_visit(const redsem_client *client, redsem_metric_v
  *                                          removed after their lease ran out, never released,
  *                                          since the semaphore's keys were made (a lock's
  *                                          lease ends by its key's own expiry, not counted)
- * The client keeps, per name scraped, the ids of the waiters listed (for the oldest wait).
+ * The client keeps, per name scraped that has waiters listed, the ids of those waiters (for
+ * the oldest wait); a name scraped with none, or gone from the server, is forgotten.
  *
  * @client  borrowed; must not be NULL.
  * @names   borrowed; n NUL-terminated names (1..REDSEM_NAME_MAX bytes of printable ASCII
