@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -245,10 +246,17 @@ static const char *type_name(redsem_metric_type ty)
 /* A value as Prometheus reads it: integers exactly, else shortest round trip. */
 static void put_value(text *t, double v)
 {
-    if (v >= 0 && v < 9e15 && (double)(uint64_t)v == v)
+    if (v >= 0 && v < 9e15 && (double)(uint64_t)v == v) {
         put(t, "%llu", (unsigned long long)v);
-    else
-        put(t, "%.17g", v);
+        return;
+    }
+    char s[32];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(s, sizeof s, "%.*g", prec, v);
+        if (strtod(s, NULL) == v)
+            break;
+    }
+    put(t, "%s", s);
 }
 
 static int text_sink(const redsem_metric *m, void *arg)
