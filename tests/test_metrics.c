@@ -492,19 +492,41 @@ Test(metrics, visitor_sees_the_figures_and_stops, .timeout = 60)
 
 typedef struct blocked {
     redsem_sem *s;
+    const char *id; /* the waiter's holder id; NULL: a random one */
     int rc;
+    redsem_permit *held; /* the permit that makes it wait */
+    pthread_t th;
 } blocked;
 
 static void *block_acquire(void *arg)
 {
     blocked *b = arg;
     redsem_permit *p = NULL;
-    b->rc = redsem_sem_acquire(b->s, 20000, &p);
+    b->rc = b->id != NULL ? redsem_sem_acquire_as(b->s, b->id, 20000, &p)
+                          : redsem_sem_acquire(b->s, 20000, &p);
     if (b->rc == REDSEM_OK) {
         (void)redsem_permit_release(p);
         redsem_permit_free(p);
     }
     return NULL;
+}
+
+/* b->s (limit 1) held, and a thread waiting on it (listed by the server). */
+static void queue_waiter(redsem_client *c, blocked *b)
+{
+    OK(c, redsem_sem_try_acquire(b->s, &b->held));
+    cr_assert_eq(pthread_create(&b->th, NULL, block_acquire, b), 0);
+    for (int i = 0; i < 200 && tf_waiters(b->s) < 1; i++)
+        tf_sleep_ms(10);
+}
+
+/* The waiter of queue_waiter() granted (and done). */
+static void grant_waiter(redsem_client *c, blocked *b)
+{
+    OK(c, redsem_permit_release(b->held));
+    pthread_join(b->th, NULL);
+    cr_expect_eq(b->rc, REDSEM_OK);
+    redsem_permit_free(b->held);
 }
 
 /* A waiter seen by two scrapes 400 ms apart is at least ~0.4 s old at the second. */
@@ -514,13 +536,8 @@ STRATEGY_TEST(metrics, server_waiters_and_oldest_wait, .timeout = 60)
     const char *name = tf_name("oldest");
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, name, strategy, 1, 10000, &s));
-    redsem_permit *p = NULL;
-    OK(c, redsem_sem_try_acquire(s, &p));
     blocked b = {.s = s};
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, block_acquire, &b), 0);
-    for (int i = 0; i < 200 && tf_waiters(s) < 1; i++)
-        tf_sleep_ms(10);
+    queue_waiter(c, &b);
     const char *names[] = {name};
     char *t = server_text_of(c, names, 1);
     EXPECT_VALUE(t, 1, "redsem_waiters{name=\"%s\",kind=\"semaphore\"}", name);
@@ -534,10 +551,7 @@ STRATEGY_TEST(metrics, server_waiters_and_oldest_wait, .timeout = 60)
     cr_expect_geq(value_of(t, series), 0.35, "%s", t);
     promtool_check(t);
     free(t);
-    OK(c, redsem_permit_release(p));
-    pthread_join(th, NULL);
-    cr_expect_eq(b.rc, REDSEM_OK);
-    redsem_permit_free(p);
+    grant_waiter(c, &b);
     redsem_sem_free(s);
     redsem_client_free(c);
 }
@@ -901,44 +915,22 @@ Test(metrics, a_handle_past_the_cap_counts_once_under_threads, .timeout = 120)
     }
 }
 
-static void *block_acquire_as(void *arg)
-{
-    blocked *b = arg;
-    redsem_permit *p = NULL;
-    char id[REDSEM_ID_LEN + 1];
-    memset(id, 'a', REDSEM_ID_LEN);
-    id[REDSEM_ID_LEN] = '\0';
-    b->rc = redsem_sem_acquire_as(b->s, id, 20000, &p);
-    if (b->rc == REDSEM_OK) {
-        (void)redsem_permit_release(p);
-        redsem_permit_free(p);
-    }
-    return NULL;
-}
-
 /* One waiter (a fixed holder id) on a fresh semaphore, seen by a scrape; then it is granted. */
-static void wait_once_seen(redsem_client *c, const char *name, bool scrape)
+static void wait_once_seen(redsem_client *c, const char *name)
 {
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, 10000, &s));
-    redsem_permit *p = NULL;
-    OK(c, redsem_sem_try_acquire(s, &p));
-    blocked b = {.s = s};
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, block_acquire_as, &b), 0);
-    for (int i = 0; i < 200 && tf_waiters(s) < 1; i++)
-        tf_sleep_ms(10);
-    if (scrape) {
-        const char *names[] = {name};
-        char *t = server_text_of(c, names, 1);
-        EXPECT_VALUE(t, 1, "redsem_waiters{name=\"%s\",kind=\"semaphore\"}", name);
-        EXPECT_VALUE(t, 0, "redsem_oldest_wait_seconds{name=\"%s\",kind=\"semaphore\"}", name);
-        free(t);
-    }
-    OK(c, redsem_permit_release(p));
-    pthread_join(th, NULL);
-    cr_expect_eq(b.rc, REDSEM_OK);
-    redsem_permit_free(p);
+    char id[REDSEM_ID_LEN + 1];
+    memset(id, 'a', REDSEM_ID_LEN);
+    id[REDSEM_ID_LEN] = '\0';
+    blocked b = {.s = s, .id = id};
+    queue_waiter(c, &b);
+    const char *names[] = {name};
+    char *t = server_text_of(c, names, 1);
+    EXPECT_VALUE(t, 1, "redsem_waiters{name=\"%s\",kind=\"semaphore\"}", name);
+    EXPECT_VALUE(t, 0, "redsem_oldest_wait_seconds{name=\"%s\",kind=\"semaphore\"}", name);
+    free(t);
+    grant_waiter(c, &b);
     redsem_sem_free(s);
 }
 
@@ -950,7 +942,7 @@ Test(metrics, server_forgets_the_waiters_of_a_name_gone, .timeout = 60)
     redsem_client *c = tf_client();
     char name[160];
     snprintf(name, sizeof name, "%s", tf_name("forget"));
-    wait_once_seen(c, name, true);
+    wait_once_seen(c, name);
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
              "redis-cli -s '%s' --scan --pattern 'redsem:{%s}*' | "
@@ -964,6 +956,6 @@ Test(metrics, server_forgets_the_waiters_of_a_name_gone, .timeout = 60)
     free(t);
     tf_sleep_ms(400);
     /* made again; the same waiter id, first listed by the scrape in wait_once_seen */
-    wait_once_seen(c, name, true);
+    wait_once_seen(c, name);
     redsem_client_free(c);
 }
