@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -101,52 +102,41 @@ static int visit_all(const redsem_client *c, sink_fn fn, void *arg)
         l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
         EMIT("redsem_hold_seconds", HELP_HOLD, REDSEM_METRIC_HISTOGRAM, 2);
     }
-    for (size_t i = 0; i < n; i++) {
-        const redsem__mslot *s = order[i];
-        if (s->kind == REDSEM__MK_RATE)
-            continue;
-        memset(&m, 0, sizeof m);
-        m.value = (double)ld(&s->grants);
-        l[0] = (redsem_metric_label){"name", s->name};
-        l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
-        EMIT("redsem_grants_total", HELP_GRANTS, REDSEM_METRIC_COUNTER, 2);
-    }
-    for (size_t i = 0; i < n; i++) {
-        const redsem__mslot *s = order[i];
-        if (s->kind == REDSEM__MK_RATE)
-            continue;
-        for (int r = 0; r < REDSEM__ML_N; r++) {
-            memset(&m, 0, sizeof m);
-            m.value = (double)ld(&s->lost[r]);
-            l[0] = (redsem_metric_label){"name", s->name};
-            l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
-            l[2] = (redsem_metric_label){"reason", lost_names[r]};
-            EMIT("redsem_leases_lost_total", HELP_LOST, REDSEM_METRIC_COUNTER, 3);
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        const redsem__mslot *s = order[i];
-        if (s->kind == REDSEM__MK_RATE)
-            continue;
-        for (int r = 0; r < REDSEM__MR_N; r++) {
-            memset(&m, 0, sizeof m);
-            m.value = (double)ld(&s->renew[r]);
-            l[0] = (redsem_metric_label){"name", s->name};
-            l[1] = (redsem_metric_label){"kind", kind_names[s->kind]};
-            l[2] = (redsem_metric_label){"outcome", renew_names[r]};
-            EMIT("redsem_renewals_total", HELP_RENEW, REDSEM_METRIC_COUNTER, 3);
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        const redsem__mslot *s = order[i];
-        if (s->kind != REDSEM__MK_RATE)
-            continue;
-        for (int r = 0; r < REDSEM__MT_N; r++) {
-            memset(&m, 0, sizeof m);
-            m.value = (double)ld(&s->rate[r]);
-            l[0] = (redsem_metric_label){"name", s->name};
-            l[1] = (redsem_metric_label){"outcome", rate_names[r]};
-            EMIT("redsem_rate_limit_total", HELP_RATE, REDSEM_METRIC_COUNTER, 2);
+    /* the per-name counters: one sample per name and label value */
+    static const struct {
+        const char *family, *help, *label; /* label NULL: no third label */
+        const char *const *values;
+        int nvalues;
+        size_t off; /* of the counters in the slot */
+        bool rate;  /* rate limiters only (no kind label), else all but them */
+    } per_name[] = {
+        {"redsem_grants_total", HELP_GRANTS, NULL, NULL, 1, offsetof(redsem__mslot, grants),
+         false},
+        {"redsem_leases_lost_total", HELP_LOST, "reason", lost_names, REDSEM__ML_N,
+         offsetof(redsem__mslot, lost), false},
+        {"redsem_renewals_total", HELP_RENEW, "outcome", renew_names, REDSEM__MR_N,
+         offsetof(redsem__mslot, renew), false},
+        {"redsem_rate_limit_total", HELP_RATE, "outcome", rate_names, REDSEM__MT_N,
+         offsetof(redsem__mslot, rate), true},
+    };
+    for (size_t f = 0; f < sizeof per_name / sizeof per_name[0]; f++) {
+        for (size_t i = 0; i < n; i++) {
+            const redsem__mslot *s = order[i];
+            if ((s->kind == REDSEM__MK_RATE) != per_name[f].rate)
+                continue;
+            const _Atomic uint64_t *v =
+                (const _Atomic uint64_t *)((const char *)s + per_name[f].off);
+            for (int r = 0; r < per_name[f].nvalues; r++) {
+                memset(&m, 0, sizeof m);
+                m.value = (double)ld(&v[r]);
+                size_t nl = 0;
+                l[nl++] = (redsem_metric_label){"name", s->name};
+                if (!per_name[f].rate)
+                    l[nl++] = (redsem_metric_label){"kind", kind_names[s->kind]};
+                if (per_name[f].label != NULL)
+                    l[nl++] = (redsem_metric_label){per_name[f].label, per_name[f].values[r]};
+                EMIT(per_name[f].family, per_name[f].help, REDSEM_METRIC_COUNTER, nl);
+            }
         }
     }
     redsem_client_stats st;
@@ -256,10 +246,17 @@ static const char *type_name(redsem_metric_type ty)
 /* A value as Prometheus reads it: integers exactly, else shortest round trip. */
 static void put_value(text *t, double v)
 {
-    if (v >= 0 && v < 9e15 && (double)(uint64_t)v == v)
+    if (v >= 0 && v < 9e15 && (double)(uint64_t)v == v) {
         put(t, "%llu", (unsigned long long)v);
-    else
-        put(t, "%.17g", v);
+        return;
+    }
+    char s[32];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(s, sizeof s, "%.*g", prec, v);
+        if (strtod(s, NULL) == v)
+            break;
+    }
+    put(t, "%s", s);
 }
 
 static int text_sink(const redsem_metric *m, void *arg)
@@ -363,11 +360,11 @@ static int seen_waiter_cmp(const void *a, const void *b)
 
 /* The age in seconds of the oldest waiter of st that scrapes have seen (the time since the
  * first scrape that listed it), remembering st's listed waiters for the next scrape. 0 when
- * none is listed, or without memory. */
+ * none is listed (st NULL: the name is not on the server), or without memory. */
 static double oldest_wait(redsem__metrics *m, int kind, const char *name,
                           const redsem_status *st, int64_t now)
 {
-    size_t n = redsem_status_waiters_listed(st);
+    size_t n = st != NULL ? redsem_status_waiters_listed(st) : 0;
     redsem__seen_waiter *w = n ? redsem__calloc(n, sizeof *w) : NULL;
     if (n && w == NULL)
         return 0;
@@ -391,6 +388,18 @@ static double oldest_wait(redsem__metrics *m, int kind, const char *name,
     redsem__seen_name *e = NULL;
     if (lo < m->nseen && seen_name_cmp(&m->seen[lo], kind, name) == 0)
         e = &m->seen[lo];
+    if (n == 0) {
+        /* nothing to remember: forget the name (the memory stays bounded by the names
+         * with waiters now, and a waiter seen again later starts from now) */
+        if (e != NULL) {
+            redsem__free(e->name);
+            redsem__free(e->w);
+            memmove(e, e + 1, (m->nseen - lo - 1) * sizeof *e);
+            m->nseen--;
+        }
+        pthread_mutex_unlock(&m->seen_mu);
+        return 0;
+    }
     if (e == NULL) {
         char *copy = redsem__strdup(name);
         if (m->nseen == m->seen_cap) {
@@ -437,13 +446,15 @@ static int read_name(redsem_client *c, const char *name, srv_rec *recs, size_t *
     int64_t now = redsem__now_ns();
     if (rc != REDSEM_OK)
         return rc;
+    double oldest = oldest_wait(c->metrics, REDSEM__MK_SEM, name,
+                                redsem_status_exists(st) ? st : NULL, now);
     if (redsem_status_exists(st))
         recs[(*nrecs)++] = (srv_rec){
             .name = name, .kind = REDSEM__MK_SEM, .limit = redsem_status_limit(st),
             .in_use = redsem_status_permits_in_use(st),
             .holders = redsem_status_holder_count(st),
             .waiters = redsem_status_waiter_count(st), .expired = st->expired,
-            .oldest_s = oldest_wait(c->metrics, REDSEM__MK_SEM, name, st, now)};
+            .oldest_s = oldest};
     redsem_status_free(st);
     redsem_lock *l = NULL;
     if ((rc = redsem_lock_open(c, name, REDSEM_LEASE_MIN_MS, &l)) != REDSEM_OK)
@@ -453,13 +464,14 @@ static int read_name(redsem_client *c, const char *name, srv_rec *recs, size_t *
     redsem_lock_free(l);
     if (rc != REDSEM_OK)
         return rc;
+    oldest = oldest_wait(c->metrics, REDSEM__MK_LOCK, name, redsem_status_exists(st) ? st : NULL,
+                         now);
     if (redsem_status_exists(st))
         recs[(*nrecs)++] = (srv_rec){
             .name = name, .kind = REDSEM__MK_LOCK, .limit = 1,
             .in_use = redsem_status_holder_count(st),
             .holders = redsem_status_holder_count(st),
-            .waiters = redsem_status_waiter_count(st),
-            .oldest_s = oldest_wait(c->metrics, REDSEM__MK_LOCK, name, st, now)};
+            .waiters = redsem_status_waiter_count(st), .oldest_s = oldest};
     redsem_status_free(st);
     redsem_rate_info ri;
     if ((rc = redsem_rate_inspect(c, name, &ri)) != REDSEM_OK)
@@ -509,6 +521,38 @@ static void put_family(text *t, const char *family, const char *help, redsem_met
     }
 }
 
+/* A name and its place in the caller's list, sorted by name, then by place. */
+typedef struct placed_name {
+    const char *name;
+    size_t i;
+} placed_name;
+
+static int placed_cmp(const void *a, const void *b)
+{
+    const placed_name *x = a, *y = b;
+    int d = strcmp(x->name, y->name);
+    return d != 0 ? d : (x->i > y->i) - (x->i < y->i);
+}
+
+/* For each of the n names, whether an earlier one is the same (malloc'd; NULL: no memory). */
+static bool *repeated_names(const char *const *names, size_t n)
+{
+    bool *repeat = redsem__calloc(n, sizeof *repeat);
+    placed_name *v = redsem__calloc(n, sizeof *v);
+    if (repeat == NULL || v == NULL) {
+        redsem__free(repeat);
+        redsem__free(v);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        v[i] = (placed_name){names[i], i};
+    qsort(v, n, sizeof *v, placed_cmp);
+    for (size_t i = 1; i < n; i++)
+        repeat[v[i].i] = strcmp(v[i].name, v[i - 1].name) == 0;
+    redsem__free(v);
+    return repeat;
+}
+
 int redsem_metrics_write_server(redsem_client *c, const char *const *names, size_t n, char *buf,
                                 size_t len, size_t *needed)
 {
@@ -529,12 +573,18 @@ int redsem_metrics_write_server(redsem_client *c, const char *const *names, size
                                    "'{' '}'",
                                    i, REDSEM_NAME_MAX);
     srv_rec *recs = n ? redsem__calloc(3 * n, sizeof *recs) : NULL;
-    if (n && recs == NULL)
+    bool *repeat = n ? repeated_names(names, n) : NULL;
+    if (n && (recs == NULL || repeat == NULL)) {
+        redsem__free(recs);
+        redsem__free(repeat);
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    }
     size_t nrecs = 0;
     int up_rc = REDSEM_OK;
     for (size_t i = 0; i < n && up_rc == REDSEM_OK; i++)
-        up_rc = read_name(c, names[i], recs, &nrecs);
+        if (!repeat[i]) /* a series twice in one scrape is an error to Prometheus */
+            up_rc = read_name(c, names[i], recs, &nrecs);
+    redsem__free(repeat);
     if (up_rc == REDSEM_ENOMEM) {
         redsem__free(recs);
         return up_rc;

@@ -104,14 +104,21 @@ static redsem__mslot *slot_new(redsem__metrics *m, const char *name, int kind)
     return s;
 }
 
-static redsem__mslot *lookup(redsem__metrics *m, const char *name, int kind)
+/* The slot of (name, kind) for a handle whose cache was empty; stored in the cache. */
+static redsem__mslot *lookup(redsem__metrics *m, redsem__mslot *_Atomic *cache,
+                             const char *name, int kind)
 {
     size_t at;
     redsem__mslot *s = probe(m, name, kind, &at);
-    if (s != NULL)
+    if (s != NULL) {
+        atomic_store_explicit(cache, s, memory_order_release);
         return s;
+    }
     pthread_mutex_lock(&m->mu);
-    if ((s = probe(m, name, kind, &at)) == NULL) {
+    /* the handle's first uses on other threads may have come first: past the cap, the
+     * handle counts once in dropped */
+    if ((s = atomic_load_explicit(cache, memory_order_acquire)) == NULL &&
+        (s = probe(m, name, kind, &at)) == NULL) {
         if (m->nnames < m->max) {
             if ((s = slot_new(m, name, kind)) != NULL) {
                 m->nnames++;
@@ -124,6 +131,7 @@ static redsem__mslot *lookup(redsem__metrics *m, const char *name, int kind)
             atomic_fetch_add_explicit(&m->dropped, 1, memory_order_relaxed);
         }
     }
+    atomic_store_explicit(cache, s, memory_order_release);
     pthread_mutex_unlock(&m->mu);
     return s;
 }
@@ -134,9 +142,7 @@ redsem__mslot *redsem__metrics_of(redsem_client *c, redsem__mslot *_Atomic *cach
     redsem__mslot *s = atomic_load_explicit(cache, memory_order_acquire);
     if (s != NULL || c->metrics == NULL || c->metrics->off)
         return s;
-    s = lookup(c->metrics, name, kind);
-    atomic_store_explicit(cache, s, memory_order_release);
-    return s;
+    return lookup(c->metrics, cache, name, kind);
 }
 
 static void hist_add(redsem__hist *h, int64_t ns)

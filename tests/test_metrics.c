@@ -495,19 +495,41 @@ Test(metrics, visitor_sees_the_figures_and_stops, .timeout = 60)
 
 typedef struct blocked {
     redsem_sem *s;
+    const char *id; /* the waiter's holder id; NULL: a random one */
     int rc;
+    redsem_permit *held; /* the permit that makes it wait */
+    pthread_t th;
 } blocked;
 
 static void *block_acquire(void *arg)
 {
     blocked *b = arg;
     redsem_permit *p = NULL;
-    b->rc = redsem_sem_acquire(b->s, 20000, &p);
+    b->rc = b->id != NULL ? redsem_sem_acquire_as(b->s, b->id, 20000, &p)
+                          : redsem_sem_acquire(b->s, 20000, &p);
     if (b->rc == REDSEM_OK) {
         (void)redsem_permit_release(p);
         redsem_permit_free(p);
     }
     return NULL;
+}
+
+/* b->s (limit 1) held, and a thread waiting on it (listed by the server). */
+static void queue_waiter(redsem_client *c, blocked *b)
+{
+    OK(c, redsem_sem_try_acquire(b->s, &b->held));
+    cr_assert_eq(pthread_create(&b->th, NULL, block_acquire, b), 0);
+    for (int i = 0; i < 200 && tf_waiters(b->s) < 1; i++)
+        tf_sleep_ms(10);
+}
+
+/* The waiter of queue_waiter() granted (and done). */
+static void grant_waiter(redsem_client *c, blocked *b)
+{
+    OK(c, redsem_permit_release(b->held));
+    pthread_join(b->th, NULL);
+    cr_expect_eq(b->rc, REDSEM_OK);
+    redsem_permit_free(b->held);
 }
 
 /* A waiter seen by two scrapes 400 ms apart is at least ~0.4 s old at the second. */
@@ -517,13 +539,8 @@ STRATEGY_TEST(metrics, server_waiters_and_oldest_wait, .timeout = 60)
     const char *name = tf_name("oldest");
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, name, strategy, 1, 10000, &s));
-    redsem_permit *p = NULL;
-    OK(c, redsem_sem_try_acquire(s, &p));
     blocked b = {.s = s};
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, block_acquire, &b), 0);
-    for (int i = 0; i < 200 && tf_waiters(s) < 1; i++)
-        tf_sleep_ms(10);
+    queue_waiter(c, &b);
     const char *names[] = {name};
     char *t = server_text_of(c, names, 1);
     EXPECT_VALUE(t, 1, "redsem_waiters{name=\"%s\",kind=\"semaphore\"}", name);
@@ -537,10 +554,7 @@ STRATEGY_TEST(metrics, server_waiters_and_oldest_wait, .timeout = 60)
     cr_expect_geq(value_of(t, series), 0.35, "%s", t);
     promtool_check(t);
     free(t);
-    OK(c, redsem_permit_release(p));
-    pthread_join(th, NULL);
-    cr_expect_eq(b.rc, REDSEM_OK);
-    redsem_permit_free(p);
+    grant_waiter(c, &b);
     redsem_sem_free(s);
     redsem_client_free(c);
 }
@@ -813,5 +827,138 @@ Test(metrics, renewer_counts_renewals_and_a_taken_lease, .timeout = 60)
     free(t);
     redsem_permit_free(p);
     redsem_sem_free(s);
+    redsem_client_free(c);
+}
+
+/* The number of lines of text that start with prefix. */
+static int lines_starting(const char *text, const char *prefix)
+{
+    int n = 0;
+    size_t len = strlen(prefix);
+    for (const char *p = text; p != NULL && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        n += strncmp(p, prefix, len) == 0;
+    return n;
+}
+
+/* A name given twice (redsem metrics a a, an exporter's list with a repeat) is read and
+ * written once: a series twice in one scrape is an error to Prometheus (duplicate sample). */
+Test(metrics, server_name_given_twice_gives_one_series, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    char a[160], b[160];
+    snprintf(a, sizeof a, "%s", tf_name("dup-a"));
+    snprintf(b, sizeof b, "%s", tf_name("dup-b"));
+    redsem_sem *sa = NULL, *sb = NULL;
+    OK(c, redsem_sem_open(c, a, REDSEM_STRATEGY_FAIR, 2, 5000, &sa));
+    OK(c, redsem_sem_open(c, b, REDSEM_STRATEGY_FAIR, 3, 5000, &sb));
+    redsem_permit *p = NULL, *q = NULL;
+    OK(c, redsem_sem_try_acquire(sa, &p));
+    OK(c, redsem_sem_try_acquire(sb, &q));
+    const char *names[] = {a, b, a, a, b};
+    char *t = server_text_of(c, names, 5);
+    char series[256];
+    snprintf(series, sizeof series, "redsem_limit{name=\"%s\",", a);
+    cr_expect_eq(lines_starting(t, series), 1, "%s", t);
+    snprintf(series, sizeof series, "redsem_holders{name=\"%s\",", b);
+    cr_expect_eq(lines_starting(t, series), 1, "%s", t);
+    EXPECT_VALUE(t, 2, "redsem_limit{name=\"%s\",kind=\"semaphore\"}", a);
+    EXPECT_VALUE(t, 3, "redsem_limit{name=\"%s\",kind=\"semaphore\"}", b);
+    /* in the order first given */
+    cr_expect_lt(strstr(t, a) - t, strstr(t, b) - t);
+    promtool_check(t);
+    free(t);
+    OK(c, redsem_permit_release(p));
+    OK(c, redsem_permit_release(q));
+    redsem_permit_free(p);
+    redsem_permit_free(q);
+    redsem_sem_free(sa);
+    redsem_sem_free(sb);
+    redsem_client_free(c);
+}
+
+/* Threads whose first acquires on one handle past the cap race: the handle counts once in
+ * redsem_metrics_names_dropped_total ("a name past the cap counts once per handle"). */
+enum { RACERS = 8 };
+static pthread_barrier_t racers_go;
+static void *race_first_use(void *arg)
+{
+    redsem_sem *s = arg;
+    pthread_barrier_wait(&racers_go);
+    redsem_permit *p = NULL;
+    if (redsem_sem_try_acquire(s, &p) == REDSEM_OK) {
+        (void)redsem_permit_release(p);
+        redsem_permit_free(p);
+    }
+    return NULL;
+}
+
+Test(metrics, a_handle_past_the_cap_counts_once_under_threads, .timeout = 120)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s", tf_name("caprace"));
+    for (int round = 0; round < 50; round++) {
+        redsem_client *c = client_with(0, true);
+        redsem_sem *s = NULL;
+        OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 64, 5000, &s));
+        pthread_barrier_init(&racers_go, NULL, RACERS);
+        pthread_t th[RACERS];
+        for (int i = 0; i < RACERS; i++)
+            cr_assert_eq(pthread_create(&th[i], NULL, race_first_use, s), 0);
+        for (int i = 0; i < RACERS; i++)
+            pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&racers_go);
+        char *t = text_of(c);
+        cr_assert_eq(value_of(t, "redsem_metrics_names_dropped_total"), 1, "round %d:\n%s",
+                     round, t);
+        cr_assert_eq(value_of(t, "redsem_grants_total{name=\"_other\",kind=\"semaphore\"}"),
+                     RACERS, "round %d:\n%s", round, t);
+        free(t);
+        redsem_sem_free(s);
+        redsem_client_free(c);
+    }
+}
+
+/* One waiter (a fixed holder id) on a fresh semaphore, seen by a scrape; then it is granted. */
+static void wait_once_seen(redsem_client *c, const char *name)
+{
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, name, REDSEM_STRATEGY_FAIR, 1, 10000, &s));
+    char id[REDSEM_ID_LEN + 1];
+    memset(id, 'a', REDSEM_ID_LEN);
+    id[REDSEM_ID_LEN] = '\0';
+    blocked b = {.s = s, .id = id};
+    queue_waiter(c, &b);
+    const char *names[] = {name};
+    char *t = server_text_of(c, names, 1);
+    EXPECT_VALUE(t, 1, "redsem_waiters{name=\"%s\",kind=\"semaphore\"}", name);
+    EXPECT_VALUE(t, 0, "redsem_oldest_wait_seconds{name=\"%s\",kind=\"semaphore\"}", name);
+    free(t);
+    grant_waiter(c, &b);
+    redsem_sem_free(s);
+}
+
+/* A name gone from the server is forgotten by the scrapes' memory of waiters: made again
+ * later, a waiter with the same id starts from its first scrape again (the memory stays
+ * bounded by the names that have waiters now). */
+Test(metrics, server_forgets_the_waiters_of_a_name_gone, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    char name[160];
+    snprintf(name, sizeof name, "%s", tf_name("forget"));
+    wait_once_seen(c, name);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "redis-cli -s '%s' --scan --pattern 'redsem:{%s}*' | "
+             "xargs -r redis-cli -s '%s' DEL > /dev/null",
+             tf_sock(), name, tf_sock());
+    cr_assert_eq(system(cmd), 0);
+    const char *names[] = {name};
+    char *t = server_text_of(c, names, 1);
+    EXPECT_VALUE(t, 1, "redsem_up");
+    cr_assert_null(strstr(t, "redsem_limit{"), "the keys are gone:\n%s", t);
+    free(t);
+    tf_sleep_ms(400);
+    /* made again; the same waiter id, first listed by the scrape in wait_once_seen */
+    wait_once_seen(c, name);
     redsem_client_free(c);
 }

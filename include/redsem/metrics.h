@@ -54,9 +54,10 @@ extern "C" {
  * of minutes. A sample equal to a bound falls in that bound's bucket (Prometheus' "le").
  *
  * Cost. A handle finds its name's figures at its first acquire (a hash lookup without a lock
- * in a table made with the client, 16 bytes per name of the cap; only a name's first use
- * takes the table's lock to add it) and keeps them; then every figure is one relaxed atomic
- * add, and an acquire reads the monotonic clock twice. A name's figures take about 1.3 kB,
+ * in a table made with the client, 24 to 40 bytes per name of the cap: 24 kB for the
+ * default, 25 MB for REDSEM_METRICS_NAMES_MAX; only a name's first use, and a handle's first
+ * use past the cap, take the table's lock) and keeps them; then every figure is one relaxed
+ * atomic add, and an acquire reads the monotonic clock twice. A name's figures take about 1.3 kB,
  * allocated at its first use and kept until the client is freed.
  */
 
@@ -190,11 +191,14 @@ REDSEM_API int redsem_metrics_visit(const redsem_client *client, redsem_metric_v
  *                                          removed after their lease ran out, never released,
  *                                          since the semaphore's keys were made (a lock's
  *                                          lease ends by its key's own expiry, not counted)
- * The client keeps, per name scraped, the ids of the waiters listed (for the oldest wait).
+ * The client keeps, per name scraped that has waiters listed, the ids of those waiters (for
+ * the oldest wait); a name scraped with none, or gone from the server, is forgotten.
  *
  * @client  borrowed; must not be NULL.
  * @names   borrowed; n NUL-terminated names (1..REDSEM_NAME_MAX bytes of printable ASCII
- *          without '{' and '}'); may be NULL when n is 0 (only redsem_up is written).
+ *          without '{' and '}'); may be NULL when n is 0 (only redsem_up is written). A
+ *          name given more than once is read and written once, where first given (a series
+ *          twice in one scrape is an error to Prometheus).
  * @n       0 .. 100000 names.
  * @buf, @len, @needed  as redsem_metrics_write().
  * Returns: REDSEM_OK (also when a read failed: then "redsem_up 0" and no name's series are

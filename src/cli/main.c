@@ -113,7 +113,7 @@ static const char help_text2[] =
     "  --metrics-file PATH  run, lock: when it ends, write the run's wait, hold and\n"
     "                       outcome figures there in Prometheus' text format, atomically\n"
     "                       (for node_exporter's textfile collector); the directory must\n"
-    "                       exist\n"
+    "                       exist, and PATH must not be a directory\n"
     "  --match PATTERN      metrics, exporter: every name matching the glob PATTERN (SCAN)\n"
     "  --max-names N        metrics, exporter: at most N names from --match (default 1000,\n"
     "                       at most 100000); more: redsem_scan_capped 1, and metrics\n"
@@ -644,10 +644,12 @@ static int parse(int argc, char **argv, cli_opts *o)
                                    optarg, CLI_SCRAPE_TIMEOUT_MIN_MS);
             break;
         case OPT_WATCH: {
-            /* --watch=INTERVAL, or --watch INTERVAL when a DURATION and a NAME follow */
+            /* --watch=INTERVAL, or --watch INTERVAL when a DURATION (in range or not: "2h"
+             * is a bad INTERVAL, not a NAME) and a NAME follow */
             const char *iv = optarg;
+            int64_t any_ms = 0;
             if (iv == NULL && optind < sub_argc - 1 &&
-                cli_parse_duration(sub_argv[optind], CLI_WATCH_MAX_MS, &o->watch_ms) == 0)
+                cli_parse_duration(sub_argv[optind], INT64_MAX, &any_ms) == 0)
                 iv = sub_argv[optind++];
             if (iv != NULL &&
                 (cli_parse_duration(iv, CLI_WATCH_MAX_MS, &o->watch_ms) != 0 ||

@@ -172,8 +172,9 @@ int cli_metrics_file_check(const cli_opts *o)
         return CLI_EXIT_USAGE;
     }
     size_t plen = strlen(o->metrics_file);
-    if (plen > 0 && o->metrics_file[plen - 1] == '/') {
-        cli_msg(o, "--metrics-file %s: a directory, not a file", o->metrics_file);
+    if ((plen > 0 && o->metrics_file[plen - 1] == '/') ||
+        (stat(o->metrics_file, &st) == 0 && S_ISDIR(st.st_mode))) {
+        cli_msg(o, "--metrics-file %s: is a directory, not a file", o->metrics_file);
         return CLI_EXIT_USAGE;
     }
     return 0;

@@ -4,8 +4,9 @@
  * and one rate read for a name that is no semaphore) and draws one row per name. The
  * holders and waiters listed (up to CLI_STATUS_MAX_ENTRIES of each) are compared with the
  * last round's by ID: a holder not seen before is a grant; a waiter gone that does not hold
- * now left without a permit (it timed out, was cancelled, or its process died), counted as a
- * timeout; a waiter's wait is counted from the round that first saw it, so the oldest wait
+ * now is counted as a timeout (it timed out, was cancelled, or its process died; or it was
+ * granted and released between two rounds, which the server keeps no trace of); a waiter's
+ * wait is counted from the round that first saw it, so the oldest wait
  * is at least that old. Grants and waits shorter than a round can be missed: these are what
  * the watch saw, not the server's counts (docs/metrics.md has the exact figures). On a
  * terminal the table is redrawn in place (cursor home, each line cleared to its end, the

@@ -369,6 +369,9 @@ Test(metrics, usage_errors)
         {{"exporter", "--listen", "127.0.0.1:0", "--scrape-timeout", "1ms", "x"},
          "--scrape-timeout '1ms'"},
         {{"status", "--watch=0", "x"}, "--watch '0'"},
+        /* an INTERVAL out of range is refused, not taken for a NAME (which watched forever) */
+        {{"status", "--watch", "2h", "x"}, "--watch '2h'"},
+        {{"status", "--watch", "50ms", "x"}, "--watch '50ms'"},
         {{"status", "--watch", "--json", "x"}, "no --json"},
         {{"status", "--watch"}, "NAME is missing"},
         {{"status", "--match", "a*"}, "--match is not an option of status"},
@@ -627,6 +630,25 @@ Test(metrics, run_metrics_file_in_a_missing_directory)
     int code = CLI(&p, NULL, "run", "--metrics-file", path, name, "--", "sh", "-c", script);
     cr_assert_eq(code, 64, "exited %d: %s", code, p.err);
     cr_assert_not_null(strstr(p.err, "does not exist"), "%s", p.err);
+    cr_assert_not_null(strstr(p.err, "--metrics-file"), "%s", p.err);
+    cr_assert(!cli_exists(marker), "CMD ran");
+    cli_proc_free(&p);
+}
+
+/* A PATH that is a directory is refused before CMD runs, as one in a missing directory is:
+ * at the end, rename() over a directory would fail after CMD ran, the figures lost. */
+Test(metrics, run_metrics_file_that_is_a_directory)
+{
+    const char *name = copy_name("m-rundir");
+    const char *marker = cli_path("ran-dir");
+    char dir[700], script[700];
+    snprintf(dir, sizeof dir, "%s", cli_path("a-dir.prom"));
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    snprintf(script, sizeof script, "touch '%s'", marker);
+    cli_proc p;
+    int code = CLI(&p, NULL, "run", "--metrics-file", dir, name, "--", "sh", "-c", script);
+    cr_assert_eq(code, 64, "exited %d: %s", code, p.err);
+    cr_assert_not_null(strstr(p.err, "is a directory"), "%s", p.err);
     cr_assert_not_null(strstr(p.err, "--metrics-file"), "%s", p.err);
     cr_assert(!cli_exists(marker), "CMD ran");
     cli_proc_free(&p);
