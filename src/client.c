@@ -737,8 +737,10 @@ static bool drive_eval(redsem_client *c, redsem__batch_item *it, int64_t deadlin
         REDSEM__COUNT(&d->lane->ctx, requests, 1);
         if (d->pipe.inflight > 1)
             REDSEM__COUNT(&d->lane->ctx, pipelined, 1);
-        /* write now what the socket takes, while earlier calls are in flight */
-        if (redsem__pipe_step(&d->pipe, false, false, redsem__now_ns()) != REDSEM_OK)
+        /* With a reader at work (calls in flight), it writes this call with the others
+         * queued meanwhile, in one write, the moment it wakes for their replies (measured:
+         * less CPU per call on both sides than a write per call); else write it now. */
+        if (!d->reading && redsem__pipe_step(&d->pipe, false, false, redsem__now_ns()) != REDSEM_OK)
             d->retire = d->drop = true;
         while (!w.done) {
             if (!d->reading) {
