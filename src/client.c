@@ -514,6 +514,22 @@ static redsem__node *drive_node(const redsem__drive *d)
     return redsem__topo_node(&d->lane->topo, NULL, 0);
 }
 
+/* Whether a node found through Sentinel must see its calls go alone (redsem__node_eval, which
+ * sends ROLE along or resolves again): the Sentinels announced the primary moved (*drop: its
+ * connection must go; the old primary still writes) or its ROLE is older than
+ * REDSEM__ROLE_CHECK_MS. */
+static bool sentinel_due(redsem__node *n, bool *drop)
+{
+    if (n->resolve == NULL)
+        return false;
+    char err[256];
+    if (n->moved != NULL && n->moved(n->resolve_arg, n, err, sizeof err)) {
+        *drop = true;
+        return true;
+    }
+    return redsem__now_ns() - n->role_checked_ns >= REDSEM__ROLE_CHECK_MS * REDSEM__NS_PER_MS;
+}
+
 /* Under d->mu, a drive without a lane: borrow one, while other threads wait for it.
  * REDSEM_OK (d->lane set), the borrow's fault (nothing sent: busy), or 1: the lane is not
  * connected (the call goes alone: the routed call connects it, with its retries and caps,
@@ -562,14 +578,9 @@ static int drive_admit(redsem_client *c, redsem__drive *d, bool *waited)
     redsem__node *n = drive_node(d);
     if (d->retire || d->pipe.rc != REDSEM_OK || !n->connected)
         return 1;
-    if (n->resolve != NULL) {
-        char err[256];
-        if (n->moved != NULL && n->moved(n->resolve_arg, n, err, sizeof err))
-            d->retire = d->drop = true; /* +switch-master: the old primary still writes */
-        else if (redsem__now_ns() - n->role_checked_ns >= REDSEM__ROLE_CHECK_MS * REDSEM__NS_PER_MS)
-            d->retire = true; /* the lane's next call alone sends ROLE along */
-        if (d->retire)
-            return 1;
+    if (sentinel_due(n, &d->drop)) {
+        d->retire = true;
+        return 1;
     }
     return REDSEM_OK;
 }
@@ -640,7 +651,8 @@ static int drive_format(const redsem__batch_item *it, bool load, char **out)
     int l1 = l0 < 0 ? -1 : redsem__args_format(&a, &c1);
     *out = l1 < 0 ? NULL : redsem__malloc((size_t)l0 + (size_t)l1);
     if (*out != NULL) {
-        memcpy(*out, c0, (size_t)l0);
+        if (l0 > 0)
+            memcpy(*out, c0, (size_t)l0);
         memcpy(*out + l0, c1, (size_t)l1);
     }
     if (c0 != NULL)
@@ -656,19 +668,18 @@ static bool error_is(const redisReply *r, const char *word)
            strncmp(r->str, word, strlen(word)) == 0;
 }
 
-/* Under d->mu: the outcome of it from its ended request q (as redsem__node_eval would make
- * it). false: run it alone (nothing ran, or a lost connection to retry; *maybe: it may have
- * been applied). */
-static bool drive_finish(redsem__drive *d, redsem__batch_item *it, redsem__preq *q, bool load,
-                         bool *maybe)
+/* The outcome of it from its ended request q on n (as redsem__node_eval would make it; why:
+ * the pipe's fault text). false: run it alone (nothing ran, or a lost connection to retry;
+ * *maybe: it may have been applied; *drop: the connection must go, READONLY). */
+static bool finish_call(redsem__node *n, const char *why, redsem__batch_item *it,
+                        redsem__preq *q, bool load, bool *maybe, bool *drop)
 {
-    redsem__node *n = drive_node(d);
     if (q->rc != REDSEM_OK) {
         *maybe = q->written;
         if (q->rc == REDSEM_ECONN && (it->flags & REDSEM__REQ_RETRY))
             return false;
         it->rc = q->rc;
-        snprintf(it->errmsg, REDSEM__ERRMSG_LEN, "%s", d->pipe.err);
+        snprintf(it->errmsg, REDSEM__ERRMSG_LEN, "%s", why);
         if (it->info != NULL)
             *it->info = (redsem__req_info){q->written, 0, 0, -1};
         return true;
@@ -692,7 +703,7 @@ static bool drive_finish(redsem__drive *d, redsem__batch_item *it, redsem__preq 
         if (error_is(r, "NOSCRIPT"))
             atomic_store(&n->scripts->sent[it->script], false);
         if (readonly && n->resolve != NULL)
-            d->retire = d->drop = true; /* demoted under us: resolve again */
+            *drop = true; /* demoted under us: resolve again */
         freeReplyObject(r);
         return false; /* nothing ran: the whole story alone */
     }
@@ -750,7 +761,9 @@ static bool drive_eval(redsem_client *c, redsem__batch_item *it, int64_t deadlin
             pthread_cond_wait(&w.cv, &d->mu);
         }
     }
-    bool done = sent ? drive_finish(d, it, &q, load, maybe) : rc < 0;
+    bool done = sent ? finish_call(drive_node(d), d->pipe.err, it, &q, load, maybe, &d->drop)
+                     : rc < 0;
+    d->retire = d->retire || d->drop;
     if (sent)
         d->users--;
     if (!sent && rc < 0)
@@ -808,6 +821,80 @@ int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka
     return rc;
 }
 
+/* One item alone on n (redsem__node_eval, its retries); maybe: an earlier copy may have been
+ * applied. */
+static void eval_alone(redsem__node *n, redsem__batch_item *it, bool maybe)
+{
+    redsem__text_copy(n->ctx->errmsg, it->errmsg);
+    it->rc = redsem__node_eval(n, it->script, it->nkeys, it->ka, it->flags, it->info,
+                               it->ret_reply);
+    if (maybe && it->info != NULL)
+        it->info->maybe_applied = true;
+    redsem__text_copy(it->errmsg, n->ctx->errmsg);
+}
+
+static void count_done(redsem__preq *q, void *arg)
+{
+    (void)q;
+    ++*(int *)arg;
+}
+
+/* Drive p alone until its calls ended (n of them) or it failed. */
+static void drive_alone(redsem__pipe *p, const int *ended, int n)
+{
+    while (*ended < n && p->rc == REDSEM_OK) {
+        int64_t dl;
+        short ev = redsem__pipe_wants(p, &dl);
+        struct pollfd pfd = {redsem__pipe_fd(p), ev, 0};
+        int64_t left = dl - redsem__now_ns();
+        struct timespec ts = {(time_t)(left > 0 ? left / 1000000000 : 0),
+                              (long)(left > 0 ? left % 1000000000 : 0)};
+        int r = ppoll(&pfd, 1, &ts, NULL);
+        (void)redsem__pipe_step(p, r > 0 && (pfd.revents & (POLLIN | POLLERR | POLLHUP)),
+                                r > 0 && (pfd.revents & (POLLOUT | POLLERR | POLLHUP)),
+                                redsem__now_ns());
+    }
+}
+
+/* k script calls on n in one write, through a pipe of their own on its connection (the
+ * renewer's refreshes due together); each that needs more goes on alone on n. */
+static void eval_many_on(redsem__node *n, redsem__batch_item *items, int k, int64_t deadline)
+{
+    redsem__pipe p;
+    redsem__pipe_init(&p, &n->conn);
+    redsem__preq q[REDSEM__BATCH_MAX];
+    bool load[REDSEM__BATCH_MAX], sent[REDSEM__BATCH_MAX], drop = false;
+    int nsent = 0, ended = 0;
+    bool usable = n->connected && k > 1 && !sentinel_due(n, &drop);
+    for (int i = 0; i < k; i++) {
+        const redsem__batch_item *it = &items[i];
+        char *cmd = NULL;
+        load[i] = !atomic_load(&n->scripts->sent[it->script]);
+        sent[i] = usable && !(load[i] && atomic_load(&n->scripts->eval_body)) &&
+                  !((it->flags & REDSEM__REQ_SYNC) && n->sync_replicas > 0);
+        int len = sent[i] ? drive_format(it, load[i], &cmd) : -1;
+        q[i] = (redsem__preq){.nreplies = load[i] ? 2 : 1, .deadline_ns = deadline,
+                              .done = count_done, .arg = &ended};
+        sent[i] = len >= 0 && redsem__pipe_send(&p, &q[i], cmd, (size_t)len) == REDSEM_OK;
+        nsent += sent[i];
+        redsem__free(cmd);
+    }
+    REDSEM__COUNT(n->ctx, requests, (uint64_t)nsent);
+    REDSEM__COUNT(n->ctx, pipelined, (uint64_t)(nsent > 1 ? nsent : 0));
+    drive_alone(&p, &ended, nsent);
+    bool maybe[REDSEM__BATCH_MAX] = {false}, alone[REDSEM__BATCH_MAX];
+    for (int i = 0; i < k; i++)
+        alone[i] = !sent[i] || !finish_call(n, p.err, &items[i], &q[i], load[i], &maybe[i], &drop);
+    if (p.rc != REDSEM_OK || drop) {
+        redsem__conn_abort(&n->conn); /* abortive: nothing given up on is delivered later */
+        n->connected = false;
+    }
+    redsem__free(p.out);
+    for (int i = 0; i < k; i++)
+        if (alone[i])
+            eval_alone(n, &items[i], maybe[i]);
+}
+
 void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k)
 {
     char *mine = redsem__errbuf(c);
@@ -833,7 +920,10 @@ void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k)
         return;
     }
     l->ctx.deadline_cap_ns = cap_after_wait(c, l->queued_since);
-    redsem__node_eval_batch(redsem__topo_node(&l->topo, NULL, 0), items, k);
+    int64_t deadline = l->ctx.deadline_cap_ns != 0
+                           ? l->ctx.deadline_cap_ns
+                           : redsem__deadline_after_ms(c->command_timeout_ms);
+    eval_many_on(redsem__topo_node(&l->topo, NULL, 0), items, k, deadline);
     int worst = REDSEM_OK;
     for (int i = 0; i < k; i++)
         if (items[i].rc == REDSEM_ECONN)
