@@ -482,13 +482,15 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
 /* ================================================================ the shared connection */
 
 /* The script calls of a client with one server (not a cluster, no WAIT, no cap of the
- * thread's own) go into the client's pipe (node/conn.h) on one request lane: every thread
- * appends its call and writes what the socket takes at once, so a new call goes out while
- * earlier ones are in flight; the threads waiting for replies drive the pipe in turn, one at
- * a time (the reader: it polls the socket until the earliest deadline in flight, steps the
- * pipe, and wakes each thread whose reply came), the others sleep until their reply is in or
- * the reader role is handed to them (libpq's shape: the blocking call is the non-blocking
- * one plus a poll). The lane is given back to the pool when nothing is in flight, and is not
+ * thread's own) go into the client's pipe (node/conn.h) on one request lane, many in flight
+ * at once: a thread appends its call and, when no thread is reading, writes it at once;
+ * else the reader writes it, with every call queued meanwhile, the moment it wakes for the
+ * replies of those in flight (before it hands them out), so the connection does not idle
+ * between batches. The threads waiting for replies drive the pipe in turn, one at a time
+ * (the reader: it polls the socket until the earliest deadline in flight, steps the pipe,
+ * and wakes each thread whose reply came), the others sleep until their reply is in or the
+ * reader role is handed to them (libpq's shape: the blocking call is the non-blocking one
+ * plus a poll). The lane is given back to the pool when nothing is in flight, and is not
  * taken for new calls while other threads wait in the pool's queue (they then go alone, in
  * the queue), so that the calls that need a lane of their own (PING, renewals, an acquire
  * leaving a queue) are never held off for long. A call whose reply asks for more (NOSCRIPT,
@@ -585,8 +587,8 @@ static int drive_admit(redsem_client *c, redsem__drive *d, bool *waited)
     return REDSEM_OK;
 }
 
-/* Under d->mu, no reader, no call in flight or unfinished: give the lane back (closing its connection if
- * it must go). The lane to put back, or NULL. */
+/* Under d->mu, no reader, no call in flight or unfinished: give the lane back (closing its
+ * connection if it must go). The lane to put back, or NULL. */
 static redsem__lane *drive_release(redsem__drive *d, int *rc)
 {
     if (d->lane == NULL || d->reading || d->users > 0)
@@ -603,28 +605,36 @@ static redsem__lane *drive_release(redsem__drive *d, int *rc)
     return l;
 }
 
+/* One turn of a pipe's driver: poll its socket for what it wants until its earliest
+ * deadline (mu, if not NULL, released meanwhile), then step it. The step's status. */
+static int poll_step(redsem__pipe *p, pthread_mutex_t *mu)
+{
+    int64_t dl;
+    short ev = redsem__pipe_wants(p, &dl);
+    struct pollfd pfd = {redsem__pipe_fd(p), ev, 0};
+    int64_t left = dl - redsem__now_ns();
+    if (left < 0)
+        left = 0;
+    struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
+    if (mu != NULL)
+        pthread_mutex_unlock(mu);
+    int r = ppoll(&pfd, 1, &ts, NULL);
+    if (mu != NULL)
+        pthread_mutex_lock(mu);
+    bool in = r > 0 && (pfd.revents & (POLLIN | POLLERR | POLLHUP)) != 0;
+    bool out = r > 0 && (pfd.revents & (POLLOUT | POLLERR | POLLHUP)) != 0;
+    return redsem__pipe_step(p, in, out, redsem__now_ns());
+}
+
 /* Under d->mu, holding the reader role until w's call ended: poll the socket for what the
  * pipe wants until its earliest deadline, step it. Then the role goes to the thread of the
  * oldest call still in flight. */
 static void drive_read(redsem__drive *d, drive_wait *w)
 {
     d->reading = true;
-    while (!w->done) {
-        int64_t dl;
-        short ev = redsem__pipe_wants(&d->pipe, &dl);
-        struct pollfd pfd = {redsem__pipe_fd(&d->pipe), ev, 0};
-        int64_t left = dl - redsem__now_ns();
-        if (left < 0)
-            left = 0;
-        struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
-        pthread_mutex_unlock(&d->mu);
-        int r = ppoll(&pfd, 1, &ts, NULL);
-        pthread_mutex_lock(&d->mu);
-        bool in = r > 0 && (pfd.revents & (POLLIN | POLLERR | POLLHUP)) != 0;
-        bool out = r > 0 && (pfd.revents & (POLLOUT | POLLERR | POLLHUP)) != 0;
-        if (redsem__pipe_step(&d->pipe, in, out, redsem__now_ns()) != REDSEM_OK)
+    while (!w->done)
+        if (poll_step(&d->pipe, &d->mu) != REDSEM_OK)
             d->retire = d->drop = true;
-    }
     d->reading = false;
     if (d->pipe.head != NULL)
         pthread_cond_signal(&((drive_wait *)d->pipe.head->arg)->cv);
@@ -839,23 +849,6 @@ static void count_done(redsem__preq *q, void *arg)
     ++*(int *)arg;
 }
 
-/* Drive p alone until its calls ended (n of them) or it failed. */
-static void drive_alone(redsem__pipe *p, const int *ended, int n)
-{
-    while (*ended < n && p->rc == REDSEM_OK) {
-        int64_t dl;
-        short ev = redsem__pipe_wants(p, &dl);
-        struct pollfd pfd = {redsem__pipe_fd(p), ev, 0};
-        int64_t left = dl - redsem__now_ns();
-        struct timespec ts = {(time_t)(left > 0 ? left / 1000000000 : 0),
-                              (long)(left > 0 ? left % 1000000000 : 0)};
-        int r = ppoll(&pfd, 1, &ts, NULL);
-        (void)redsem__pipe_step(p, r > 0 && (pfd.revents & (POLLIN | POLLERR | POLLHUP)),
-                                r > 0 && (pfd.revents & (POLLOUT | POLLERR | POLLHUP)),
-                                redsem__now_ns());
-    }
-}
-
 /* k script calls on n in one write, through a pipe of their own on its connection (the
  * renewer's refreshes due together); each that needs more goes on alone on n. */
 static void eval_many_on(redsem__node *n, redsem__batch_item *items, int k, int64_t deadline)
@@ -881,7 +874,8 @@ static void eval_many_on(redsem__node *n, redsem__batch_item *items, int k, int6
     }
     REDSEM__COUNT(n->ctx, requests, (uint64_t)nsent);
     REDSEM__COUNT(n->ctx, pipelined, (uint64_t)(nsent > 1 ? nsent : 0));
-    drive_alone(&p, &ended, nsent);
+    while (ended < nsent && poll_step(&p, NULL) == REDSEM_OK)
+        ;
     bool maybe[REDSEM__BATCH_MAX] = {false}, alone[REDSEM__BATCH_MAX];
     for (int i = 0; i < k; i++)
         alone[i] = !sent[i] || !finish_call(n, p.err, &items[i], &q[i], load[i], &maybe[i], &drop);

@@ -268,14 +268,15 @@ static void shared(fw_kind kind, enum fault fault)
             "%d/%u, unknown %zu (max with maybe-held %d), errors %zu, lost %zu, release "
             "ok/lost/err %zu/%zu/%zu; capacity back %lld ms after the fault; resends %lld, "
             "pool waits %lld (pipelined %lld), connects %lld; forked children good %d/%d; "
-            "abandoned acquires %zu, granted (in time) %zu, granted after their not-after time %zu; unknown "
-            "outcomes retried with the same id and granted %zu; slowest unanswered call %lld ms; tokens "
-            "before %llu < after %llu; killed at the end %d\n",
+            "abandoned acquires %zu, granted (in time) %zu, granted after their not-after "
+            "time %zu; unknown outcomes retried with the same id and granted %zu; slowest "
+            "unanswered call %lld ms; tokens before %llu < after %llu; killed at the end %d\n",
             label, PROCS, THREADS, (long long)((w.end - w.begin) / 1000000), res.acq, gmin,
             gmax, res.violations, atomic_load(&r.sh->nviol), atomic_load(&r.mon_max_holders),
             limit, res.unknown, res.max_with_maybe, res.errors, res.lost, res.rel_ok,
             res.rel_lost, res.rel_err, rec < 0 ? -1LL : (long long)(rec / 1000000), retries,
-            pool_waits, pipelined, connects, forks_good, forks, abandoned, ab_granted, late, retried_granted,
+            pool_waits, pipelined, connects, forks_good, forks, abandoned, ab_granted, late,
+            retried_granted,
             (long long)worst_call_ms,
             (unsigned long long)max_before, (unsigned long long)min_after, killed);
 
