@@ -735,7 +735,7 @@ static bool finish_call(redsem__node *n, const char *why, redsem__batch_item *it
 
 /* Run it through the shared connection. true: done (its rc, reply, info and errmsg set);
  * false: run it alone (*maybe: a copy may have been applied; *waited: it waited for a
- * connection, and its deadline holds for the rest). */
+ * connection and was not sent: its deadline holds for the rest). */
 static bool drive_eval(redsem_client *c, redsem__batch_item *it, int64_t deadline_ns,
                        bool *maybe, bool *waited)
 {
@@ -773,6 +773,10 @@ static bool drive_eval(redsem_client *c, redsem__batch_item *it, int64_t deadlin
     }
     bool done = sent ? finish_call(drive_node(d), d->pipe.err, it, &q, load, maybe, &d->drop)
                      : rc < 0;
+    /* a call that went out and must go on alone (a lost connection, NOSCRIPT) gets the usual
+     * retry window from here; one that waited for a connection and never went out keeps its
+     * deadline */
+    *waited = *waited && !sent;
     d->retire = d->retire || d->drop;
     if (sent)
         d->users--;
