@@ -21,6 +21,7 @@ void redsem__pipe_attach(redsem__pipe *p, redsem__conn *conn)
     p->out_off = p->out_len = 0;
     p->head = p->tail = NULL;
     p->inflight = 0;
+    p->read_wants_out = false;
     p->rc = REDSEM_OK;
     p->err[0] = '\0';
 }
@@ -110,7 +111,8 @@ short redsem__pipe_wants(const redsem__pipe *p, int64_t *deadline_ns)
     for (const redsem__preq *q = p->head; q != NULL; q = q->next)
         if (q->deadline_ns < *deadline_ns)
             *deadline_ns = q->deadline_ns;
-    return (short)(POLLIN | (p->out_off < p->out_len ? POLLOUT : 0));
+    bool out = p->out_off < p->out_len || p->read_wants_out;
+    return (short)(POLLIN | (out ? POLLOUT : 0));
 }
 
 /* Mark the requests whose bytes all went out (and the first byte's time of the rest). */
@@ -193,6 +195,7 @@ static int consume(redsem__pipe *p, int64_t now_ns)
         short ev = 0;
         int err_no = 0;
         ssize_t n = redsem__conn_recv_nb(p->conn, buf, sizeof buf, &ev, &err_no);
+        p->read_wants_out = n == -2 && ev == POLLOUT;
         if (n == -2)
             return REDSEM_OK;
         if (n <= 0) {
@@ -220,7 +223,7 @@ int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now
     int rc = REDSEM_OK;
     if (p->out_off < p->out_len || writable)
         rc = flush(p, now_ns);
-    if (rc == REDSEM_OK && readable)
+    if (rc == REDSEM_OK && (readable || (writable && p->read_wants_out)))
         rc = consume(p, now_ns);
     if (rc == REDSEM_OK) {
         for (const redsem__preq *q = p->head; q != NULL; q = q->next)

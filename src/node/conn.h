@@ -63,6 +63,10 @@ typedef struct redsem__pipe {
     uint64_t out_base; /* the stream offset of out[0] */
     redsem__preq *head, *tail; /* in flight, oldest first */
     int inflight;
+    /* TLS: the last read could not go on before a write (OpenSSL's WANT_WRITE); a write
+     * that must read first needs nothing more: POLLIN is wanted while anything is in flight,
+     * and a step tries the write whenever bytes wait */
+    bool read_wants_out;
     int rc;        /* REDSEM_OK, or the fault that ended the connection */
     char err[256]; /* why, when rc is not REDSEM_OK */
 } redsem__pipe;
