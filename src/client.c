@@ -2,6 +2,7 @@
  * object layer (semaphores, locks, permits) routed to the node that serves their key. */
 #include <errno.h>
 #include <poll.h>
+#include <semaphore.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -497,9 +498,19 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
  * LOADING, READONLY) or whose connection was lost (with REDSEM__REQ_RETRY) is run again
  * alone on a lane, by redsem__node_eval, its "maybe applied" kept. */
 
+/* A thread's wake-up: a semaphore, posted by the reader once it let the mutex go (so that the
+ * woken thread does not wake into a held mutex). Kept by the client and reused, never freed
+ * before it: a post that comes after its thread went on only makes its next user look again
+ * early (every wait re-checks its condition under the mutex). */
+typedef struct drive_waker {
+    sem_t sem;
+    struct drive_waker *next, *next_all;
+} drive_waker;
+
 /* A thread waiting for its call in the pipe: woken when it ends or the reader role is free. */
 typedef struct drive_wait {
-    pthread_cond_t cv;
+    redsem__drive *d;
+    drive_waker *k;
     bool done;
 } drive_wait;
 
@@ -508,7 +519,48 @@ static void drive_done(redsem__preq *q, void *arg)
     (void)q;
     drive_wait *w = arg;
     w->done = true;
-    pthread_cond_signal(&w->cv);
+    if (w->d->nposts < (int)(sizeof w->d->posts / sizeof w->d->posts[0]))
+        w->d->posts[w->d->nposts++] = w->k;
+    else
+        sem_post(&w->k->sem);
+}
+
+/* Under d->mu: post the wake-ups of the calls that ended, the mutex let go meanwhile. */
+static void drive_post(redsem__drive *d)
+{
+    int n = d->nposts;
+    if (n == 0)
+        return;
+    drive_waker *v[sizeof d->posts / sizeof d->posts[0]];
+    memcpy(v, d->posts, (size_t)n * sizeof v[0]);
+    d->nposts = 0;
+    pthread_mutex_unlock(&d->mu);
+    for (int i = 0; i < n; i++)
+        sem_post(&v[i]->sem);
+    pthread_mutex_lock(&d->mu);
+}
+
+/* Under d->mu: a wake-up for the calling thread (NULL without memory), and back. */
+static drive_waker *waker_take(redsem__drive *d)
+{
+    drive_waker *k = d->free_wakers;
+    if (k != NULL) {
+        d->free_wakers = k->next;
+        return k;
+    }
+    k = redsem__calloc(1, sizeof *k);
+    if (k != NULL) {
+        sem_init(&k->sem, 0, 0);
+        k->next_all = d->all_wakers;
+        d->all_wakers = k;
+    }
+    return k;
+}
+
+static void waker_give(redsem__drive *d, drive_waker *k)
+{
+    k->next = d->free_wakers;
+    d->free_wakers = k;
 }
 
 static redsem__node *drive_node(const redsem__drive *d)
@@ -632,12 +684,14 @@ static int poll_step(redsem__pipe *p, pthread_mutex_t *mu)
 static void drive_read(redsem__drive *d, drive_wait *w)
 {
     d->reading = true;
-    while (!w->done)
+    while (!w->done) {
         if (poll_step(&d->pipe, &d->mu) != REDSEM_OK)
             d->retire = d->drop = true;
+        drive_post(d);
+    }
     d->reading = false;
     if (d->pipe.head != NULL)
-        pthread_cond_signal(&((drive_wait *)d->pipe.head->arg)->cv);
+        sem_post(&((drive_wait *)d->pipe.head->arg)->k->sem);
 }
 
 /* The bytes of a call: [SCRIPT LOAD body] EVALSHA sha nkeys keys... args...; the length, or
@@ -746,12 +800,12 @@ static bool drive_eval(redsem_client *c, redsem__batch_item *it, int64_t deadlin
     int len = load && atomic_load(&c->scripts.eval_body) ? -1 : drive_format(it, load, &cmd);
     if (len < 0)
         return false; /* the body by EVAL (SCRIPT LOAD refused), or no memory: alone */
-    drive_wait w = {.done = false};
-    pthread_cond_init(&w.cv, NULL);
+    drive_wait w = {.d = d, .done = false};
     redsem__preq q = {.nreplies = load ? 2 : 1, .deadline_ns = deadline_ns, .done = drive_done,
                       .arg = &w};
     pthread_mutex_lock(&d->mu);
-    int rc = drive_admit(c, d, waited);
+    w.k = waker_take(d);
+    int rc = w.k != NULL ? drive_admit(c, d, waited) : 1;
     bool sent = rc == REDSEM_OK && redsem__pipe_send(&d->pipe, &q, cmd, (size_t)len) == REDSEM_OK;
     if (sent) {
         d->users++;
@@ -763,12 +817,16 @@ static bool drive_eval(redsem_client *c, redsem__batch_item *it, int64_t deadlin
          * less CPU per call on both sides than a write per call); else write it now. */
         if (!d->reading && redsem__pipe_step(&d->pipe, false, false, redsem__now_ns()) != REDSEM_OK)
             d->retire = d->drop = true;
+        drive_post(d);
         while (!w.done) {
             if (!d->reading) {
                 drive_read(d, &w);
                 break;
             }
-            pthread_cond_wait(&w.cv, &d->mu);
+            pthread_mutex_unlock(&d->mu);
+            while (sem_wait(&w.k->sem) != 0)
+                ; /* EINTR */
+            pthread_mutex_lock(&d->mu);
         }
     }
     bool done = sent ? finish_call(drive_node(d), d->pipe.err, it, &q, load, maybe, &d->drop)
@@ -782,12 +840,13 @@ static bool drive_eval(redsem_client *c, redsem__batch_item *it, int64_t deadlin
         d->users--;
     if (!sent && rc < 0)
         it->rc = rc; /* no lane within the command timeout: the text is the thread's */
+    if (w.k != NULL)
+        waker_give(d, w.k);
     int put = REDSEM_OK;
     redsem__lane *l = drive_release(d, &put);
     pthread_mutex_unlock(&d->mu);
     if (l != NULL)
         redsem__lane_put(c, l, put);
-    pthread_cond_destroy(&w.cv);
     redsem__free(cmd);
     return done;
 }
@@ -1167,6 +1226,11 @@ void redsem_client_free(redsem_client *c)
         pthread_cond_destroy(&c->drive.lane_cv);
     }
     redsem__free(c->drive.pipe.out); /* (its lane was closed above) */
+    for (drive_waker *k = c->drive.all_wakers, *next; k != NULL; k = next) {
+        next = k->next_all;
+        sem_destroy(&k->sem);
+        redsem__free(k);
+    }
     redsem__wake_free(c); /* in a forked child also the parent's parked waits (memory) */
     redsem__endpoint_clear(&c->ep);
     redsem__tls_opts_clear(&c->tls);

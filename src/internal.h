@@ -117,6 +117,11 @@ typedef struct redsem__drive {
     bool reading; /* a thread holds the reader role (polls the socket, steps the pipe) */
     bool retire;  /* take no more requests: give the lane back once drained */
     bool drop;    /* ... closing its connection (a fault, READONLY, a moved primary) */
+    /* the threads' wake-ups (client.c): free ones, every one made (freed with the client),
+     * and those whose calls ended in the step under way, posted once the mutex is let go */
+    struct drive_waker *free_wakers, *all_wakers;
+    struct drive_waker *posts[64];
+    int nposts;
 } redsem__drive;
 
 struct redsem_client {
