@@ -872,6 +872,8 @@ int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka
     /* A call with a cap of its own (a renewal) is not taken into another thread's batch,
      * whose deadline would not know its cap, and takes no other thread's call along. */
     bool maybe = false, waited = false;
+    if (info != NULL) /* a call that fails before it is sent (no connection) sent nothing */
+        *info = (redsem__req_info){false, 0, 0, -1};
     if (c->drive_on && call_cap(c) == 0 &&
         !((flags & REDSEM__REQ_SYNC) && c->sync_replicas > 0)) {
         /* its wait for the connection and its round trip share one command timeout */
