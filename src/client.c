@@ -512,6 +512,7 @@ typedef struct drive_wait {
     redsem__drive *d;
     drive_waker *k;
     bool done;
+    bool reading; /* its thread holds the reader role: it sees its end itself */
 } drive_wait;
 
 static void drive_done(redsem__preq *q, void *arg)
@@ -519,6 +520,8 @@ static void drive_done(redsem__preq *q, void *arg)
     (void)q;
     drive_wait *w = arg;
     w->done = true;
+    if (w->reading)
+        return;
     if (w->d->nposts < (int)(sizeof w->d->posts / sizeof w->d->posts[0]))
         w->d->posts[w->d->nposts++] = w->k;
     else
@@ -559,6 +562,8 @@ static drive_waker *waker_take(redsem__drive *d)
 
 static void waker_give(redsem__drive *d, drive_waker *k)
 {
+    while (sem_trywait(&k->sem) == 0)
+        ; /* a hand-off it did not wait for: its next user waits for its own */
     k->next = d->free_wakers;
     d->free_wakers = k;
 }
@@ -683,13 +688,13 @@ static int poll_step(redsem__pipe *p, pthread_mutex_t *mu)
  * oldest call still in flight. */
 static void drive_read(redsem__drive *d, drive_wait *w)
 {
-    d->reading = true;
+    d->reading = w->reading = true;
     while (!w->done) {
         if (poll_step(&d->pipe, &d->mu) != REDSEM_OK)
             d->retire = d->drop = true;
         drive_post(d);
     }
-    d->reading = false;
+    d->reading = w->reading = false;
     if (d->pipe.head != NULL)
         sem_post(&((drive_wait *)d->pipe.head->arg)->k->sem);
 }
