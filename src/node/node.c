@@ -236,31 +236,6 @@ static int roundtrip_checked(redsem__node *n, const char *cmd, size_t len, int64
     return REDSEM_OK;
 }
 
-int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
-                                 redisReply **rets, int k, int uncounted, bool *written)
-{
-    char err[256];
-    int64_t dl = n->ctx->deadline_cap_ns; /* 0: the socket's timeout (the command timeout) */
-    bool demoted = false;
-    int rc;
-    if (primary_moved(n, err, sizeof err)) {
-        *written = false;
-        rc = REDSEM_ECONN;
-    } else {
-        rc = roundtrip_checked(n, cmd, len, dl, rets, k, uncounted, written, &demoted, err,
-                               sizeof err);
-        if (rc == REDSEM_OK && demoted) {
-            *written = false; /* refused by a replica, as with READONLY */
-            rc = REDSEM_ECONN;
-        }
-    }
-    if (rc != REDSEM_OK) {
-        drop_connection(n);
-        redsem__ctx_err(n->ctx, rc, "%s", err);
-    }
-    return rc;
-}
-
 static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
                          redisReply **ret, bool *written, char *err, size_t errlen)
 {

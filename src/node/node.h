@@ -10,6 +10,7 @@
 
 #include "lua_scripts.h"
 #include "net/net.h"
+#include "node/conn.h"
 #include "proto/resp.h"
 
 /* How a client reaches its servers: the same for every node it connects. */
@@ -175,7 +176,7 @@ int redsem__node_request3(redsem__node *n, const struct redsem__args *pre,
  * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *keys_and_args,
                       int flags, redsem__req_info *info, struct redisReply **ret_reply);
-/* One script call of a batch (redsem__node_eval_batch): its arguments as for
+/* One script call of a batch (redsem__eval_many in client.c): its arguments as for
  * redsem__node_eval, and its outcome. errmsg: the calling thread's error text
  * (REDSEM__ERRMSG_LEN bytes), read for the call and written by it. */
 typedef struct redsem__batch_item {
@@ -188,20 +189,6 @@ typedef struct redsem__batch_item {
     int rc;
 } redsem__batch_item;
 #define REDSEM__BATCH_MAX 16
-/* Run k (1..REDSEM__BATCH_MAX) script calls, of several callers, as redsem__node_eval would
- * run each: EVALSHA all in one write and one round trip when the connection is up
- * (pipelined: replies come back in order), preceded in the same write by a SCRIPT LOAD of
- * each script the server is not known to hold; each one that needs more (NOSCRIPT, LOADING,
- * READONLY, a lost connection with REDSEM__REQ_RETRY, WAIT, a cluster node, a server that
- * refuses SCRIPT LOAD) goes on alone afterwards through redsem__node_eval, keeping "maybe
- * applied". Each item's rc, reply, info and errmsg are set as redsem__node_eval sets them. */
-void redsem__node_eval_batch(redsem__node *n, redsem__batch_item *items, int k);
-/* Pipelined requests (cmd holds them all) and their k replies on n's open connection, in
- * one write; no reconnect, no retry. The first `uncounted` (SCRIPT LOADs) are not counted in
- * stats.requests. On failure the connection is dropped, no reply kept, *written says whether
- * the bytes went out, and the reason is in the context's errmsg. */
-int redsem__node_roundtrip_batch(redsem__node *n, const char *cmd, size_t len,
-                                 struct redisReply **rets, int k, int uncounted, bool *written);
 /* BLPOP key for up to wait_ms (server side), giving up at hard_deadline_ns (the connection
  * is then discarded). Returns REDSEM_OK with *signaled, or a fault. */
 int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t wait_ms,
