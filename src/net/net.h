@@ -133,6 +133,13 @@ int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t dea
 #define REDSEM__RECV_SLACK_MS 2
 int redsem__conn_read(redsem__conn *c, struct redisReply **ret, int64_t deadline_ns,
                       int *err_no, char *err, size_t errlen);
+/* Without blocking, for a pipe (node/conn.h): move bytes on an open connection, plain or TLS.
+ * > 0 bytes moved; 0 closed by the peer (recv); -1 error (*err_no); -2 nothing now: wait for
+ * *events (POLLIN, POLLOUT: TLS may want either for both). Never raises SIGPIPE. */
+ssize_t redsem__conn_send_nb(redsem__conn *c, const char *buf, size_t len, short *events,
+                             int *err_no);
+ssize_t redsem__conn_recv_nb(redsem__conn *c, char *buf, size_t len, short *events,
+                             int *err_no);
 /* A REDSEM__IO_* status as a REDSEM_* code, with the reason in err for a timeout or a lost
  * connection (err_no: errno, 0 for a close by the peer); _PROTO keeps err as the reader
  * wrote it. */

@@ -457,3 +457,43 @@ static int wait_io(int fd, short events, int64_t deadline_ns, int *err_no)
     *err_no = errno;
     return REDSEM__IO_CLOSED;
 }
+
+ssize_t redsem__conn_send_nb(redsem__conn *c, const char *buf, size_t len, short *events,
+                             int *err_no)
+{
+    if (c->ssl != NULL)
+        return redsem__tls_send(c, buf, len, events, err_no);
+    for (;;) {
+        ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0)
+            return n;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            *events = POLLOUT;
+            return -2;
+        }
+        *err_no = n < 0 ? errno : EPIPE;
+        return -1;
+    }
+}
+
+ssize_t redsem__conn_recv_nb(redsem__conn *c, char *buf, size_t len, short *events,
+                             int *err_no)
+{
+    if (c->ssl != NULL)
+        return redsem__tls_recv(c, buf, len, events, err_no);
+    for (;;) {
+        ssize_t n = recv(c->fd, buf, len, MSG_DONTWAIT);
+        if (n >= 0)
+            return n;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            *events = POLLIN;
+            return -2;
+        }
+        *err_no = errno;
+        return -1;
+    }
+}

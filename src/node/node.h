@@ -10,6 +10,7 @@
 
 #include "lua_scripts.h"
 #include "net/net.h"
+#include "node/conn.h"
 #include "proto/resp.h"
 
 /* How a client reaches its servers: the same for every node it connects. */
