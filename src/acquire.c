@@ -148,6 +148,10 @@ static int unknown(redsem_client *c, const char *id, int rc)
     return unknown_why(c, id, rc, false);
 }
 
+static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
+                        int64_t lease_ms, int rc, redsem__attempt att,
+                        redsem_permit **ret_permit);
+
 /* What the outcome of an attempt asked for continues (s->cont). */
 enum { CONT_NONE = 0, CONT_MAIN, CONT_FAULT, CONT_LEAVE };
 
@@ -533,6 +537,25 @@ int redsem__attempt_run(const redsem__acquirer *q, const char *id, int mode, int
         if (rc != REDSEM__ATTEMPT)
             return rc;
     }
+}
+
+void redsem__acquire_begin(redsem__acq_state *s, const redsem__acquirer *q,
+                           const redsem__kind *kind, const char *id, int64_t timeout_ms,
+                           int64_t lease_ms)
+{
+    state_init(s, q, id, timeout_ms);
+    s->kind = kind;
+    s->lease_ms = lease_ms;
+}
+
+int redsem__acquire_next(redsem__acq_state *s)
+{
+    return acquire_step(s);
+}
+
+int redsem__acquire_finish(redsem__acq_state *s, int rc, redsem_permit **ret_permit)
+{
+    return acquire_done(&s->q, s->kind, s->id, s->lease_ms, rc, s->att, ret_permit);
 }
 
 /* Step s on the calling thread, running its attempts and pauses, until it is decided or

@@ -446,6 +446,46 @@ extern _Thread_local redsem__acq_state **redsem__park_slot;
 /* Continue a parked acquire after its wait (s->wait_rc, s->signaled set): REDSEM__PARKED
  * again (a new wait in s), or its final status; then s is freed and *redsem__park_slot NULL. */
 int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit);
+/* The acquire's steps for a driver of its own (drive_loop.c): begin sets s up (the first
+ * step is due); next is one step (its codes as acquire_step's: REDSEM__ATTEMPT, REDSEM__NAP,
+ * REDSEM__WAIT, or the acquire's status); finish makes the decided acquire (next's status
+ * rc) a permit in *ret_permit (a grant that must reach replicas and did not is given back
+ * on the calling thread). */
+void redsem__acquire_begin(redsem__acq_state *s, const redsem__acquirer *q,
+                           const redsem__kind *kind, const char *id, int64_t timeout_ms,
+                           int64_t lease_ms);
+int redsem__acquire_next(redsem__acq_state *s);
+int redsem__acquire_finish(redsem__acq_state *s, int rc, redsem_permit **ret_permit);
+/* A semaphore's or a lock's acquire before any I/O (sem.c, lock.c): the arguments checked
+ * (as redsem_sem_acquire_as_n / redsem_lock_acquire_as: holder_id NULL for a new id;
+ * ret_permit only checked not to be NULL), and the acquirer, its holder id and the permits'
+ * kind made. REDSEM_OK or a code. */
+int redsem__sem_prepare(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
+                        int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
+                        const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE]);
+int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
+                         int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
+                         const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE]);
+/* The event-loop driver of acquires (drive_loop.c): one connection of its own to a
+ * one-server client's server (not with sync_replicas), stepped by an event loop on one
+ * thread; it starts no thread and never sleeps (a connect is still blocking). new: made,
+ * not connected yet (REDSEM_EINVAL for another client). acquire: start one acquire of
+ * q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare); done(arg, rc,
+ * permit) runs once from inside redsem__loop_step (or from here, if it is decided without
+ * I/O), and *ret_cancel (may be NULL) is its cancel flag, valid until then. wants: the
+ * descriptor to watch (-1: none), its events (POLLIN, POLLOUT) and the earliest deadline
+ * (REDSEM__FOREVER: none); step: do what is due (call it when the descriptor is ready or
+ * the deadline came). free: the acquires under way end without their callbacks. */
+typedef struct redsem__loop redsem__loop;
+typedef void (*redsem__loop_done)(void *arg, int rc, redsem_permit *p);
+int redsem__loop_new(redsem_client *c, redsem__loop **ret);
+int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
+                         const char *id, int64_t timeout_ms, int64_t lease_ms,
+                         redsem__loop_done done, void *arg, atomic_bool **ret_cancel);
+int redsem__loop_wants(const redsem__loop *l, short *events, int64_t *deadline_ns);
+void redsem__loop_step(redsem__loop *l, bool readable, bool writable);
+size_t redsem__loop_pending(const redsem__loop *l);
+void redsem__loop_free(redsem__loop *l);
 /* Before any I/O: the fork check, ret_permit, the timeout, and the holder id (given_id
  * validated and copied, or a new random one; NULL is EINVAL when id_required). */
 int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,

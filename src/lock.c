@@ -119,11 +119,10 @@ static const char *lock_wait_key(void *h, const char *id, size_t *len, char *buf
     return l->k_signal;
 }
 
-static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
-                        int64_t timeout_ms, redsem_permit **ret_permit)
+int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
+                         int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
+                         const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE])
 {
-    if (l == NULL)
-        return REDSEM_EINVAL;
     redsem_client *c = l->client;
     if (l->reentrant && (token != NULL || token_required)) {
         int rc = redsem__check_owner(c);
@@ -132,12 +131,11 @@ static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
                                                  "a reentrant lock's token is its owner identity");
     }
     /* a reentrant handle always acquires as its owner */
-    char id[REDSEM_ID_BUFSIZE];
     int rc = redsem__acquire_args(c, ret_permit, timeout_ms, l->reentrant ? l->owner : token,
                                   token_required, id);
     if (rc != REDSEM_OK)
         return rc;
-    redsem__acquirer q = {
+    *q = (redsem__acquirer){
         .client = c,
         .handle = l,
         .attempt_call = lock_call,
@@ -146,8 +144,23 @@ static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
         .wait_lease_ms = 0,
         .weight = 1,
     };
-    return redsem__acquire_permit(&q, &lock_kind, id, timeout_ms, l->lease_ms,
-                                  ret_permit);
+    *kind = &lock_kind;
+    return REDSEM_OK;
+}
+
+static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
+                        int64_t timeout_ms, redsem_permit **ret_permit)
+{
+    if (l == NULL)
+        return REDSEM_EINVAL;
+    char id[REDSEM_ID_BUFSIZE];
+    redsem__acquirer q;
+    const redsem__kind *kind;
+    int rc = redsem__lock_prepare(l, token, token_required, timeout_ms, ret_permit, &q, &kind,
+                                  id);
+    if (rc != REDSEM_OK)
+        return rc;
+    return redsem__acquire_permit(&q, kind, id, timeout_ms, l->lease_ms, ret_permit);
 }
 
 int redsem_lock_try_acquire(redsem_lock *l, redsem_permit **ret_permit)

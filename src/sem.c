@@ -346,12 +346,10 @@ int64_t redsem_sem_lease_ms(const redsem_sem *s)
 
 /* -------------------------------------------------------------- acquire */
 
-static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
-                       int64_t timeout_ms, redsem_permit **ret_permit)
+int redsem__sem_prepare(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
+                        int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
+                        const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE])
 {
-    if (s == NULL)
-        return REDSEM_EINVAL;
-    char id[REDSEM_ID_BUFSIZE];
     int rc = redsem__acquire_args(s->client, ret_permit, timeout_ms, holder_id, id_required, id);
     if (rc != REDSEM_OK)
         return rc;
@@ -360,7 +358,7 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, u
     if (n < 1 || n > REDSEM_LIMIT_MAX)
         return redsem__set_err(s->client, REDSEM_EINVAL,
                                "%u permits: a weighted acquire takes 1..limit permits", n);
-    redsem__acquirer q = {
+    *q = (redsem__acquirer){
         .client = s->client,
         .handle = s,
         .attempt_call = is_basic(s) ? basic_call : fair_call,
@@ -371,8 +369,23 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, u
         .weight = n,
         .wake_meta = wake_by_id(s) ? s->k_meta : NULL,
     };
-    return redsem__acquire_permit(&q, &sem_kind, id, timeout_ms, s->lease_ms,
-                                  ret_permit);
+    *kind = &sem_kind;
+    return REDSEM_OK;
+}
+
+static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
+                       int64_t timeout_ms, redsem_permit **ret_permit)
+{
+    if (s == NULL)
+        return REDSEM_EINVAL;
+    char id[REDSEM_ID_BUFSIZE];
+    redsem__acquirer q;
+    const redsem__kind *kind;
+    int rc = redsem__sem_prepare(s, holder_id, id_required, n, timeout_ms, ret_permit, &q,
+                                 &kind, id);
+    if (rc != REDSEM_OK)
+        return rc;
+    return redsem__acquire_permit(&q, kind, id, timeout_ms, s->lease_ms, ret_permit);
 }
 
 int redsem_sem_try_acquire(redsem_sem *s, redsem_permit **ret_permit)
