@@ -830,9 +830,33 @@ static void loop_done(void *arg, int rc, redsem_permit *p)
     pthread_mutex_unlock(&a->mu);
 }
 
-/* Start acquire o on the engine (o on a->looping). */
+/* A release on the engine: its permit's call, and its outcome. */
+static void loop_release_call(void *arg, redsem__call *call)
+{
+    redsem_permit *p = ((op *)arg)->handle;
+    p->kind->release_call(p->handle, p, call);
+}
+
+static int loop_release_reply(void *arg, int rc, const struct redisReply *r,
+                              const redsem__req_info *info)
+{
+    redsem_permit *p = ((op *)arg)->handle;
+    rc = p->kind->release_reply(p->client, p->handle, p, rc, r, info);
+    return redsem__release_end(p, rc);
+}
+
+/* Start o, an acquire or a release, on the engine (o on a->looping). */
 static void loop_start(redsem_async *a, op *o)
 {
+    if (o->kind == OP_RELEASE) {
+        int rc = redsem__release_begin(o->handle);
+        if (rc == REDSEM_OK)
+            rc = redsem__loop_call(a->loop, loop_release_call, loop_release_reply, loop_done, o);
+        if (rc != REDSEM_OK)
+            loop_done(o, rc, NULL);
+        loop_sync(a);
+        return;
+    }
     redsem__acquirer q;
     const redsem__kind *kind = NULL;
     char id[REDSEM_ID_BUFSIZE];
@@ -881,7 +905,8 @@ static void loop_stop(redsem_async *a)
 {
     pthread_mutex_lock(&a->mu);
     for (op *o = a->looping.head; o != NULL; o = o->next)
-        atomic_store(o->loop_cancel, true);
+        if (o->loop_cancel != NULL) /* a release goes on */
+            atomic_store(o->loop_cancel, true);
     pthread_mutex_unlock(&a->mu);
     int64_t end = redsem__now_ns() + 2 * a->c->command_timeout_ms * REDSEM__NS_PER_MS;
     while (a->looping.head != NULL && redsem__now_ns() < end) {
@@ -964,9 +989,10 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
     pthread_mutex_lock(&a->mu);
     op *o;
 #if REDSEM_ASYNC_LOOP
-    if ((o = list_find(&a->looping, id)) != NULL) {
+    if ((o = list_find(&a->looping, id)) != NULL && o->loop_cancel != NULL) {
         /* on the engine: its next step sees the flag (a wait ends at once); the pipe's byte
-         * makes the loop report soon */
+         * makes the loop report soon (a release there is past cancelling, as a running
+         * one) */
         atomic_store(o->loop_cancel, true);
         char b = 1;
         ssize_t w;
@@ -991,6 +1017,10 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
         redsem__text_copy(o->errmsg, "cancelled before it started");
         finish(a, o);
         rc = REDSEM_OK;
+#if REDSEM_ASYNC_LOOP
+    } else if (list_find(&a->looping, id) != NULL) {
+        rc = REDSEM_ESTATE; /* a release on the engine */
+#endif
     } else if ((o = list_find(&a->running, id)) != NULL) {
         if (o->waits) {
             atomic_store(&o->cancel, true);
@@ -1152,7 +1182,8 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
     }
     atomic_fetch_add(&a->pending, 1);
 #if REDSEM_ASYNC_LOOP
-    if (a->loop != NULL && (kind == OP_SEM_ACQUIRE || kind == OP_LOCK_ACQUIRE)) {
+    if (a->loop != NULL &&
+        (kind == OP_SEM_ACQUIRE || kind == OP_LOCK_ACQUIRE || kind == OP_RELEASE)) {
         list_push(&a->looping, o);
         uint64_t lid = o->id;
         pthread_mutex_unlock(&a->mu);

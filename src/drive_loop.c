@@ -32,6 +32,8 @@ struct loop_op {
     atomic_bool cancel;
     redsem__loop_done done;
     void *arg;
+    /* NULL: an acquire (s); else a single call, whose outcome this takes (redsem__loop_call) */
+    redsem__loop_reply reply;
     loop_op *next;
 };
 
@@ -166,6 +168,7 @@ static void op_done(redsem__preq *q, void *arg)
 
 /* Send the call of o's current stage; a failure to send is the attempt's outcome. */
 static void op_send(loop_op *o);
+static void op_free(loop_op *o);
 static void op_step(loop_op *o);
 
 static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info *info)
@@ -175,6 +178,14 @@ static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info 
         redisReply *wrap = redsem__wake_unwrap(&r);
         if (wrap != NULL)
             push_wakeups(o->loop, o->call.wake_prefix, wrap);
+    }
+    if (o->reply != NULL) { /* a single call: its outcome, and the op ends */
+        rc = o->reply(o->arg, rc, r, info);
+        if (r != NULL)
+            freeReplyObject(r);
+        o->done(o->arg, rc, NULL);
+        op_free(o);
+        return;
     }
     rc = q->attempt_reply(q->handle, o->stage, rc, r, info, &o->s.att);
     if (r != NULL)
@@ -231,8 +242,10 @@ static void op_reply(loop_op *o)
 static void op_send(loop_op *o)
 {
     const redsem__acquirer *q = &o->s.q;
-    q->attempt_call(q->handle, o->s.id, o->s.att_mode, q->weight, o->stage, &o->call);
-    o->call.cap_ns = o->s.cap_ns;
+    if (o->reply == NULL) { /* an acquire: its attempt's call of this stage */
+        q->attempt_call(q->handle, o->s.id, o->s.att_mode, q->weight, o->stage, &o->call);
+        o->call.cap_ns = o->s.cap_ns;
+    }
     o->load = !atomic_load(&o->loop->c->scripts.sent[o->call.script]);
     o->req.done = op_done;
     o->req.arg = o;
@@ -282,24 +295,45 @@ static void op_step(loop_op *o)
     op_free(o);
 }
 
-int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
-                         const char *id, int64_t timeout_ms, int64_t lease_ms,
-                         redsem__loop_done done, void *arg, atomic_bool **ret_cancel)
+/* A new op, linked into l's list. */
+static loop_op *op_new(redsem__loop *l, redsem__loop_done done, void *arg)
 {
     loop_op *o = redsem__calloc(1, sizeof *o);
     if (o == NULL)
-        return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
-    redsem__acquire_begin(&o->s, q, kind, id, timeout_ms, lease_ms);
+        return NULL;
     atomic_init(&o->cancel, false);
-    o->s.cancel = &o->cancel;
     o->loop = l;
     o->done = done;
     o->arg = arg;
     o->next = l->ops;
     l->ops = o;
+    return o;
+}
+
+int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
+                         const char *id, int64_t timeout_ms, int64_t lease_ms,
+                         redsem__loop_done done, void *arg, atomic_bool **ret_cancel)
+{
+    loop_op *o = op_new(l, done, arg);
+    if (o == NULL)
+        return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+    redsem__acquire_begin(&o->s, q, kind, id, timeout_ms, lease_ms);
+    o->s.cancel = &o->cancel;
     if (ret_cancel != NULL)
         *ret_cancel = &o->cancel;
     op_step(o);
+    return REDSEM_OK;
+}
+
+int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *call),
+                      redsem__loop_reply reply, redsem__loop_done done, void *arg)
+{
+    loop_op *o = op_new(l, done, arg);
+    if (o == NULL)
+        return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+    o->reply = reply;
+    build(arg, &o->call);
+    op_send(o);
     return REDSEM_OK;
 }
 

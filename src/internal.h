@@ -482,6 +482,13 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret);
 int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
                          const char *id, int64_t timeout_ms, int64_t lease_ms,
                          redsem__loop_done done, void *arg, atomic_bool **ret_cancel);
+/* One script call on the loop: build(arg, call) builds it in place; reply(arg, rc, r, info)
+ * takes its outcome (rc; on REDSEM_OK its reply r, borrowed) and returns the operation's
+ * status, which done(arg, status, NULL) is given, as for an acquire. */
+typedef int (*redsem__loop_reply)(void *arg, int rc, const struct redisReply *r,
+                                  const redsem__req_info *info);
+int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *call),
+                      redsem__loop_reply reply, redsem__loop_done done, void *arg);
 int redsem__loop_wants(const redsem__loop *l, short *events, int64_t *deadline_ns);
 void redsem__loop_step(redsem__loop *l, bool readable, bool writable);
 size_t redsem__loop_pending(const redsem__loop *l);
@@ -533,6 +540,11 @@ void redsem__refresh_many(redsem_client *c, redsem_permit *const *ps, int k, int
 /* Release p on the server through client c, without touching renewal or its state: its
  * kind's release call on the calling thread (redsem__call_run). */
 int redsem__release(redsem_client *c, redsem_permit *p);
+/* redsem_permit_release() around its call, for a driver that runs the call itself: begin
+ * checks p (fork, already released: REDSEM_ESTATE) and stops its renewal; end takes the
+ * call's status (REDSEM_OK or REDSEM_ELOST mark p released) and returns it. */
+int redsem__release_begin(redsem_permit *p);
+int redsem__release_end(redsem_permit *p, int rc);
 
 redsem_permit *redsem__permit_new(const redsem__kind *kind, void *handle, redsem_client *c,
                                   const char *id, const redsem__attempt *att, int64_t lease_ms);

@@ -164,10 +164,8 @@ int redsem_permit_refresh(redsem_permit *p)
     return rc;
 }
 
-int redsem_permit_release(redsem_permit *p)
+int redsem__release_begin(redsem_permit *p)
 {
-    if (p == NULL)
-        return REDSEM_EINVAL;
     redsem_client *c = p->client;
     int rc = redsem__check_owner(c);
     if (rc != REDSEM_OK)
@@ -179,10 +177,24 @@ int redsem_permit_release(redsem_permit *p)
      * the renewer thread does not wait for itself). */
     if (__atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE) != NULL)
         c->renew_ops->detach(p);
-    rc = redsem__release(c, p);
+    return REDSEM_OK;
+}
+
+int redsem__release_end(redsem_permit *p, int rc)
+{
     if (rc == REDSEM_OK || rc == REDSEM_ELOST)
         atomic_store(&p->state, REDSEM__RELEASED);
     return rc;
+}
+
+int redsem_permit_release(redsem_permit *p)
+{
+    if (p == NULL)
+        return REDSEM_EINVAL;
+    int rc = redsem__release_begin(p);
+    if (rc != REDSEM_OK)
+        return rc;
+    return redsem__release_end(p, redsem__release(p->client, p));
 }
 
 void redsem_permit_free(redsem_permit *p)
