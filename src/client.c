@@ -1,6 +1,7 @@
 /* redsem - the client handle: its lifecycle, its errors, key names, and the calls of the
  * object layer (semaphores, locks, permits) routed to the node that serves their key. */
 #include <errno.h>
+#include <poll.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,15 +170,13 @@ static int lane_new(redsem_client *c, bool for_wait, redsem__lane **ret)
 
 /* A thread waiting for a request lane, in the pool's FIFO queue. A lane given back goes to
  * the first waiter (handed over in ->lane); while the head may make a lane, it is told to
- * (->make). A waiter with a script call (->item) may instead be served by a thread that
- * holds a lane and takes it into its batch (->taken, then ->done). */
+ * (->make). */
 typedef struct pool_waiter {
     struct pool_waiter *next;
     pthread_cond_t cv;
-    redsem__batch_item *item; /* NULL: wants a lane for itself */
     redsem__lane *lane;
     int64_t since; /* when it started waiting */
-    bool make, taken, done;
+    bool make;
     bool capped; /* a call with a cap of its own (a renewal, an acquire leaving a queue) */
 } pool_waiter;
 
@@ -198,6 +197,7 @@ static int64_t cap_after_wait(const redsem_client *c, int64_t since)
 
 static void queue_push(redsem_client *c, pool_waiter *w)
 {
+    atomic_fetch_add(&c->queued, 1);
     w->next = NULL;
     w->capped = call_cap(c) != 0;
     if (w->capped && c->queue_head != NULL) {
@@ -224,6 +224,7 @@ static bool queue_remove(redsem_client *c, pool_waiter *w)
 {
     for (pool_waiter **p = &c->queue_head, *prev = NULL; *p != NULL; prev = *p, p = &(*p)->next)
         if (*p == w) {
+            atomic_fetch_sub(&c->queued, 1);
             *p = w->next;
             if (c->queue_tail == w)
                 c->queue_tail = prev;
@@ -252,9 +253,9 @@ static bool lane_claim(redsem_client *c, redsem__lane **ret, bool *make, bool *s
     return false;
 }
 
-/* Under pool_mu, nothing claimable: queue w and wait until it is handed a lane, told to make
- * one, or (a script call) served; w is then out of the queue. REDSEM_ETIMEDOUT if nothing
- * came within the command timeout and no thread had taken w into a batch. */
+/* Under pool_mu, nothing claimable: queue w and wait until it is handed a lane or told to
+ * make one; w is then out of the queue. REDSEM_ETIMEDOUT if nothing came within the command
+ * timeout. */
 static int queue_wait(redsem_client *c, pool_waiter *w)
 {
     pthread_condattr_t ca;
@@ -271,14 +272,9 @@ static int queue_wait(redsem_client *c, pool_waiter *w)
         dl = cap;
     struct timespec until = {(time_t)(dl / 1000000000), (long)(dl % 1000000000)};
     int rc = REDSEM_OK;
-    while (w->lane == NULL && !w->make && !w->done) {
-        if (w->taken) {
-            /* in a batch: its round trip has its own deadline */
-            pthread_cond_wait(&w->cv, &c->pool_mu);
-            continue;
-        }
+    while (w->lane == NULL && !w->make) {
         if (pthread_cond_timedwait(&w->cv, &c->pool_mu, &until) == ETIMEDOUT &&
-            w->lane == NULL && !w->make && !w->done && !w->taken) {
+            w->lane == NULL && !w->make) {
             queue_remove(c, w);
             rc = REDSEM_ETIMEDOUT;
             break;
@@ -345,7 +341,7 @@ int redsem__lane_get(redsem_client *c, bool for_wait, redsem__lane **ret)
     int64_t since = 0;
     *ret = NULL;
     if (!lane_claim(c, ret, &make, &stale)) {
-        pool_waiter w = {.item = NULL};
+        pool_waiter w = {.lane = NULL};
         int rc = queue_wait(c, &w);
         if (rc == REDSEM_OK && w.lane != NULL) {
             stale = w.lane->epoch != c->fault_epoch;
@@ -483,17 +479,295 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
     return redsem__routed(c, false, NULL, 0, flags, info, call_request, &q);
 }
 
-/* A script call of a client with one server (not a cluster), no WAIT: sent with the calls
- * of other threads waiting for a connection, in one write and one round trip (pipelined).
- * The thread that gets a request lane leads: it takes up to REDSEM__BATCH_MAX - 1 queued
- * script calls along, runs them with its own (redsem__node_eval_batch), wakes their threads
- * and hands the lane on. A queued call is either handed a lane of its own, or taken into a
- * batch and done when woken. */
-/* A batch's calls share its deadline, the earliest of theirs. One whose reply did not come
- * by then (the batch's read ran out: the server stalled) gives up at its own deadline, not
- * earlier: its not-after time (sent with it, the moment its caller gives up + 100 ms) was
- * set from its own, and a script that runs after the caller gave up must find it passed.
- * Found by fault scenario 17 (a fair waiter granted 272 ms after its caller gave up). */
+/* ================================================================ the shared connection */
+
+/* The script calls of a client with one server (not a cluster, no WAIT, no cap of the
+ * thread's own) go into the client's pipe (node/conn.h) on one request lane: every thread
+ * appends its call and writes what the socket takes at once, so a new call goes out while
+ * earlier ones are in flight; the threads waiting for replies drive the pipe in turn, one at
+ * a time (the reader: it polls the socket until the earliest deadline in flight, steps the
+ * pipe, and wakes each thread whose reply came), the others sleep until their reply is in or
+ * the reader role is handed to them (libpq's shape: the blocking call is the non-blocking
+ * one plus a poll). The lane is given back to the pool when nothing is in flight, and is not
+ * taken for new calls while other threads wait in the pool's queue (they then go alone, in
+ * the queue), so that the calls that need a lane of their own (PING, renewals, an acquire
+ * leaving a queue) are never held off for long. A call whose reply asks for more (NOSCRIPT,
+ * LOADING, READONLY) or whose connection was lost (with REDSEM__REQ_RETRY) is run again
+ * alone on a lane, by redsem__node_eval, its "maybe applied" kept. */
+
+/* A thread waiting for its call in the pipe: woken when it ends or the reader role is free. */
+typedef struct drive_wait {
+    pthread_cond_t cv;
+    bool done;
+} drive_wait;
+
+static void drive_done(redsem__preq *q, void *arg)
+{
+    (void)q;
+    drive_wait *w = arg;
+    w->done = true;
+    pthread_cond_signal(&w->cv);
+}
+
+static redsem__node *drive_node(const redsem__drive *d)
+{
+    return redsem__topo_node(&d->lane->topo, NULL, 0);
+}
+
+/* Under d->mu, a drive without a lane: borrow one, while other threads wait for it.
+ * REDSEM_OK (d->lane set), the borrow's fault (nothing sent: busy), or 1: the lane is not
+ * connected (the call goes alone: the routed call connects it, with its retries and caps,
+ * and the next call finds it connected). */
+static int drive_take_lane(redsem_client *c, redsem__drive *d, bool *waited)
+{
+    d->getting = true;
+    pthread_mutex_unlock(&d->mu);
+    redsem__lane *l = NULL;
+    int rc = redsem__lane_get(c, false, &l);
+    if (rc == REDSEM_OK) {
+        redsem__node *n = redsem__topo_node(&l->topo, NULL, 0);
+        *waited = *waited || l->queued_since != 0;
+        if (n == NULL || !n->connected) {
+            redsem__lane_put(c, l, REDSEM_OK);
+            rc = 1;
+        }
+    }
+    pthread_mutex_lock(&d->mu);
+    d->getting = false;
+    pthread_cond_broadcast(&d->lane_cv);
+    if (rc == REDSEM_OK) {
+        d->lane = l;
+        d->retire = d->drop = false;
+        redsem__pipe_attach(&d->pipe, &drive_node(d)->conn);
+    }
+    return rc;
+}
+
+/* Under d->mu: whether a call may go into the pipe now (a lane held, connected, not retiring,
+ * no thread queued for a lane, a Sentinel primary not known to have moved and checked within
+ * REDSEM__ROLE_CHECK_MS). REDSEM_OK yes, 1 no (go alone), else a fault for the call.
+ * *waited: it waited for a connection (then a call that goes alone keeps its deadline). */
+static int drive_admit(redsem_client *c, redsem__drive *d, bool *waited)
+{
+    *waited = d->getting;
+    while (d->getting)
+        pthread_cond_wait(&d->lane_cv, &d->mu);
+    if (atomic_load(&c->queued) > 0)
+        return 1;
+    if (d->lane == NULL) {
+        int rc = drive_take_lane(c, d, waited);
+        if (rc != REDSEM_OK)
+            return rc;
+    }
+    redsem__node *n = drive_node(d);
+    if (d->retire || d->pipe.rc != REDSEM_OK || !n->connected)
+        return 1;
+    if (n->resolve != NULL) {
+        char err[256];
+        if (n->moved != NULL && n->moved(n->resolve_arg, n, err, sizeof err))
+            d->retire = d->drop = true; /* +switch-master: the old primary still writes */
+        else if (redsem__now_ns() - n->role_checked_ns >= REDSEM__ROLE_CHECK_MS * REDSEM__NS_PER_MS)
+            d->retire = true; /* the lane's next call alone sends ROLE along */
+        if (d->retire)
+            return 1;
+    }
+    return REDSEM_OK;
+}
+
+/* Under d->mu, no reader, no call in flight or unfinished: give the lane back (closing its connection if
+ * it must go). The lane to put back, or NULL. */
+static redsem__lane *drive_release(redsem__drive *d, int *rc)
+{
+    if (d->lane == NULL || d->reading || d->users > 0)
+        return NULL;
+    redsem__lane *l = d->lane;
+    *rc = REDSEM_OK;
+    if (d->drop || d->pipe.rc != REDSEM_OK) {
+        redsem__node *n = drive_node(d);
+        redsem__conn_abort(&n->conn); /* abortive: nothing given up on is delivered later */
+        n->connected = false;
+        *rc = REDSEM_ECONN;
+    }
+    d->lane = NULL;
+    return l;
+}
+
+/* Under d->mu, holding the reader role until w's call ended: poll the socket for what the
+ * pipe wants until its earliest deadline, step it. Then the role goes to the thread of the
+ * oldest call still in flight. */
+static void drive_read(redsem__drive *d, drive_wait *w)
+{
+    d->reading = true;
+    while (!w->done) {
+        int64_t dl;
+        short ev = redsem__pipe_wants(&d->pipe, &dl);
+        struct pollfd pfd = {redsem__pipe_fd(&d->pipe), ev, 0};
+        int64_t left = dl - redsem__now_ns();
+        if (left < 0)
+            left = 0;
+        struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
+        pthread_mutex_unlock(&d->mu);
+        int r = ppoll(&pfd, 1, &ts, NULL);
+        pthread_mutex_lock(&d->mu);
+        bool in = r > 0 && (pfd.revents & (POLLIN | POLLERR | POLLHUP)) != 0;
+        bool out = r > 0 && (pfd.revents & (POLLOUT | POLLERR | POLLHUP)) != 0;
+        if (redsem__pipe_step(&d->pipe, in, out, redsem__now_ns()) != REDSEM_OK)
+            d->retire = d->drop = true;
+    }
+    d->reading = false;
+    if (d->pipe.head != NULL)
+        pthread_cond_signal(&((drive_wait *)d->pipe.head->arg)->cv);
+}
+
+/* The bytes of a call: [SCRIPT LOAD body] EVALSHA sha nkeys keys... args...; the length, or
+ * -1 without memory. Freed with redsem__free. */
+static int drive_format(const redsem__batch_item *it, bool load, char **out)
+{
+    const redsem__script_def *d = &redsem__script_defs[it->script];
+    redsem__args la, a;
+    redsem__args_init(&la);
+    redsem__args_init(&a);
+    redsem__args_str(&la, "SCRIPT");
+    redsem__args_str(&la, "LOAD");
+    redsem__args_mem(&la, d->text, d->len);
+    redsem__args_str(&a, "EVALSHA");
+    redsem__args_mem(&a, d->sha, 40);
+    redsem__args_i64(&a, it->nkeys);
+    for (int j = 0; j < it->ka->n; j++)
+        redsem__args_mem(&a, it->ka->v[j], it->ka->len[j]);
+    char *c0 = NULL, *c1 = NULL;
+    int l0 = load ? redsem__args_format(&la, &c0) : 0;
+    int l1 = l0 < 0 ? -1 : redsem__args_format(&a, &c1);
+    *out = l1 < 0 ? NULL : redsem__malloc((size_t)l0 + (size_t)l1);
+    if (*out != NULL) {
+        memcpy(*out, c0, (size_t)l0);
+        memcpy(*out + l0, c1, (size_t)l1);
+    }
+    if (c0 != NULL)
+        redisFreeCommand(c0);
+    if (c1 != NULL)
+        redisFreeCommand(c1);
+    return *out != NULL ? l0 + l1 : -1;
+}
+
+static bool error_is(const redisReply *r, const char *word)
+{
+    return r->type == REDIS_REPLY_ERROR && r->str != NULL &&
+           strncmp(r->str, word, strlen(word)) == 0;
+}
+
+/* Under d->mu: the outcome of it from its ended request q (as redsem__node_eval would make
+ * it). false: run it alone (nothing ran, or a lost connection to retry; *maybe: it may have
+ * been applied). */
+static bool drive_finish(redsem__drive *d, redsem__batch_item *it, redsem__preq *q, bool load,
+                         bool *maybe)
+{
+    redsem__node *n = drive_node(d);
+    if (q->rc != REDSEM_OK) {
+        *maybe = q->written;
+        if (q->rc == REDSEM_ECONN && (it->flags & REDSEM__REQ_RETRY))
+            return false;
+        it->rc = q->rc;
+        snprintf(it->errmsg, REDSEM__ERRMSG_LEN, "%s", d->pipe.err);
+        if (it->info != NULL)
+            *it->info = (redsem__req_info){q->written, 0, 0, -1};
+        return true;
+    }
+    const redsem__script_def *def = &redsem__script_defs[it->script];
+    if (load) {
+        redisReply *lr = q->replies[0];
+        if (lr->type == REDIS_REPLY_STRING)
+            atomic_store(&n->scripts->sent[it->script], true);
+        else if (!error_is(lr, "ERR Error compiling"))
+            atomic_store(&n->scripts->eval_body, true); /* SCRIPT LOAD refused: EVAL bodies */
+        freeReplyObject(lr);
+        REDSEM__COUNT(n->ctx, script_loads, 1);
+    }
+    redisReply *r = q->replies[load ? 1 : 0];
+    bool readonly = error_is(r, "READONLY");
+    if (error_is(r, "NOSCRIPT") || error_is(r, "LOADING") || readonly ||
+        redsem__redirect_reply(r)) {
+        if (error_is(r, "NOSCRIPT") && !atomic_load(&n->scripts->eval_body))
+            REDSEM__COUNT(n->ctx, noscript, 1);
+        if (error_is(r, "NOSCRIPT"))
+            atomic_store(&n->scripts->sent[it->script], false);
+        if (readonly && n->resolve != NULL)
+            d->retire = d->drop = true; /* demoted under us: resolve again */
+        freeReplyObject(r);
+        return false; /* nothing ran: the whole story alone */
+    }
+    if (!error_is(r, "ERR Error compiling"))
+        atomic_store(&n->scripts->sent[it->script], true);
+    if (it->info != NULL)
+        *it->info = (redsem__req_info){false, q->sent_ns, q->recv_ns, -1};
+    if (r->type == REDIS_REPLY_ERROR) {
+        redsem__text_copy(n->ctx->errmsg, it->errmsg);
+        it->rc = redsem__node_error_reply(n, r, def->name);
+        redsem__text_copy(it->errmsg, n->ctx->errmsg);
+        freeReplyObject(r);
+        return true;
+    }
+    *it->ret_reply = r;
+    it->rc = REDSEM_OK;
+    return true;
+}
+
+/* Run it through the shared connection. true: done (its rc, reply, info and errmsg set);
+ * false: run it alone (*maybe: a copy may have been applied; *waited: it waited for a
+ * connection, and its deadline holds for the rest). */
+static bool drive_eval(redsem_client *c, redsem__batch_item *it, int64_t deadline_ns,
+                       bool *maybe, bool *waited)
+{
+    redsem__drive *d = &c->drive;
+    *maybe = *waited = false;
+    bool load = !atomic_load(&c->scripts.sent[it->script]);
+    char *cmd = NULL;
+    int len = load && atomic_load(&c->scripts.eval_body) ? -1 : drive_format(it, load, &cmd);
+    if (len < 0)
+        return false; /* the body by EVAL (SCRIPT LOAD refused), or no memory: alone */
+    drive_wait w = {.done = false};
+    pthread_cond_init(&w.cv, NULL);
+    redsem__preq q = {.nreplies = load ? 2 : 1, .deadline_ns = deadline_ns, .done = drive_done,
+                      .arg = &w};
+    pthread_mutex_lock(&d->mu);
+    int rc = drive_admit(c, d, waited);
+    bool sent = rc == REDSEM_OK && redsem__pipe_send(&d->pipe, &q, cmd, (size_t)len) == REDSEM_OK;
+    if (sent) {
+        d->users++;
+        REDSEM__COUNT(&d->lane->ctx, requests, 1);
+        if (d->pipe.inflight > 1)
+            REDSEM__COUNT(&d->lane->ctx, pipelined, 1);
+        /* write now what the socket takes, while earlier calls are in flight */
+        if (redsem__pipe_step(&d->pipe, false, false, redsem__now_ns()) != REDSEM_OK)
+            d->retire = d->drop = true;
+        while (!w.done) {
+            if (!d->reading) {
+                drive_read(d, &w);
+                break;
+            }
+            pthread_cond_wait(&w.cv, &d->mu);
+        }
+    }
+    bool done = sent ? drive_finish(d, it, &q, load, maybe) : rc < 0;
+    if (sent)
+        d->users--;
+    if (!sent && rc < 0)
+        it->rc = rc; /* no lane within the command timeout: the text is the thread's */
+    int put = REDSEM_OK;
+    redsem__lane *l = drive_release(d, &put);
+    pthread_mutex_unlock(&d->mu);
+    if (l != NULL)
+        redsem__lane_put(c, l, put);
+    pthread_cond_destroy(&w.cv);
+    redsem__free(cmd);
+    return done;
+}
+
+/* A call whose reply did not come by the earliest deadline in flight on its connection (the
+ * server stalled: every call in flight ends then) gives up at its own deadline, not earlier:
+ * its not-after time (sent with it, the moment its caller gives up + 100 ms) was set from its
+ * own, and a script that runs after the caller gave up must find it passed. Found by fault
+ * scenario 17 (a fair waiter granted 272 ms after its caller gave up). */
 static int give_up_at_own_deadline(const redsem__batch_item *it, int64_t own_deadline_ns)
 {
     if (it->rc == REDSEM_ETIMEDOUT && it->info != NULL && it->info->maybe_applied) {
@@ -504,87 +778,32 @@ static int give_up_at_own_deadline(const redsem__batch_item *it, int64_t own_dea
     return it->rc;
 }
 
-static int eval_batched(redsem_client *c, redsem__batch_item *mine)
-{
-    /* this call's own deadline: its wait for a connection and its round trip share one
-     * command timeout (cap_after_wait) */
-    int64_t entered = redsem__now_ns();
-    pthread_mutex_lock(&c->pool_mu);
-    redsem__lane *l = NULL;
-    bool make = false, stale = false;
-    int64_t since = 0; /* the earliest wait for a connection among the batch's calls */
-    int64_t since_own = 0;
-    if (!lane_claim(c, &l, &make, &stale)) {
-        pool_waiter w = {.item = mine};
-        int rc = queue_wait(c, &w);
-        if (rc != REDSEM_OK || w.done) {
-            pthread_mutex_unlock(&c->pool_mu);
-            return rc != REDSEM_OK ? busy_error(c)
-                                   : give_up_at_own_deadline(mine, cap_after_wait(c, w.since));
-        }
-        l = w.lane;
-        make = w.make;
-        since = since_own = w.since;
-        stale = l != NULL && l->epoch != c->fault_epoch;
-        if (l != NULL)
-            l->epoch = c->fault_epoch;
-    }
-    pthread_mutex_unlock(&c->pool_mu);
-    if (make && (mine->rc = lane_make(c, &l)) != REDSEM_OK)
-        return mine->rc;
-    if (stale)
-        redsem__topo_disconnect(&l->topo);
-    /* lead: take queued script calls along */
-    pool_waiter *taken[REDSEM__BATCH_MAX];
-    redsem__batch_item items[REDSEM__BATCH_MAX];
-    int k = 0;
-    items[0] = *mine;
-    pthread_mutex_lock(&c->pool_mu);
-    for (pool_waiter *w = c->queue_head, *next; w != NULL && k + 1 < REDSEM__BATCH_MAX;
-         w = next) {
-        next = w->next;
-        if (w->item == NULL)
-            continue;
-        queue_remove(c, w);
-        w->taken = true;
-        taken[k++] = w;
-        items[k] = *w->item;
-        if (since == 0 || w->since < since)
-            since = w->since;
-    }
-    pthread_mutex_unlock(&c->pool_mu);
-    l->ctx.deadline_cap_ns = cap_after_wait(c, since);
-    redsem__node_eval_batch(redsem__topo_node(&l->topo, NULL, 0), items, k + 1);
-    *mine = items[0];
-    int worst = mine->rc;
-    pthread_mutex_lock(&c->pool_mu);
-    for (int i = 0; i < k; i++) {
-        *taken[i]->item = items[i + 1];
-        if (items[i + 1].rc == REDSEM_ECONN)
-            worst = REDSEM_ECONN;
-        taken[i]->done = true;
-        pthread_cond_signal(&taken[i]->cv);
-    }
-    pthread_mutex_unlock(&c->pool_mu);
-    redsem__lane_put(c, l, worst);
-    return give_up_at_own_deadline(mine, cap_after_wait(c, since_own != 0 ? since_own : entered));
-}
-
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka, int flags,
                  redsem__req_info *info, redisReply **ret_reply)
 {
     /* A call with a cap of its own (a renewal) is not taken into another thread's batch,
      * whose deadline would not know its cap, and takes no other thread's call along. */
-    if (c->ep.kind != REDSEM__EP_CLUSTER && call_cap(c) == 0 &&
+    bool maybe = false, waited = false;
+    if (c->drive_on && call_cap(c) == 0 &&
         !((flags & REDSEM__REQ_SYNC) && c->sync_replicas > 0)) {
+        /* its wait for the connection and its round trip share one command timeout */
+        int64_t deadline = redsem__deadline_after_ms(c->command_timeout_ms);
         redsem__batch_item it = {script, nkeys, ka, flags, info, ret_reply,
                                  redsem__errbuf(c), REDSEM_OK};
-        return eval_batched(c, &it);
+        if (drive_eval(c, &it, deadline, &maybe, &waited))
+            return give_up_at_own_deadline(&it, deadline);
+        if (waited) /* its wait for a connection and the rest share one command timeout */
+            redsem__call_cap_set(c, deadline);
     }
     /* every key of one call shares a hash tag: the first one routes it */
     eval_call q = {script, nkeys, ka, flags, info, ret_reply};
-    return redsem__routed(c, false, nkeys > 0 ? ka->v[0] : NULL, nkeys > 0 ? ka->len[0] : 0, flags,
-                          info, call_eval, &q);
+    int rc = redsem__routed(c, false, nkeys > 0 ? ka->v[0] : NULL, nkeys > 0 ? ka->len[0] : 0,
+                            flags, info, call_eval, &q);
+    if (waited)
+        redsem__call_cap_set(c, 0);
+    if (maybe && info != NULL)
+        info->maybe_applied = true; /* a copy in the pipe may have run */
+    return rc;
 }
 
 void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k)
@@ -723,6 +942,9 @@ int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err,
     pthread_mutex_init(&c->pool_mu, NULL);
     pthread_mutex_init(&c->renew_mu, NULL);
     pthread_mutex_init(&c->wake_mu, NULL);
+    pthread_mutex_init(&c->drive.mu, NULL);
+    pthread_cond_init(&c->drive.lane_cv, NULL);
+    c->drive_on = o->ep.kind != REDSEM__EP_CLUSTER;
     c->connect_timeout_ms = o->connect_timeout_ms;
     c->command_timeout_ms = o->command_timeout_ms;
     c->retry_ms = o->retry_ms;
@@ -839,7 +1061,10 @@ void redsem_client_free(redsem_client *c)
         pthread_mutex_destroy(&c->pool_mu);
         pthread_mutex_destroy(&c->renew_mu);
         pthread_mutex_destroy(&c->wake_mu);
+        pthread_mutex_destroy(&c->drive.mu);
+        pthread_cond_destroy(&c->drive.lane_cv);
     }
+    redsem__free(c->drive.pipe.out); /* (its lane was closed above) */
     redsem__wake_free(c); /* in a forked child also the parent's parked waits (memory) */
     redsem__endpoint_clear(&c->ep);
     redsem__tls_opts_clear(&c->tls);

@@ -131,6 +131,23 @@ typedef struct redsem__lane {
     int64_t queued_since; /* the borrower waited for it since then (0: it did not) */
 } redsem__lane;
 
+/* The shared connection of a client with one server (client.c): the script calls of every
+ * thread go into one pipe (node/conn.h), several batches in flight at once. It holds a request
+ * lane of the pool while requests are in flight on it and gives it back when they are all
+ * answered. The threads waiting for replies drive it in turn (one reads and hands the others
+ * their replies); see docs/design.md section 13. */
+typedef struct redsem__drive {
+    pthread_mutex_t mu;
+    pthread_cond_t lane_cv; /* a lane came (or not) for the thread that went for one */
+    redsem__lane *lane;     /* held while requests are in flight; NULL: none */
+    redsem__pipe pipe;      /* on the held lane's node's connection */
+    int users;    /* threads with a call in it, not finished yet (the lane stays held) */
+    bool getting; /* a thread is borrowing a lane for it */
+    bool reading; /* a thread holds the reader role (polls the socket, steps the pipe) */
+    bool retire;  /* take no more requests: give the lane back once drained */
+    bool drop;    /* ... closing its connection (a fault, READONLY, a moved primary) */
+} redsem__drive;
+
 struct redsem_client {
     /* the settings it was made with */
     redsem__endpoint ep;
@@ -159,6 +176,9 @@ struct redsem_client {
     redsem__lane *idle_req, *idle_wait;
     int nreq;
     struct pool_waiter *queue_head, *queue_tail; /* threads waiting for a request lane */
+    atomic_int queued; /* how many (read without pool_mu by the shared connection) */
+    bool drive_on;       /* one server (not a cluster): script calls go through drive */
+    redsem__drive drive;
     uint64_t fault_epoch; /* bumped by a call that lost its connection */
     uint64_t pool_waits;
     uint64_t direct_grants; /* atomic adds (acquire.c), atomic loads */

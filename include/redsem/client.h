@@ -15,10 +15,12 @@ extern "C" {
 /*
  * THREADS. Since 0.4 a redsem_client, and every semaphore, lock, rate limiter and permit made
  * from it, may be used by any number of threads at once: a thread pool shares one client.
- * Each request borrows one of the client's connections to the server that serves its key for
- * one round trip (at most redsem_options_set_max_connections() of them per server, opened on
- * demand; a thread that finds them all busy queues, and its script call may go out in the
- * same write as other threads' calls: pipelined). The blocking acquires waiting for a
+ * The script calls of all its threads (acquire attempts, releases, refreshes, status reads) go
+ * on one shared connection per server with many calls in flight on it (pipelined; one
+ * server, not a Redis Cluster); other requests borrow one of the client's connections to the
+ * server that serves their key for one round trip (at most
+ * redsem_options_set_max_connections() per server, the shared one among them, opened on
+ * demand; a thread that finds them all busy queues). The blocking acquires waiting for a
  * wake-up share one separate wait connection (one BLPOP on all their lists), so blocked
  * waiters never starve the requests of other threads (in a Redis Cluster: one wait
  * connection per waiting acquire). Under Sentinel the client also keeps one connection to one
@@ -331,17 +333,18 @@ REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
  * redsem_options_set_max_connections - how many connections to each Redis server the client's
  * requests share.
  *
- * A client may be used by many threads at once. Each request (an acquire attempt, a release,
- * a refresh, a status read ...) borrows one of the client's request connections to the server
- * that serves its key for one round trip, and gives it back. A thread that finds them all
- * busy queues (counted in redsem_client_stats.pool_waits) and is served in arrival order,
- * within the command timeout; a script call (every acquire, release and refresh) queued
- * there is taken along by the next thread that gets a connection: up to 16 script calls of
- * different threads go out in one write and come back in one round trip (pipelined; counted
- * in redsem_client_stats.pipelined; not in a Redis Cluster; with
- * redsem_options_set_sync_replicas() only the calls followed by WAIT, acquire attempts and
- * refreshes, go alone, while releases, status reads, opens and the other script calls are
- * still pipelined). Connections are opened on demand, so a client used by one thread opens
+ * A client may be used by many threads at once. The script calls of its threads (every
+ * acquire attempt, release, refresh, status read, open) go on one of these connections,
+ * shared: each is written as soon as it comes, while other threads' calls are in flight on
+ * it, and their replies are read in order and handed to their callers (pipelined; counted in
+ * redsem_client_stats.pipelined; not in a Redis Cluster; with
+ * redsem_options_set_sync_replicas() the calls followed by WAIT, acquire attempts and
+ * refreshes, go alone). Every other request (a PING, a renewal, a call in a Redis Cluster, a
+ * call that needs more than one round trip) borrows one of the client's request connections
+ * to the server that serves its key for one round trip, and gives it back. A thread that finds
+ * them all busy queues (counted in redsem_client_stats.pool_waits) and is served in arrival
+ * order, within the command timeout; while one waits there, the shared connection takes no
+ * new calls. Connections are opened on demand, so a client used by one thread opens
  * one. A thread's wait for a connection and its round trip share one
  * command timeout. Blocking acquires waiting for a wake-up do not hold request connections:
  * they share one wait connection (one BLPOP on all their lists; in a Redis Cluster one per
@@ -498,9 +501,9 @@ typedef struct redsem_client_stats {
     uint64_t redirects;    /* Redis Cluster MOVED and ASK replies followed (Since: 0.3) */
     uint64_t pool_waits;   /* requests that waited for a free request connection, all of
                               them busy with other threads' requests (Since: 0.4) */
-    uint64_t pipelined;    /* script calls written in one write with other calls: other
-                              threads' calls, or renewals due together (a batch of 2 counts
-                              2) (Since: 0.4) */
+    uint64_t pipelined;    /* script calls written while other threads' calls were in
+                              flight on the same connection, and renewals due together sent
+                              in one write (a batch of 2 counts 2) (Since: 0.4) */
     uint64_t direct_grants; /* fair and locked acquires decided by a wake-up that carried the
                                permit, with no attempt after it (one server, no
                                sync_replicas) (Since: 0.4.5) */

@@ -14,6 +14,17 @@ void redsem__pipe_init(redsem__pipe *p, redsem__conn *conn)
     p->conn = conn;
 }
 
+void redsem__pipe_attach(redsem__pipe *p, redsem__conn *conn)
+{
+    p->conn = conn;
+    p->out_base += p->out_len;
+    p->out_off = p->out_len = 0;
+    p->head = p->tail = NULL;
+    p->inflight = 0;
+    p->rc = REDSEM_OK;
+    p->err[0] = '\0';
+}
+
 int redsem__pipe_fd(const redsem__pipe *p)
 {
     return p->conn->fd;
@@ -106,7 +117,9 @@ short redsem__pipe_wants(const redsem__pipe *p, int64_t *deadline_ns)
 static void note_written(redsem__pipe *p, int64_t now_ns)
 {
     uint64_t done = p->out_base + p->out_off;
-    for (redsem__preq *q = p->head; q != NULL && !q->written; q = q->next) {
+    for (redsem__preq *q = p->head; q != NULL; q = q->next) {
+        if (q->written)
+            continue;
         if (q->sent_ns == 0)
             q->sent_ns = now_ns;
         if (q->end <= done)
@@ -193,8 +206,10 @@ static int consume(redsem__pipe *p, int64_t now_ns)
             return REDSEM_EPROTO;
         }
         int rc = take_replies(p, now_ns);
-        if (rc != REDSEM_OK || (size_t)n < sizeof buf)
-            return rc; /* a short read: the socket is drained (TLS: the record) */
+        /* a short read drained a plain socket; TLS reads one record at a time: on until
+         * OpenSSL wants more (so that no byte waits in OpenSSL while the driver polls) */
+        if (rc != REDSEM_OK || (p->conn->ssl == NULL && (size_t)n < sizeof buf))
+            return rc;
     }
 }
 
@@ -205,7 +220,7 @@ int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now
     int rc = REDSEM_OK;
     if (p->out_off < p->out_len || writable)
         rc = flush(p, now_ns);
-    if (rc == REDSEM_OK && (readable || (p->conn->ssl != NULL && redsem__tls_pending(p->conn))))
+    if (rc == REDSEM_OK && readable)
         rc = consume(p, now_ns);
     if (rc == REDSEM_OK) {
         for (const redsem__preq *q = p->head; q != NULL; q = q->next)

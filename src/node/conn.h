@@ -69,6 +69,9 @@ typedef struct redsem__pipe {
 
 /* Start driving conn (open, its reader made: redsem__conn_open). */
 void redsem__pipe_init(redsem__pipe *p, redsem__conn *conn);
+/* Drive conn (open) from now on with an idle pipe (nothing in flight), its fault forgotten;
+ * keeps the buffer's memory. */
+void redsem__pipe_attach(redsem__pipe *p, redsem__conn *conn);
 /* Fail what is in flight (REDSEM_ECONN, "connection closed") and free the buffer; the
  * connection itself is the caller's. */
 void redsem__pipe_reset(redsem__pipe *p);

@@ -431,8 +431,9 @@ int main(int argc, char **argv)
         fw_emit(lg, EV_STATS, "stats", st.noscript - base.noscript,
                 (int)(st.retries - base.retries), (int64_t)(st.script_loads - base.script_loads),
                 (int64_t)(st.requests - base.requests));
-    /* the pool's counters: token = waits for a request connection, a = connects */
-    fw_emit(lg, EV_NOTE, "pool", st.pool_waits, 0, (int64_t)st.connects, 0);
+    /* the pool's counters: token = waits for a request connection, a = connects, b = calls
+     * written while other threads' calls were in flight on the shared connection */
+    fw_emit(lg, EV_NOTE, "pool", st.pool_waits, 0, (int64_t)st.connects, (int64_t)st.pipelined);
     for (int i = 0; i < o.threads; i++)
         fw_emit(&ws[i].lg, EV_EXIT, o.name, 0, 0, ws[i].done, 0);
     redsem_sem_free(sem);
