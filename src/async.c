@@ -164,8 +164,9 @@ struct redsem_async {
      * the engine's deadline. loop NULL: every operation on the workers. */
     int epfd;
     redsem__loop *loop;
-    int loop_fd;          /* the connection in the set (-1: none) */
-    uint32_t loop_ev;     /* and its epoll events */
+    int loop_fd[2];       /* the connections in the set (-1: none) */
+    uint32_t loop_ev[2];  /* and their epoll events */
+    unsigned loop_gen;    /* the engine's connections' generation they are of */
     int64_t timer_ns;     /* the timer asked for (0: none, or it fired) */
     op_list looping;      /* acquires on the engine */
 #endif
@@ -683,7 +684,7 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
         redsem__free(a);
         return redsem__set_err(client, REDSEM_ECONN, "epoll: %s", strerror(e));
     }
-    a->loop_fd = -1;
+    a->loop_fd[0] = a->loop_fd[1] = -1;
 #endif
     a->c = client;
     a->pid = getpid();
@@ -782,25 +783,38 @@ static int run_callbacks(redsem_async *a)
 #if REDSEM_ASYNC_LOOP
 /* ---------------------------------------------------------------- the loop engine */
 
-/* Tell the loop what the engine wants now: its connection in the epoll set with the events
- * it waits for, and its earliest deadline as the loop's one timer. The loop's thread. */
+/* Tell the loop what the engine wants now: its connections in the epoll set with the events
+ * they wait for, and its earliest deadline as the loop's one timer. The loop's thread. */
 static void loop_sync(redsem_async *a)
 {
-    short ev = 0;
+    redsem__loop_watch w[2];
     int64_t deadline = REDSEM__FOREVER;
-    int fd = redsem__loop_wants(a->loop, &ev, &deadline);
-    uint32_t want = (ev & POLLIN ? EPOLLIN : 0u) | (ev & POLLOUT ? EPOLLOUT : 0u);
-    if (a->loop_fd >= 0 && (fd != a->loop_fd || want == 0)) {
-        (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd, NULL); /* fails if closed: fine */
-        a->loop_fd = -1;
-        a->loop_ev = 0;
+    int n = redsem__loop_wants(a->loop, w, &deadline);
+    unsigned gen = redsem__loop_generation(a->loop);
+    for (int j = 0; j < 2; j++) { /* a registration no longer wanted, or of an old socket */
+        bool wanted = false;
+        for (int i = 0; i < n; i++)
+            wanted = wanted || w[i].fd == a->loop_fd[j];
+        if (a->loop_fd[j] >= 0 && (!wanted || gen != a->loop_gen)) {
+            (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd[j], NULL); /* may be closed */
+            a->loop_fd[j] = -1;
+            a->loop_ev[j] = 0;
+        }
     }
-    if (fd >= 0 && want != 0 && (fd != a->loop_fd || want != a->loop_ev)) {
-        struct epoll_event e = {.events = want, .data.fd = fd};
-        if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, fd, &e) != 0 && errno == EEXIST)
-            (void)epoll_ctl(a->epfd, EPOLL_CTL_MOD, fd, &e);
-        a->loop_fd = fd;
-        a->loop_ev = want;
+    a->loop_gen = gen;
+    for (int i = 0; i < n; i++) {
+        uint32_t want = (w[i].events & POLLIN ? EPOLLIN : 0u) |
+                        (w[i].events & POLLOUT ? EPOLLOUT : 0u);
+        int j = a->loop_fd[0] == w[i].fd ? 0 : a->loop_fd[1] == w[i].fd ? 1
+                : a->loop_fd[0] < 0      ? 0
+                                         : 1;
+        if (a->loop_fd[j] == w[i].fd && a->loop_ev[j] == want)
+            continue;
+        struct epoll_event e = {.events = want, .data.fd = w[i].fd};
+        if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, w[i].fd, &e) != 0 && errno == EEXIST)
+            (void)epoll_ctl(a->epfd, EPOLL_CTL_MOD, w[i].fd, &e);
+        a->loop_fd[j] = w[i].fd;
+        a->loop_ev[j] = want;
     }
     int64_t at = deadline == REDSEM__FOREVER ? 0 : deadline;
     if (at != a->timer_ns) {
@@ -883,17 +897,19 @@ static void loop_start(redsem_async *a, op *o)
 /* The loop's report on epfd or its timer: step the engine, then run the callbacks. */
 static int loop_action(redsem_async *a, int fd)
 {
-    bool readable = false, writable = false;
     if (fd == -1)
         a->timer_ns = 0; /* it fired: the next sync asks again */
     struct epoll_event ev[4];
-    int n = epoll_wait(a->epfd, ev, 4, 0);
+    struct pollfd ready[4];
+    int n = epoll_wait(a->epfd, ev, 4, 0), k = 0;
     for (int i = 0; i < n; i++)
-        if (ev[i].data.fd == a->loop_fd) {
-            readable = (ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0;
-            writable = (ev[i].events & EPOLLOUT) != 0;
-        }
-    redsem__loop_step(a->loop, readable, writable);
+        if (ev[i].data.fd != a->pipefd[0])
+            ready[k++] = (struct pollfd){
+                .fd = ev[i].data.fd,
+                .revents = (short)((ev[i].events & EPOLLIN ? POLLIN : 0) |
+                                   (ev[i].events & EPOLLOUT ? POLLOUT : 0) |
+                                   (ev[i].events & (EPOLLHUP | EPOLLERR) ? POLLERR : 0))};
+    redsem__loop_step(a->loop, ready, k);
     loop_sync(a);
     return run_callbacks(a);
 }
@@ -910,13 +926,14 @@ static void loop_stop(redsem_async *a)
     pthread_mutex_unlock(&a->mu);
     int64_t end = redsem__now_ns() + 2 * a->c->command_timeout_ms * REDSEM__NS_PER_MS;
     while (a->looping.head != NULL && redsem__now_ns() < end) {
-        short ev = 0;
+        redsem__loop_watch w[2];
         int64_t deadline;
-        int fd = redsem__loop_wants(a->loop, &ev, &deadline);
-        struct pollfd p = {.fd = fd, .events = ev};
-        int n = poll(&p, fd >= 0 && ev != 0 ? 1 : 0, 10);
-        redsem__loop_step(a->loop, n > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)),
-                          n > 0 && (p.revents & POLLOUT));
+        struct pollfd p[2];
+        int n = redsem__loop_wants(a->loop, w, &deadline);
+        for (int i = 0; i < n; i++)
+            p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
+        int k = poll(p, (nfds_t)n, 10);
+        redsem__loop_step(a->loop, p, k > 0 ? n : 0);
     }
     redsem__loop_free(a->loop); /* the acquires left end without their engine callbacks */
     a->loop = NULL;
@@ -927,8 +944,9 @@ static void loop_stop(redsem_async *a)
         finish(a, o);
     }
     pthread_mutex_unlock(&a->mu);
-    if (a->loop_fd >= 0)
-        (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd, NULL);
+    for (int j = 0; j < 2; j++)
+        if (a->loop_fd[j] >= 0)
+            (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd[j], NULL);
 }
 #endif
 

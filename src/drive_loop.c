@@ -8,6 +8,7 @@
  * says REDSEM_EUNKNOWN) and the next request reconnects, blocking (redsem__node_connect);
  * not for a client that waits for replicas, a Sentinel or a Cluster client. */
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <hiredis/hiredis.h>
@@ -42,13 +43,30 @@ typedef struct loop_push {
     redsem__preq req;
 } loop_push;
 
-struct redsem__loop {
-    redsem_client *c;
-    redsem__ctx ctx;
+/* One connection of the engine: a node (its handshake, its error replies) and its pipe. */
+typedef struct loop_conn {
     redsem__node node;
     redsem__pipe pipe;
     bool open;
-    loop_op *ops; /* under way */
+} loop_conn;
+
+#define LOOP_WAIT_KEYS_MAX 64
+
+struct redsem__loop {
+    redsem_client *c;
+    redsem__ctx ctx;
+    loop_conn req;  /* the attempts, releases, drains and pushes */
+    loop_conn wait; /* one BLPOP at a time on the waiters' lists (and ctl) */
+    loop_op *ops;   /* under way */
+    /* the BLPOP in flight: its request, the keys it watches (copies), whether it was poked */
+    redsem__preq blpop;
+    bool blpop_pending, blpop_replied, poked;
+    char *bkeys[LOOP_WAIT_KEYS_MAX];
+    int nbkeys;
+    redsem__preq drain; /* a drain of the client's id list after its bell popped */
+    bool drain_pending, drain_replied;
+    char ctl[128]; /* our control list: a push ends the BLPOP, to watch a new key */
+    unsigned gen;  /* connections made (a new one may reuse a closed one's number) */
 };
 
 int redsem__loop_new(redsem_client *c, redsem__loop **ret)
@@ -61,34 +79,44 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     l->c = c;
     char err[REDSEM__ERRMSG_LEN] = "";
-    int rc = redsem__node_init(&l->node, &l->ctx, &c->ep, &c->cfg, err, sizeof err);
-    if (rc != REDSEM_OK) {
-        redsem__free(l);
-        return redsem__set_err(c, rc, "%s", err);
+    loop_conn *lcs[2] = {&l->req, &l->wait};
+    for (int i = 0; i < 2; i++) {
+        int rc = redsem__node_init(&lcs[i]->node, &l->ctx, &c->ep, &c->cfg, err, sizeof err);
+        if (rc != REDSEM_OK) {
+            if (i == 1)
+                redsem__node_close(&l->req.node);
+            redsem__free(l);
+            return redsem__set_err(c, rc, "%s", err);
+        }
+        /* one server: the client's clock and script cache */
+        lcs[i]->node.clock = &c->clock;
+        lcs[i]->node.scripts = &c->scripts;
     }
-    l->node.clock = &c->clock; /* one server: the client's clock and script cache */
-    l->node.scripts = &c->scripts;
+    char tag[REDSEM_ID_BUFSIZE];
+    (void)redsem__new_id(tag);
+    snprintf(l->ctl, sizeof l->ctl, "%sloopctl:%.16s", c->prefix, tag);
     *ret = l;
     return REDSEM_OK;
 }
 
-/* Open the connection if it is not (blocking: connect and handshake). */
-static int loop_open(redsem__loop *l)
+/* Open the connection lc if it is not (blocking: connect and handshake). */
+static int conn_open(redsem__loop *l, loop_conn *lc)
 {
-    if (l->open && l->pipe.rc == REDSEM_OK)
+    if (lc->open && lc->pipe.rc == REDSEM_OK)
         return REDSEM_OK;
-    if (l->open) {
-        redsem__pipe_reset(&l->pipe);
-        redsem__node_disconnect(&l->node);
-        l->open = false;
+    if (lc->open) {
+        redsem__pipe_reset(&lc->pipe);
+        redsem__node_disconnect(&lc->node);
+        lc->open = false;
     }
     bool retryable = false;
     char err[REDSEM__ERRMSG_LEN] = "";
-    int rc = redsem__node_connect(&l->node, &retryable, err, sizeof err);
+    int rc = redsem__node_connect(&lc->node, &retryable, err, sizeof err);
     if (rc != REDSEM_OK)
         return redsem__set_err(l->c, rc, "%s", err);
-    redsem__pipe_init(&l->pipe, &l->node.conn);
-    l->open = true;
+    redsem__pipe_init(&lc->pipe, &lc->node.conn);
+    lc->open = true;
+    l->gen++;
     return REDSEM_OK;
 }
 
@@ -96,7 +124,7 @@ static int loop_open(redsem__loop *l)
  * q->nreplies set. */
 static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call, bool load)
 {
-    int rc = loop_open(l);
+    int rc = conn_open(l, &l->req);
     if (rc != REDSEM_OK)
         return rc;
     const redsem__script_def *d = &redsem__script_defs[call->script];
@@ -123,7 +151,7 @@ static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call,
         q->deadline_ns = redsem__now_ns() + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
         if (cap != 0 && cap < q->deadline_ns)
             q->deadline_ns = cap;
-        rc = redsem__pipe_send(&l->pipe, q, buf, (size_t)plen + (size_t)clen);
+        rc = redsem__pipe_send(&l->req.pipe, q, buf, (size_t)plen + (size_t)clen);
     } else {
         rc = REDSEM_ENOMEM;
     }
@@ -211,7 +239,7 @@ static void op_reply(loop_op *o)
     o->pending = o->replied = false;
     if (q->rc != REDSEM_OK) {
         info.maybe_applied = o->maybe || q->written;
-        attempt_outcome(o, redsem__set_err(c, q->rc, "%s", l->pipe.err), NULL, &info);
+        attempt_outcome(o, redsem__set_err(c, q->rc, "%s", l->req.pipe.err), NULL, &info);
         return;
     }
     _Atomic bool *sent = &c->scripts.sent[o->call.script];
@@ -229,7 +257,7 @@ static void op_reply(loop_op *o)
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        int rc = redsem__node_error_reply(&l->node, r, redsem__script_defs[o->call.script].name);
+        int rc = redsem__node_error_reply(&l->req.node, r, redsem__script_defs[o->call.script].name);
         (void)redsem__set_err(c, rc, "%s", l->ctx.errmsg);
         freeReplyObject(r);
         attempt_outcome(o, rc, NULL, &info);
@@ -337,12 +365,220 @@ int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *ca
     return REDSEM_OK;
 }
 
-int redsem__loop_wants(const redsem__loop *l, short *events, int64_t *deadline_ns)
+/* ---------------------------------------------------------------- the waits */
+
+/* A waiting op is woken: its wait ends now, signaled. */
+static void wake(loop_op *o)
 {
-    *events = 0;
+    o->s.signaled = true;
+    o->wake_ns = 1;
+}
+
+static void wait_done(redsem__preq *q, void *arg)
+{
+    redsem__loop *l = arg;
+    if (q == &l->blpop)
+        l->blpop_replied = true;
+    else
+        l->drain_replied = true;
+}
+
+/* Whether key is one the BLPOP in flight watches. */
+static bool watched(const redsem__loop *l, const char *key)
+{
+    for (int i = 0; i < l->nbkeys; i++)
+        if (strcmp(l->bkeys[i], key) == 0)
+            return true;
+    return false;
+}
+
+/* The keys of the waiting ops (distinct, at most LOOP_WAIT_KEYS_MAX - 1) into keys; how many,
+ * and in *until the earliest end of their waits. */
+static int wait_keys(const redsem__loop *l, const char **keys, int64_t *until)
+{
+    int n = 0;
+    *until = REDSEM__FOREVER;
+    for (const loop_op *o = l->ops; o != NULL; o = o->next) {
+        if (!o->waiting || o->s.wkey == NULL || o->s.keylen == 0)
+            continue;
+        if (o->wake_ns < *until)
+            *until = o->wake_ns;
+        bool seen = false;
+        for (int i = 0; i < n && !seen; i++)
+            seen = strcmp(keys[i], o->s.wkey) == 0;
+        if (!seen && n < LOOP_WAIT_KEYS_MAX - 1)
+            keys[n++] = o->s.wkey;
+    }
+    return n;
+}
+
+/* Send a script call of the loop's own (a drain, a poke) as q on the request connection. */
+static void send_own(redsem__loop *l, redsem__preq *q, redsem__call *call, bool *pending)
+{
+    q->done = wait_done;
+    q->arg = l;
+    bool load = !atomic_load(&l->c->scripts.sent[call->script]);
+    *pending = send_call(l, q, call, load) == REDSEM_OK;
+}
+
+/* Drain the client's id list: its elements name the fair waiters granted. */
+static void send_drain(redsem__loop *l)
+{
+    if (l->drain_pending || l->c->wake_ids == NULL)
+        return;
+    redsem__call call;
+    redsem__call_init(&call, REDSEM__SCRIPT_WAKE_DRAIN, REDSEM__REQ_RETRY, NULL);
+    const char *keys[] = {l->c->wake_ids};
+    redsem__call_keys(&call, 1, keys);
+    redsem__args_i64(&call.ka, 256);
+    send_own(l, &l->drain, &call, &l->drain_pending);
+}
+
+/* Start the BLPOP on the waiting ops' keys and our control list, until the earliest of their
+ * waits ends; or, one being in flight without a key now waited on, end it by a push to the
+ * control list. */
+static void wait_sync(redsem__loop *l)
+{
+    const char *keys[LOOP_WAIT_KEYS_MAX];
+    int64_t until;
+    int n = wait_keys(l, keys, &until);
+    if (l->blpop_pending) {
+        for (int i = 0; i < n && !l->poked; i++)
+            if (!watched(l, keys[i])) {
+                redsem__call call;
+                redsem__call_init(&call, REDSEM__SCRIPT_WAKE_PUSH, REDSEM__REQ_RETRY, NULL);
+                const char *k[] = {l->ctl, l->ctl};
+                redsem__call_keys(&call, 2, k);
+                redsem__args_str(&call.ka, "s");
+                redsem__args_str(&call.ka, "1");
+                bool sent = false;
+                loop_push *p = redsem__calloc(1, sizeof *p);
+                if (p != NULL) {
+                    p->req.done = push_done;
+                    bool load = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
+                    sent = send_call(l, &p->req, &call, load) == REDSEM_OK;
+                    if (!sent)
+                        redsem__free(p);
+                }
+                l->poked = sent;
+            }
+        return;
+    }
+    int64_t left_ms = (until - redsem__now_ns()) / REDSEM__NS_PER_MS;
+    if (n == 0 || left_ms < 2 || conn_open(l, &l->wait) != REDSEM_OK)
+        return; /* the waits end by their timers */
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, "BLPOP");
+    for (int i = 0; i < n; i++)
+        redsem__args_str(&a, keys[i]);
+    redsem__args_str(&a, l->ctl);
+    char t[32];
+    snprintf(t, sizeof t, "%lld.%03lld", (long long)(left_ms / 1000), (long long)(left_ms % 1000));
+    redsem__args_str(&a, t);
+    char *cmd = NULL;
+    int len = redsem__args_format(&a, &cmd);
+    if (len < 0)
+        return;
+    l->blpop = (redsem__preq){.nreplies = 1, .done = wait_done, .arg = l};
+    l->blpop.deadline_ns = until + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (redsem__pipe_send(&l->wait.pipe, &l->blpop, cmd, (size_t)len) == REDSEM_OK) {
+        l->blpop_pending = true;
+        l->poked = false;
+        for (int i = 0; i < n; i++)
+            l->bkeys[l->nbkeys++] = redsem__strdup(keys[i]); /* NULL: not watched */
+    }
+    redisFreeCommand(cmd);
+}
+
+/* The BLPOP's reply: the oldest op waiting on the list popped is woken (the client's bell: the
+ * fair waiters its id list names, once drained). A timeout or a fault wakes nobody. */
+static void blpop_reply(redsem__loop *l)
+{
+    redsem__preq *q = &l->blpop;
+    l->blpop_pending = l->blpop_replied = false;
+    for (int i = 0; i < l->nbkeys; i++)
+        redsem__free(l->bkeys[i]);
+    l->nbkeys = 0;
+    redisReply *r = q->rc == REDSEM_OK ? q->replies[0] : NULL;
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING) {
+        const char *key = r->element[0]->str;
+        loop_op *oldest = NULL;
+        if (l->c->wake_bell != NULL && strcmp(key, l->c->wake_bell) == 0)
+            send_drain(l);
+        else
+            for (loop_op *o = l->ops; o != NULL; o = o->next)
+                if (o->waiting && o->s.wkey != NULL && strcmp(o->s.wkey, key) == 0 &&
+                    (oldest == NULL || o->s.since_ns < oldest->s.since_ns))
+                    oldest = o;
+        if (oldest != NULL)
+            wake(oldest);
+    }
+    if (r != NULL)
+        freeReplyObject(r);
+}
+
+/* A direct grant an element carried after "<id> <meta>": " <token> <server us> <lease ms>"
+ * (prelude.lua's grant_heads), for the acquire to check (acquire.c's direct_grant). */
+static void take_grant(loop_op *o, const char *rest, size_t len)
+{
+    char buf[80];
+    unsigned long long token;
+    long long us, lease;
+    if (len == 0 || len >= sizeof buf)
+        return;
+    memcpy(buf, rest, len);
+    buf[len] = '\0';
+    if (sscanf(buf, " %llu %lld %lld", &token, &us, &lease) == 3)
+        o->s.grant = (redsem__wake_grant){token, us, lease};
+}
+
+/* The drain's reply: each element "<id> <meta>[ ...]" wakes the op waiting as it; one of a
+ * waiter between two attempts is lost (its poll finds its grant). Full: drain again. */
+static void drain_reply(redsem__loop *l)
+{
+    redsem__preq *q = &l->drain;
+    l->drain_pending = l->drain_replied = false;
+    if (q->rc != REDSEM_OK)
+        return;
+    redisReply *r = q->replies[q->nreplies - 1];
+    if (q->nreplies == 2)
+        freeReplyObject(q->replies[0]);
+    if (q->nreplies == 2 || r->type != REDIS_REPLY_ERROR)
+        atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], r->type != REDIS_REPLY_ERROR);
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        const redisReply *e = r->element[i];
+        for (loop_op *o = l->ops; e->type == REDIS_REPLY_STRING && o != NULL; o = o->next) {
+            size_t n = strlen(o->s.elem);
+            if (o->waiting && n > 0 && e->len >= n && memcmp(e->str, o->s.elem, n) == 0 &&
+                (e->len == n || e->str[n] == ' ')) {
+                take_grant(o, e->str + n, e->len - n);
+                wake(o);
+            }
+        }
+    }
+    bool full = r->type == REDIS_REPLY_ARRAY && r->elements == 256;
+    freeReplyObject(r);
+    if (full)
+        send_drain(l);
+}
+
+/* ---------------------------------------------------------------- the loop's part */
+
+int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[2], int64_t *deadline_ns)
+{
+    int n = 0;
     *deadline_ns = REDSEM__FOREVER;
-    if (l->open)
-        *events = redsem__pipe_wants(&l->pipe, deadline_ns);
+    const loop_conn *lcs[2] = {&l->req, &l->wait};
+    for (int i = 0; i < 2; i++) {
+        int64_t d = REDSEM__FOREVER;
+        short ev = lcs[i]->open ? redsem__pipe_wants(&lcs[i]->pipe, &d) : 0;
+        if (ev != 0)
+            w[n++] = (redsem__loop_watch){redsem__pipe_fd(&lcs[i]->pipe), ev};
+        if (d < *deadline_ns)
+            *deadline_ns = d;
+    }
     for (const loop_op *o = l->ops; o != NULL; o = o->next) {
         int64_t at = o->wake_ns;
         if (at != 0 && o->waiting && atomic_load(&o->cancel))
@@ -350,7 +586,12 @@ int redsem__loop_wants(const redsem__loop *l, short *events, int64_t *deadline_n
         if (at != 0 && at < *deadline_ns)
             *deadline_ns = at;
     }
-    return l->open ? redsem__pipe_fd(&l->pipe) : -1;
+    return n;
+}
+
+unsigned redsem__loop_generation(const redsem__loop *l)
+{
+    return l->gen;
 }
 
 /* The op whose request ended or whose timer is due, first found; NULL: none. */
@@ -376,8 +617,7 @@ static void run_due(loop_op *o)
     o->wake_ns = 0;
     if (o->waiting) {
         o->waiting = false;
-        o->s.wait_rc = REDSEM_OK;
-        o->s.signaled = false;
+        o->s.wait_rc = REDSEM_OK; /* s.signaled: set if a wake-up ended it */
         op_step(o);
         return;
     }
@@ -387,20 +627,43 @@ static void run_due(loop_op *o)
     op_send(o);
 }
 
-void redsem__loop_step(redsem__loop *l, bool readable, bool writable)
+/* Step lc's pipe with the readiness found for its descriptor in ready. */
+static void conn_step(loop_conn *lc, const struct pollfd *ready, int n)
+{
+    if (!lc->open)
+        return;
+    bool r = false, w = false;
+    for (int i = 0; i < n; i++)
+        if (ready[i].fd == redsem__pipe_fd(&lc->pipe)) {
+            r = (ready[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+            w = (ready[i].revents & POLLOUT) != 0;
+        }
+    (void)redsem__pipe_step(&lc->pipe, r, w, redsem__now_ns());
+}
+
+void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
 {
     bool ran;
     do {
         /* writes what was queued (also by the last round), reads what arrived */
-        if (l->open)
-            (void)redsem__pipe_step(&l->pipe, readable, writable, redsem__now_ns());
-        readable = writable = false;
+        conn_step(&l->req, ready, n);
+        conn_step(&l->wait, ready, n);
+        n = 0;
         ran = false;
+        if (l->blpop_replied) {
+            blpop_reply(l);
+            ran = true;
+        }
+        if (l->drain_replied) {
+            drain_reply(l);
+            ran = true;
+        }
         loop_op *o;
         while ((o = due(l, redsem__now_ns())) != NULL) {
             run_due(o);
             ran = true;
         }
+        wait_sync(l);
     } while (ran);
 }
 
@@ -416,13 +679,18 @@ void redsem__loop_free(redsem__loop *l)
 {
     if (l == NULL)
         return;
-    if (l->open)
-        redsem__pipe_reset(&l->pipe); /* the ops' requests end (not called back) */
+    loop_conn *lcs[2] = {&l->req, &l->wait};
+    for (int i = 0; i < 2; i++)
+        if (lcs[i]->open)
+            redsem__pipe_reset(&lcs[i]->pipe); /* requests end (ops: not called back) */
     while (l->ops != NULL) {
         loop_op *o = l->ops;
         l->ops = o->next;
         redsem__free(o);
     }
-    redsem__node_close(&l->node);
+    for (int i = 0; i < l->nbkeys; i++)
+        redsem__free(l->bkeys[i]);
+    for (int i = 0; i < 2; i++)
+        redsem__node_close(&lcs[i]->node);
     redsem__free(l);
 }

@@ -493,9 +493,12 @@ int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
  * q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare); done(arg, rc,
  * permit) runs once from inside redsem__loop_step (or from here, if it is decided without
  * I/O), and *ret_cancel (may be NULL) is its cancel flag, valid until then. wants: the
- * descriptor to watch (-1: none), its events (POLLIN, POLLOUT) and the earliest deadline
- * (REDSEM__FOREVER: none); step: do what is due (call it when the descriptor is ready or
- * the deadline came). free: the acquires under way end without their callbacks. */
+ * descriptors to watch (its request connection and its wait connection, which holds one
+ * BLPOP on the waiters' lists at a time: 0-2 of them, returned) with their events, and the
+ * earliest deadline (REDSEM__FOREVER: none); step: do what is due (call it with the
+ * descriptors found ready, revents as poll()'s, when one is or the deadline came);
+ * generation: changes when a connection is made anew (its descriptor's number may be a
+ * closed one's). free: the acquires under way end without their callbacks. */
 typedef struct redsem__loop redsem__loop;
 typedef void (*redsem__loop_done)(void *arg, int rc, redsem_permit *p);
 int redsem__loop_new(redsem_client *c, redsem__loop **ret);
@@ -509,8 +512,14 @@ typedef int (*redsem__loop_reply)(void *arg, int rc, const struct redisReply *r,
                                   const redsem__req_info *info);
 int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *call),
                       redsem__loop_reply reply, redsem__loop_done done, void *arg);
-int redsem__loop_wants(const redsem__loop *l, short *events, int64_t *deadline_ns);
-void redsem__loop_step(redsem__loop *l, bool readable, bool writable);
+typedef struct redsem__loop_watch {
+    int fd;
+    short events; /* POLLIN, POLLOUT */
+} redsem__loop_watch;
+int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[2], int64_t *deadline_ns);
+struct pollfd;
+void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n);
+unsigned redsem__loop_generation(const redsem__loop *l);
 size_t redsem__loop_pending(const redsem__loop *l);
 void redsem__loop_free(redsem__loop *l);
 /* Before any I/O: the fork check, ret_permit, the timeout, and the holder id (given_id

@@ -40,9 +40,9 @@ static void on_done(void *arg, int rc, redsem_permit *p)
  * then step it. */
 static void turn(redsem__loop *l, int64_t max_ms)
 {
-    short events;
+    redsem__loop_watch w[2];
     int64_t deadline;
-    int fd = redsem__loop_wants(l, &events, &deadline);
+    int n = redsem__loop_wants(l, w, &deadline);
     int64_t now = redsem__now_ns();
     int64_t ms = deadline == REDSEM__FOREVER ? max_ms
                                              : (deadline - now + REDSEM__NS_PER_MS - 1) /
@@ -51,10 +51,11 @@ static void turn(redsem__loop *l, int64_t max_ms)
         ms = max_ms;
     if (ms < 0)
         ms = 0;
-    struct pollfd p = {.fd = fd, .events = events};
-    int n = poll(&p, fd >= 0 && events ? 1 : 0, (int)ms);
-    redsem__loop_step(l, n > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)),
-                      n > 0 && (p.revents & POLLOUT));
+    struct pollfd p[2];
+    for (int i = 0; i < n; i++)
+        p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
+    int k = poll(p, (nfds_t)n, (int)ms);
+    redsem__loop_step(l, p, k > 0 ? n : 0);
 }
 
 /* Turn the loop until every outcome of os is in (at most 20 s). */
