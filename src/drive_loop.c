@@ -50,7 +50,9 @@ typedef struct loop_conn {
     bool open;
 } loop_conn;
 
-#define LOOP_WAIT_KEYS_MAX 64
+#define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
+#define LOOP_PEND_MAX 256
+#define LOOP_PEND_NS (10000 * REDSEM__NS_PER_MS)
 
 struct redsem__loop {
     redsem_client *c;
@@ -65,8 +67,13 @@ struct redsem__loop {
     int nbkeys;
     redsem__preq drain; /* a drain of the client's id list after its bell popped */
     bool drain_pending, drain_replied;
+    bool drain_again; /* the bell popped while a drain was in flight: drain once more */
     char ctl[128]; /* our control list: a push ends the BLPOP, to watch a new key */
     unsigned gen;  /* connections made (a new one may reuse a closed one's number) */
+    /* drained elements whose waiter was between two attempts: its next wait takes one at
+     * once (as wake.c's pending ids), kept LOOP_PEND_NS at most */
+    char *pend[LOOP_PEND_MAX];
+    int64_t pend_at[LOOP_PEND_MAX];
 };
 
 int redsem__loop_new(redsem_client *c, redsem__loop **ret)
@@ -198,6 +205,7 @@ static void op_done(redsem__preq *q, void *arg)
 static void op_send(loop_op *o);
 static void op_free(loop_op *o);
 static void op_step(loop_op *o);
+static void pend_take(redsem__loop *l, loop_op *o);
 
 static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info *info)
 {
@@ -315,6 +323,8 @@ static void op_step(loop_op *o)
                                 : o->s.nap_until_ns;
         if (o->waiting && o->s.cut_ns < o->wake_ns)
             o->wake_ns = o->s.cut_ns;
+        if (o->waiting)
+            pend_take(o->loop, o);
         return;
     }
     redsem_permit *p = NULL;
@@ -424,6 +434,8 @@ static void send_own(redsem__loop *l, redsem__preq *q, redsem__call *call, bool 
 /* Drain the client's id list: its elements name the fair waiters granted. */
 static void send_drain(redsem__loop *l)
 {
+    if (l->drain_pending)
+        l->drain_again = true; /* what was pushed after that drain ran */
     if (l->drain_pending || l->c->wake_ids == NULL)
         return;
     redsem__call call;
@@ -467,17 +479,18 @@ static void wait_sync(redsem__loop *l)
     int64_t left_ms = (until - redsem__now_ns()) / REDSEM__NS_PER_MS;
     if (n == 0 || left_ms < 2 || conn_open(l, &l->wait) != REDSEM_OK)
         return; /* the waits end by their timers */
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, "BLPOP");
-    for (int i = 0; i < n; i++)
-        redsem__args_str(&a, keys[i]);
-    redsem__args_str(&a, l->ctl);
+    /* BLPOP keys... ctl timeout: more arguments than a redsem__args holds, so hiredis'
+     * argv form */
+    const char *argv[LOOP_WAIT_KEYS_MAX + 2];
     char t[32];
     snprintf(t, sizeof t, "%lld.%03lld", (long long)(left_ms / 1000), (long long)(left_ms % 1000));
-    redsem__args_str(&a, t);
+    argv[0] = "BLPOP";
+    for (int i = 0; i < n; i++)
+        argv[1 + i] = keys[i];
+    argv[n + 1] = l->ctl;
+    argv[n + 2] = t;
     char *cmd = NULL;
-    int len = redsem__args_format(&a, &cmd);
+    long long len = redisFormatCommandArgv(&cmd, n + 3, argv, NULL);
     if (len < 0)
         return;
     l->blpop = (redsem__preq){.nreplies = 1, .done = wait_done, .arg = l};
@@ -534,14 +547,67 @@ static void take_grant(loop_op *o, const char *rest, size_t len)
         o->s.grant = (redsem__wake_grant){token, us, lease};
 }
 
+/* Whether the drained element e (len bytes) is o's: "<id> <meta>", then the end or a space. */
+static bool elem_of(const loop_op *o, const char *e, size_t len)
+{
+    size_t n = strlen(o->s.elem);
+    return n > 0 && len >= n && memcmp(e, o->s.elem, n) == 0 && (len == n || e[n] == ' ');
+}
+
+/* Keep element e, whose waiter is not waiting now, for its next wait (the oldest kept goes
+ * when all are taken). */
+static void pend_keep(redsem__loop *l, const char *e, size_t len)
+{
+    int slot = 0;
+    for (int i = 0; i < LOOP_PEND_MAX; i++)
+        if (l->pend[i] == NULL || l->pend_at[i] < l->pend_at[slot]) {
+            slot = i;
+            if (l->pend[i] == NULL)
+                break;
+        }
+    redsem__free(l->pend[slot]);
+    l->pend[slot] = redsem__malloc(len + 1);
+    if (l->pend[slot] != NULL) {
+        memcpy(l->pend[slot], e, len);
+        l->pend[slot][len] = '\0';
+    }
+    l->pend_at[slot] = redsem__now_ns();
+}
+
+/* o begins a wait: an element kept for it (not older than LOOP_PEND_NS) wakes it at once. */
+static void pend_take(redsem__loop *l, loop_op *o)
+{
+    int64_t now = redsem__now_ns();
+    for (int i = 0; i < LOOP_PEND_MAX; i++) {
+        if (l->pend[i] == NULL)
+            continue;
+        size_t len = strlen(l->pend[i]);
+        bool mine = elem_of(o, l->pend[i], len);
+        if (mine) {
+            size_t n = strlen(o->s.elem);
+            take_grant(o, l->pend[i] + n, len - n);
+            wake(o);
+        }
+        if (mine || now - l->pend_at[i] > LOOP_PEND_NS) {
+            redsem__free(l->pend[i]);
+            l->pend[i] = NULL;
+        }
+        if (mine)
+            return;
+    }
+}
+
 /* The drain's reply: each element "<id> <meta>[ ...]" wakes the op waiting as it; one of a
  * waiter between two attempts is lost (its poll finds its grant). Full: drain again. */
 static void drain_reply(redsem__loop *l)
 {
     redsem__preq *q = &l->drain;
     l->drain_pending = l->drain_replied = false;
-    if (q->rc != REDSEM_OK)
+    if (q->rc != REDSEM_OK) {
+        l->drain_again = false;
+        send_drain(l); /* on a new connection (a lost reply's elements are lost) */
         return;
+    }
     redisReply *r = q->replies[q->nreplies - 1];
     if (q->nreplies == 2)
         freeReplyObject(q->replies[0]);
@@ -549,19 +615,23 @@ static void drain_reply(redsem__loop *l)
         atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], r->type != REDIS_REPLY_ERROR);
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
         const redisReply *e = r->element[i];
-        for (loop_op *o = l->ops; e->type == REDIS_REPLY_STRING && o != NULL; o = o->next) {
-            size_t n = strlen(o->s.elem);
-            if (o->waiting && n > 0 && e->len >= n && memcmp(e->str, o->s.elem, n) == 0 &&
-                (e->len == n || e->str[n] == ' ')) {
+        bool taken = false;
+        for (loop_op *o = l->ops; e->type == REDIS_REPLY_STRING && o != NULL; o = o->next)
+            if (o->waiting && elem_of(o, e->str, e->len)) {
+                size_t n = strlen(o->s.elem);
                 take_grant(o, e->str + n, e->len - n);
                 wake(o);
+                taken = true;
             }
-        }
+        if (!taken && e->type == REDIS_REPLY_STRING)
+            pend_keep(l, e->str, e->len);
     }
     bool full = r->type == REDIS_REPLY_ARRAY && r->elements == 256;
     freeReplyObject(r);
-    if (full)
+    if (full || l->drain_again) {
+        l->drain_again = false;
         send_drain(l);
+    }
 }
 
 /* ---------------------------------------------------------------- the loop's part */
@@ -594,17 +664,11 @@ unsigned redsem__loop_generation(const redsem__loop *l)
     return l->gen;
 }
 
-/* The op whose request ended or whose timer is due, first found; NULL: none. */
-static loop_op *due(redsem__loop *l, int64_t now)
+/* Whether o has something due now: its request ended, or its timer (or its cancel). */
+static bool is_due(const loop_op *o, int64_t now)
 {
-    for (loop_op *o = l->ops; o != NULL; o = o->next) {
-        if (o->replied)
-            return o;
-        bool cut = o->waiting && atomic_load(&o->cancel);
-        if (o->wake_ns != 0 && (o->wake_ns <= now || cut))
-            return o;
-    }
-    return NULL;
+    bool cut = o->waiting && atomic_load(&o->cancel);
+    return o->replied || (o->wake_ns != 0 && (o->wake_ns <= now || cut));
 }
 
 /* Run o's part that is due: the reply to its request, or the end of its pause or wait. */
@@ -625,6 +689,29 @@ static void run_due(loop_op *o)
     o->noscript = 0;
     o->maybe = false;
     op_send(o);
+}
+
+/* Run every op that is due now, in one pass over the list (what they start is seen in the
+ * next round); whether any ran. An op run frees only itself, and new ones go to the head. */
+static bool run_all_due(redsem__loop *l)
+{
+    int64_t now = redsem__now_ns();
+    size_t n = 0;
+    for (const loop_op *o = l->ops; o != NULL; o = o->next)
+        n += is_due(o, now);
+    if (n == 0)
+        return false;
+    loop_op **v = redsem__malloc(n * sizeof *v);
+    if (v == NULL)
+        return false; /* the next step tries again */
+    size_t k = 0;
+    for (loop_op *o = l->ops; o != NULL && k < n; o = o->next)
+        if (is_due(o, now))
+            v[k++] = o;
+    for (size_t i = 0; i < k; i++)
+        run_due(v[i]);
+    redsem__free(v);
+    return true;
 }
 
 /* Step lc's pipe with the readiness found for its descriptor in ready. */
@@ -658,11 +745,7 @@ void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
             drain_reply(l);
             ran = true;
         }
-        loop_op *o;
-        while ((o = due(l, redsem__now_ns())) != NULL) {
-            run_due(o);
-            ran = true;
-        }
+        ran = run_all_due(l) || ran;
         wait_sync(l);
     } while (ran);
 }
@@ -690,6 +773,8 @@ void redsem__loop_free(redsem__loop *l)
     }
     for (int i = 0; i < l->nbkeys; i++)
         redsem__free(l->bkeys[i]);
+    for (int i = 0; i < LOOP_PEND_MAX; i++)
+        redsem__free(l->pend[i]);
     for (int i = 0; i < 2; i++)
         redsem__node_close(&lcs[i]->node);
     redsem__free(l);
