@@ -1,12 +1,12 @@
 /* redsem - the event-loop driver of acquires (a first part of the engine's second driver):
  * the acquire loop's steps (acquire.c) run as requests on one non-blocking connection of
- * their own (node/conn.h's pipe), stepped by whoever calls redsem__loop_step() when the
- * descriptor and the deadline that redsem__loop_wants() names are due: an event loop. It
- * starts no thread and never sleeps. Not yet: waits are timers (no BLPOP: a waiter polls as
- * the loop's backoff and the expiry takeover say, as one whose wake-up was lost), a lost
- * connection fails the requests in flight (maybe applied when written: the acquire then
- * says REDSEM_EUNKNOWN) and the next request reconnects, blocking (redsem__node_connect);
- * not for a client that waits for replicas, a Sentinel or a Cluster client. */
+ * their own (node/conn.h's pipe), and its waits as one BLPOP at a time on a second one,
+ * stepped by whoever calls redsem__loop_step() when the descriptors and the deadline that
+ * redsem__loop_wants() names are due: an event loop. It starts no thread and never sleeps.
+ * Not yet: a connect (and its handshake) blocks (redsem__node_connect); a lost connection
+ * fails the requests in flight (maybe applied when written: the acquire then says
+ * REDSEM_EUNKNOWN), the next request reconnecting; not for a client that waits for
+ * replicas, a Sentinel or a Cluster client (docs/design.md section 16). */
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
