@@ -151,7 +151,8 @@ static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call,
     int clen = redsem__args_format(&a, &cmd);
     char *buf = plen >= 0 && clen >= 0 ? redsem__malloc((size_t)plen + (size_t)clen) : NULL;
     if (buf != NULL) {
-        memcpy(buf, pre, (size_t)plen);
+        if (plen > 0)
+            memcpy(buf, pre, (size_t)plen);
         memcpy(buf + plen, cmd, (size_t)clen);
         q->nreplies = load ? 2 : 1;
         int64_t cap = call->cap_ns;
