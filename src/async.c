@@ -106,6 +106,7 @@ typedef struct op {
     bool wait_signaled;
     char wait_err[REDSEM__ERRMSG_LEN];
     atomic_bool *loop_cancel; /* an acquire on the loop engine: its cancel flag */
+    int loop_script;          /* a call on the loop engine: its script */
 } op;
 
 typedef struct op_list {
@@ -859,16 +860,67 @@ static int loop_release_reply(void *arg, int rc, const struct redisReply *r,
     return redsem__release_end(p, rc);
 }
 
-/* Start o, an acquire or a release, on the engine (o on a->looping). */
+/* A refresh on the engine, and a status. */
+static void loop_refresh_call(void *arg, redsem__call *call)
+{
+    op *o = arg;
+    redsem__refresh_call(o->handle, call);
+    o->loop_script = call->script;
+}
+
+static int loop_refresh_reply(void *arg, int rc, const struct redisReply *r,
+                              const redsem__req_info *info)
+{
+    op *o = arg;
+    redsem_permit *p = o->handle;
+    int64_t sent = 0;
+    rc = redsem__refresh_reply(p->client, p, o->loop_script, rc, r, info, &sent);
+    return redsem__refresh_end(p, rc, sent);
+}
+
+static void loop_status_call(void *arg, redsem__call *call)
+{
+    op *o = arg;
+    if (o->kind == OP_SEM_STATUS)
+        redsem__sem_status_call(o->handle, redsem__sem_status_kind(o->handle), o->max_entries,
+                                call);
+    else
+        redsem__lock_status_call(o->handle, o->max_entries, call);
+}
+
+static int loop_status_reply(void *arg, int rc, const struct redisReply *r,
+                             const redsem__req_info *info)
+{
+    (void)info;
+    op *o = arg;
+    redsem_client *c = o->async->c;
+    const char *key = o->kind == OP_SEM_STATUS ? ((redsem_sem *)o->handle)->k_meta
+                                               : ((redsem_lock *)o->handle)->k_mutex;
+    return rc != REDSEM_OK ? rc : redsem__status_from_reply(c, key, r, &o->status);
+}
+
+/* Start o, a call (release, refresh, status) on the engine (o on a->looping). */
+static void loop_start_call(redsem_async *a, op *o)
+{
+    int rc = o->kind == OP_RELEASE   ? redsem__release_begin(o->handle)
+             : o->kind == OP_REFRESH ? redsem__refresh_begin(o->handle)
+                                     : redsem__check_owner(a->c);
+    if (rc == REDSEM_OK && o->kind == OP_RELEASE)
+        rc = redsem__loop_call(a->loop, loop_release_call, loop_release_reply, loop_done, o);
+    else if (rc == REDSEM_OK && o->kind == OP_REFRESH)
+        rc = redsem__loop_call(a->loop, loop_refresh_call, loop_refresh_reply, loop_done, o);
+    else if (rc == REDSEM_OK)
+        rc = redsem__loop_call(a->loop, loop_status_call, loop_status_reply, loop_done, o);
+    if (rc != REDSEM_OK)
+        loop_done(o, rc, NULL);
+    loop_sync(a);
+}
+
+/* Start o, an acquire or a call, on the engine (o on a->looping). */
 static void loop_start(redsem_async *a, op *o)
 {
-    if (o->kind == OP_RELEASE) {
-        int rc = redsem__release_begin(o->handle);
-        if (rc == REDSEM_OK)
-            rc = redsem__loop_call(a->loop, loop_release_call, loop_release_reply, loop_done, o);
-        if (rc != REDSEM_OK)
-            loop_done(o, rc, NULL);
-        loop_sync(a);
+    if (o->kind != OP_SEM_ACQUIRE && o->kind != OP_LOCK_ACQUIRE) {
+        loop_start_call(a, o);
         return;
     }
     redsem__acquirer q;
@@ -1037,7 +1089,7 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
         rc = REDSEM_OK;
 #if REDSEM_ASYNC_LOOP
     } else if (list_find(&a->looping, id) != NULL) {
-        rc = REDSEM_ESTATE; /* a release on the engine */
+        rc = REDSEM_ESTATE; /* a release, refresh or status on the engine */
 #endif
     } else if ((o = list_find(&a->running, id)) != NULL) {
         if (o->waits) {
@@ -1200,8 +1252,7 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
     }
     atomic_fetch_add(&a->pending, 1);
 #if REDSEM_ASYNC_LOOP
-    if (a->loop != NULL &&
-        (kind == OP_SEM_ACQUIRE || kind == OP_LOCK_ACQUIRE || kind == OP_RELEASE)) {
+    if (a->loop != NULL && kind != OP_WAKE_CANCELLED && kind != OP_LEAD) {
         list_push(&a->looping, o);
         uint64_t lid = o->id;
         pthread_mutex_unlock(&a->mu);

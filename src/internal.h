@@ -560,6 +560,12 @@ void redsem__refresh_call(const redsem_permit *p, redsem__call *call);
 int redsem__refresh_reply(redsem_client *c, redsem_permit *p, int script, int rc,
                           const struct redisReply *r, const redsem__req_info *info,
                           int64_t *sent_ns);
+/* redsem_permit_refresh() around its call, for a driver that runs the call itself: begin
+ * checks p (fork; not held: REDSEM_ESTATE); end takes the call's status and the time its
+ * request was sent (REDSEM_OK moves the validity deadline on, REDSEM_ELOST marks p lost)
+ * and returns the status. */
+int redsem__refresh_begin(redsem_permit *p);
+int redsem__refresh_end(redsem_permit *p, int rc, int64_t sent_ns);
 /* The same for k permits (1..REDSEM__BATCH_MAX) at once, in one round trip where the client
  * can pipeline (redsem__eval_many); rcs[i] and sent_ns[i] for each. The error text is the
  * last failure's. */

@@ -138,10 +138,8 @@ int redsem__release(redsem_client *c, redsem_permit *p)
     return rc;
 }
 
-int redsem_permit_refresh(redsem_permit *p)
+int redsem__refresh_begin(redsem_permit *p)
 {
-    if (p == NULL)
-        return REDSEM_EINVAL;
     redsem_client *c = p->client;
     int rc = redsem__check_owner(c);
     if (rc != REDSEM_OK)
@@ -150,10 +148,13 @@ int redsem_permit_refresh(redsem_permit *p)
     if (st != REDSEM__HELD)
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s was already %s", p->id,
                                st == REDSEM__RELEASED ? "released" : "found lost");
-    int64_t sent = 0;
-    rc = redsem__refresh(c, p, &sent);
+    return REDSEM_OK;
+}
+
+int redsem__refresh_end(redsem_permit *p, int rc, int64_t sent_ns)
+{
     if (rc == REDSEM_OK) {
-        int64_t d = redsem__validity_deadline(sent, p->lease_ms);
+        int64_t d = redsem__validity_deadline(sent_ns, p->lease_ms);
         /* never move the deadline back (a concurrent renewal may have moved it further) */
         int64_t cur = atomic_load(&p->deadline_ns);
         while (d > cur && !atomic_compare_exchange_weak(&p->deadline_ns, &cur, d))
@@ -162,6 +163,18 @@ int redsem_permit_refresh(redsem_permit *p)
         atomic_store(&p->state, REDSEM__LOST);
     }
     return rc;
+}
+
+int redsem_permit_refresh(redsem_permit *p)
+{
+    if (p == NULL)
+        return REDSEM_EINVAL;
+    int rc = redsem__refresh_begin(p);
+    if (rc != REDSEM_OK)
+        return rc;
+    int64_t sent = 0;
+    rc = redsem__refresh(p->client, p, &sent);
+    return redsem__refresh_end(p, rc, sent);
 }
 
 int redsem__release_begin(redsem_permit *p)

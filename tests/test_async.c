@@ -340,20 +340,9 @@ Test(async, workers_take_no_signals)
     redsem_sem *s = NULL;
     OK(e.c, redsem_sem_open(e.c, tf_name("async-signals"), REDSEM_STRATEGY_BASIC, 2, 5000, &s));
     got g = {.loop = &e.loop};
-#if REDSEM_ASYNC_LOOP
-    /* the loop engine runs acquires on the loop: a status still runs on a worker */
-    redsem_permit *held = NULL;
-    OK(e.c, redsem_sem_try_acquire(s, &held));
-    OK(e.c, redsem_sem_status_async(e.a, s, 0, on_done, &g, NULL));
-#else
     OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
-#endif
     cr_assert(run_until(&e.loop, &g.done, 10000));
     cr_assert_eq(g.rc, REDSEM_OK);
-    redsem_status_free(g.status);
-#if REDSEM_ASYNC_LOOP
-    g.permit = held;
-#endif
     int na = task_ids(after, 256), fresh = 0;
     for (int i = 0; i < na; i++) {
         bool old = false;
@@ -365,7 +354,11 @@ Test(async, workers_take_no_signals)
         cr_expect(task_blocks(after[i], SIGUSR1) && task_blocks(after[i], SIGTERM),
                   "thread %ld of the async takes signals", after[i]);
     }
+#if REDSEM_ASYNC_LOOP && (defined(TEST_LOOP_UV) || defined(TEST_LOOP_EVENT) || defined(TEST_LOOP_EV))
+    cr_expect_eq(fresh, 0, "the loop engine started a thread"); /* the loop gives a timer */
+#else
     cr_expect_geq(fresh, 1, "no worker thread seen");
+#endif
     OK(e.c, redsem_permit_release(g.permit));
     redsem_permit_free(g.permit);
     redsem_sem_free(s);
