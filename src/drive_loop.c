@@ -69,6 +69,7 @@ struct redsem__loop {
     bool drain_pending, drain_replied;
     bool drain_again; /* the bell popped while a drain was in flight: drain once more */
     char ctl[128]; /* our control list: a push ends the BLPOP, to watch a new key */
+    int64_t blpop_after; /* after a refused or failed BLPOP, none before then (waiters poll) */
     unsigned gen;  /* connections made (a new one may reuse a closed one's number) */
     /* drained elements whose waiter was between two attempts: its next wait takes one at
      * once (as wake.c's pending ids), kept LOOP_PEND_NS at most */
@@ -478,7 +479,8 @@ static void wait_sync(redsem__loop *l)
         return;
     }
     int64_t left_ms = (until - redsem__now_ns()) / REDSEM__NS_PER_MS;
-    if (n == 0 || left_ms < 2 || conn_open(l, &l->wait) != REDSEM_OK)
+    if (n == 0 || left_ms < 2 || redsem__now_ns() < l->blpop_after ||
+        conn_open(l, &l->wait) != REDSEM_OK)
         return; /* the waits end by their timers */
     /* BLPOP keys... ctl timeout: more arguments than a redsem__args holds, so hiredis'
      * argv form */
@@ -515,6 +517,8 @@ static void blpop_reply(redsem__loop *l)
         redsem__free(l->bkeys[i]);
     l->nbkeys = 0;
     redisReply *r = q->rc == REDSEM_OK ? q->replies[0] : NULL;
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) /* not again at once: 100 ms */
+        l->blpop_after = redsem__now_ns() + 100 * REDSEM__NS_PER_MS;
     if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
         r->element[0]->type == REDIS_REPLY_STRING) {
         const char *key = r->element[0]->str;
@@ -628,6 +632,11 @@ static void drain_reply(redsem__loop *l)
             pend_keep(l, e->str, e->len);
     }
     bool full = r->type == REDIS_REPLY_ARRAY && r->elements == 256;
+    /* NOSCRIPT (a flushed cache): once more, with the body */
+    if (r->type == REDIS_REPLY_ERROR && q->nreplies == 1 && strncmp(r->str, "NOSCRIPT", 8) == 0) {
+        atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], false);
+        full = true;
+    }
     freeReplyObject(r);
     if (full || l->drain_again) {
         l->drain_again = false;
