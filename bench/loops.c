@@ -22,7 +22,9 @@
  *   max gap     the longest time between two consecutive callbacks (redsem's or the hold
  *               timers') while loops still start (until --duration): how long the loop went
  *               without running anything;
- *   threads     the client's stats cannot say how many worker threads redsem_async runs;
+ *   threads     the most threads of the process (/proc/self/status), sampled every 100 ms
+ *               from the callbacks: the loop's own thread, and those redsem runs for it
+ *               (its event-loop API's workers, unless built with -Dasync_engine=loop);
  *               connects and pool waits are redsem_client_get_stats(), cumulative;
  *   direct      the share of grants that a wake-up carried (fair and locked direct grants,
  *               redsem_client_stats.direct_grants), taken with no attempt after it.
@@ -67,10 +69,26 @@ typedef struct lrun {
     double hold_min, hold_max;
     uint64_t rng;
     int64_t stop_ns, last_cb_ns, max_gap_ns, last_done_ns;
+    int64_t threads_ns; /* threads last sampled then */
+    int max_threads;
     int active;
     long grants, errors, violations;
     bench_samples handoff, acq;
 } lrun;
+
+/* The threads of this process now (Threads: of /proc/self/status; 0 if unknown). */
+static int threads_now(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128];
+    int n = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
 
 /* A callback ran: the gap since the previous one counts while loops still start (the end's
  * last holds, with nothing else to run, are not a stall). */
@@ -80,6 +98,12 @@ static void tick(lrun *r)
     if (r->last_cb_ns && now < r->stop_ns && now - r->last_cb_ns > r->max_gap_ns)
         r->max_gap_ns = now - r->last_cb_ns;
     r->last_cb_ns = now;
+    if (now - r->threads_ns >= 100 * 1000000LL) {
+        r->threads_ns = now;
+        int n = threads_now();
+        if (n > r->max_threads)
+            r->max_threads = n;
+    }
 }
 
 static void loop_start(lloop *l);
@@ -268,17 +292,17 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     bench_pct aq = bench_percentiles(r.acq.v, r.acq.n);
     double gps = secs > 0 ? r.grants / secs : 0;
     uint64_t direct = st.direct_grants - st0.direct_grants;
-    printf("  %-8s %9.0f %7ld %5d%s %7zu %9.3f %9.3f %9.2f %9.2f %8.1f %9llu %10llu %7.1f\n",
+    printf("  %-8s %9.0f %7ld %5d%s %7zu %9.3f %9.3f %9.2f %9.2f %8.1f %9llu %10llu %7.1f %7d\n",
            bench_kind_name(kind), gps, r.errors, max_held,
            r.violations ? " SAFETY VIOLATION" : "", ho.n, ho.p50 / 1e3, ho.p99 / 1e3, aq.p50 / 1e3,
            aq.p99 / 1e3, (double)r.max_gap_ns / 1e6,
            (unsigned long long)(st.connects - st0.connects),
            (unsigned long long)(st.pool_waits - st0.pool_waits),
-           r.grants > 0 ? 100.0 * (double)direct / (double)r.grants : 0.0);
+           r.grants > 0 ? 100.0 * (double)direct / (double)r.grants : 0.0, r.max_threads);
     if (r.violations)
         ctx->exit_code = 2;
     json_t *row = json_pack(
-        "{s:s, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:i, s:I, s:o, s:o, s:f, s:I, s:I, s:I}",
+        "{s:s, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:i, s:I, s:o, s:o, s:f, s:I, s:I, s:I, s:i}",
         "strategy",
         bench_kind_name(kind), "loops", nloops, "semaphores", nsems, "limit", (int)o->limit,
         "secs", secs, "grants_per_s", gps, "grants", (json_int_t)r.grants, "errors",
@@ -286,7 +310,7 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
         "handoff", bench_pct_json(&ho), "acquire", bench_pct_json(&aq), "max_gap_ms",
         (double)r.max_gap_ns / 1e6, "connects", (json_int_t)(st.connects - st0.connects),
         "pool_waits", (json_int_t)(st.pool_waits - st0.pool_waits), "direct_grants",
-        (json_int_t)direct);
+        (json_int_t)direct, "threads", r.max_threads);
     samples_free(&r.handoff);
     samples_free(&r.acq);
     free(r.loops);
@@ -310,10 +334,10 @@ void bench_run_loops(bench_ctx *ctx)
            "semaphores of limit %u (hold %g-%g ms), one client, %.1f s per strategy\n",
            o->loops, o->loop_sems, o->limit, o->loop_hold_min_ms, o->loop_hold_max_ms,
            o->duration);
-    printf("  %-8s %9s %7s %5s %7s %9s %9s %9s %9s %8s %9s %10s %7s\n", "strategy", "grants/s",
-           "errors", "held", "hand n", "hand p50", "p99 ms", "acq p50", "p99 ms", "gap ms",
-           "connects", "pool waits", "direct");
-    bench_rule(120);
+    printf("  %-8s %9s %7s %5s %7s %9s %9s %9s %9s %8s %9s %10s %7s %7s\n", "strategy",
+           "grants/s", "errors", "held", "hand n", "hand p50", "p99 ms", "acq p50", "p99 ms",
+           "gap ms", "connects", "pool waits", "direct", "threads");
+    bench_rule(128);
     json_t *rows = json_array();
     static const int kinds[] = {BENCH_BASIC, BENCH_FAIR, BENCH_LOCKED};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
@@ -323,7 +347,7 @@ void bench_run_loops(bench_ctx *ctx)
            "callback until the release is requested; hand: grants to acquires that began "
            "when no permit was free, from the release that freed theirs; gap: the longest "
            "time between two callbacks on the loop; direct: %% of grants a wake-up carried, "
-           "with no attempt after it)\n");
+           "with no attempt after it; threads: the most the process had)\n");
     json_object_set_new(ctx->json, "loops", rows);
 #endif
 }

@@ -148,6 +148,41 @@ static int unknown(redsem_client *c, const char *id, int rc)
     return unknown_why(c, id, rc, false);
 }
 
+static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
+                        int64_t lease_ms, int rc, redsem__attempt att,
+                        redsem_permit **ret_permit);
+
+/* What the outcome of an attempt asked for continues (s->cont). */
+enum { CONT_NONE = 0, CONT_MAIN, CONT_FAULT, CONT_LEAVE };
+
+/* Ask the driver for an attempt in mode, whose outcome goes to cont. */
+static int ask_attempt(redsem__acq_state *s, int mode, int cont)
+{
+    s->att_mode = mode;
+    s->cont = cont;
+    return REDSEM__ATTEMPT;
+}
+
+
+/* A locked attempt found the guard busy. The guard is held for about two round trips (~50
+ * us on a LAN): a short jittered pause, doubling from 100-200 us while the guard stays busy
+ * (s->guard_backoff_us, 0 at first), at most 5 ms, and never past until_ns (REDSEM__FOREVER:
+ * no bound); then the attempt in mode, whose outcome goes to cont. */
+static int ask_nap(redsem__acq_state *s, int64_t until_ns, int mode, int cont)
+{
+    int64_t *backoff_us = &s->guard_backoff_us;
+    *backoff_us = *backoff_us ? *backoff_us * 2 : 200;
+    if (*backoff_us > 5000)
+        *backoff_us = 5000;
+    int64_t now = redsem__now_ns();
+    int64_t nap_ns = redsem__rand_between(*backoff_us / 2, *backoff_us) * 1000;
+    if (until_ns != REDSEM__FOREVER && until_ns - now < nap_ns)
+        nap_ns = until_ns - now;
+    s->nap_until_ns = now + (nap_ns > 0 ? nap_ns : 0);
+    (void)ask_attempt(s, mode, cont);
+    return REDSEM__NAP;
+}
+
 /* A registered waiter whose wait or attempt failed with a fault (rc) leaves the queue before
  * it returns, with one attempt in mode "last" (a permit handed over meanwhile is taken), so
  * that no registration of it withholds a permit afterwards:
@@ -160,51 +195,41 @@ static int unknown(redsem_client *c, const char *id, int rc)
  *   fails too) it returns REDSEM_EUNKNOWN, still queued. Found by review: a refused attempt
  *   (OOM), a failed shared BLPOP or a refused reconnect returned a plain code, and the next
  *   release held the permit for the lease in the dead acquire's name.
- * Left, it returns rc with rc's text. */
-static int leave_after_fault(const redsem__acq_state *s, redsem__attempt *att, int rc)
+ * Left, it returns rc with rc's text.
+ * fault_begin asks for that attempt (or decides at once); fault_reply takes its outcome. */
+static int fault_begin(redsem__acq_state *s, int rc)
 {
-    const redsem__acquirer *q = &s->q;
-    redsem_client *c = q->client;
-    bool direct = q->wake_meta != NULL;
-    if (!direct && rc != REDSEM_ECONN)
+    redsem_client *c = s->q.client;
+    if (s->q.wake_meta == NULL && rc != REDSEM_ECONN)
         return rc;
-    char saved[REDSEM__ERRMSG_LEN];
-    memcpy(saved, redsem__errbuf(c), sizeof saved);
-    int rc2 = rc;
-    if (rc != REDSEM_ETIMEDOUT) {
-        redsem__req_info info;
-        rc2 = q->attempt(q->handle, s->id, REDSEM__MODE_LAST, q->weight, att, &info);
-        if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED)
-            return granted(att, &info);
-        if (rc2 != REDSEM_OK && info.maybe_applied && !direct)
-            return unknown(c, s->id, rc2);
-        bool left = rc2 == REDSEM_OK && (att->outcome == REDSEM__ATT_BUSY ||
-                                          att->outcome == REDSEM__ATT_TOO_MANY);
-        if (left || !direct) {
-            memcpy(redsem__errbuf(c), saved, sizeof saved);
-            return rc;
-        }
-        if (rc2 == REDSEM_OK)
-            memcpy(redsem__errbuf(c), saved, sizeof saved);
+    memcpy(s->saved, redsem__errbuf(c), sizeof s->saved);
+    s->fault_rc = rc;
+    if (rc == REDSEM_ETIMEDOUT)
+        return unknown_why(c, s->id, rc, true);
+    return ask_attempt(s, REDSEM__MODE_LAST, CONT_FAULT);
+}
+
+static int fault_reply(redsem__acq_state *s)
+{
+    redsem_client *c = s->q.client;
+    redsem__attempt *att = &s->att;
+    bool direct = s->q.wake_meta != NULL;
+    int rc = s->fault_rc, rc2 = s->att_rc;
+    if (rc2 == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED)
+        return granted(att, &s->att_info);
+    if (rc2 != REDSEM_OK && s->att_info.maybe_applied && !direct)
+        return unknown(c, s->id, rc2);
+    bool left = rc2 == REDSEM_OK &&
+                (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY);
+    if (left || !direct) {
+        memcpy(redsem__errbuf(c), s->saved, sizeof s->saved);
+        return rc;
     }
+    if (rc2 == REDSEM_OK)
+        memcpy(redsem__errbuf(c), s->saved, sizeof s->saved);
     return unknown_why(c, s->id, rc2 != REDSEM_OK ? rc2 : rc, true);
 }
 
-/* A locked attempt found the guard busy. The guard is held for about two round trips (~50
- * us on a LAN): a short jittered pause, doubling from 100-200 us while the guard stays busy
- * (*backoff_us, 0 at first), at most 5 ms, and never past until_ns (REDSEM__FOREVER: no
- * bound). */
-static void guard_nap(int64_t *backoff_us, int64_t until_ns)
-{
-    *backoff_us = *backoff_us ? *backoff_us * 2 : 200;
-    if (*backoff_us > 5000)
-        *backoff_us = 5000;
-    int64_t nap_ns = redsem__rand_between(*backoff_us / 2, *backoff_us) * 1000;
-    if (until_ns != REDSEM__FOREVER && until_ns - redsem__now_ns() < nap_ns)
-        nap_ns = until_ns - redsem__now_ns();
-    if (nap_ns > 0)
-        redsem__sleep_ns(nap_ns);
-}
 
 /* A registered waiter that must end (its deadline came, it was cancelled, or the server ran
  * its attempts too late three times) leaves the queue with attempts in mode "last" (a permit
@@ -214,63 +239,15 @@ static void guard_nap(int64_t *backoff_us, int64_t until_ns)
  * was done) is tried twice more, all until one command timeout after the deadline (at least
  * half a command timeout from now, if the deadline passed long ago), which also caps every
  * wait for a connection and every round trip on the way (redsem__call_cap_set). A fault goes
- * as in leave_after_fault. If the waiter could not leave, a fair or locked waiter of a
+ * as in fault_begin. If the waiter could not leave, a fair or locked waiter of a
  * one-server client (which a release may grant with its whole lease) returns
  * REDSEM_EUNKNOWN, still queued; the others' entries lapse with their wait lease, and they
  * return end_rc. Found by review: the single last attempt
  * returned REDSEM_EBUSY after a busy guard (or a fault that sent nothing) with the waiter
  * still queued, and the next release held a permit for its lease in the name of an acquire
  * that had been told it got none; a second review found the three-too-late path and an
- * unbounded last round trip. */
-static int leave_queue_within(redsem__acq_state *s, redsem__attempt *att, int end_rc,
-                              const char *why, int64_t give_up)
-{
-    const redsem__acquirer *q = &s->q;
-    redsem_client *c = q->client;
-    const char *id = s->id;
-    bool direct = q->wake_meta != NULL;
-    int too_late = 0;
-    int64_t nap_us = 0;
-    bool left = false;
-    for (;;) {
-        redsem__req_info info;
-        int rc = q->attempt(q->handle, id, REDSEM__MODE_LAST, q->weight, att, &info);
-        if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED)
-            return granted(att, &info);
-        if (rc != REDSEM_OK && info.maybe_applied)
-            return unknown_why(c, id, rc, direct);
-        if (rc != REDSEM_OK)
-            return leave_after_fault(s, att, rc);
-        if (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY) {
-            left = true;
-            break;
-        }
-        bool again = redsem__now_ns() < give_up;
-        if (att->outcome == REDSEM__ATT_TOO_LATE && ++too_late <= 2 && again)
-            continue;
-        if (att->outcome == REDSEM__ATT_GUARD_BUSY && again) {
-            guard_nap(&nap_us, give_up);
-            continue;
-        }
-        if (!direct)
-            break; /* its entry lapses with its wait lease */
-        (void)redsem__set_err(c, REDSEM_ETIMEDOUT, "%s; %s", why,
-                              att->outcome == REDSEM__ATT_GUARD_BUSY
-                                  ? "the guard stayed busy until a command timeout after it"
-                              : att->outcome == REDSEM__ATT_TOO_LATE
-                                  ? "the server ran the attempts to leave the queue after "
-                                    "their deadline too (stalled, or its clock jumps)"
-                                  : "the attempt to leave the queue was refused");
-        return unknown_why(c, id, REDSEM_ETIMEDOUT, true);
-    }
-    const char *how = left ? "the queue was left" : "its queue entry lapses with its wait lease";
-    if (end_rc == REDSEM_EBUSY)
-        return redsem__set_err(c, REDSEM_EBUSY, "%s (limit %u; %s)", why,
-                               att->limit != 0 ? att->limit : s->queued_limit, how);
-    return redsem__set_err(c, end_rc, "%s (%s)", why, how);
-}
-
-static int leave_queue(redsem__acq_state *s, redsem__attempt *att, int end_rc, const char *why)
+ * unbounded last round trip. leave_begin asks for the first attempt; leave_reply takes each outcome. */
+static int leave_begin(redsem__acq_state *s, int end_rc, const char *why)
 {
     redsem_client *c = s->q.client;
     int64_t from = redsem__now_ns();
@@ -279,11 +256,57 @@ static int leave_queue(redsem__acq_state *s, redsem__attempt *att, int end_rc, c
     int64_t give_up = from + c->command_timeout_ms * REDSEM__NS_PER_MS;
     if (give_up < redsem__now_ns() + c->command_timeout_ms * REDSEM__NS_PER_MS / 2)
         give_up = redsem__now_ns() + c->command_timeout_ms * REDSEM__NS_PER_MS / 2;
-    redsem__call_cap_set(c, give_up);
-    int rc = leave_queue_within(s, att, end_rc, why, give_up);
-    redsem__call_cap_set(c, 0);
-    return rc;
+    s->give_up = give_up;
+    s->cap_ns = give_up;
+    s->end_rc = end_rc;
+    s->why = why;
+    s->leave_too_late = 0;
+    s->guard_backoff_us = 0;
+    return ask_attempt(s, REDSEM__MODE_LAST, CONT_LEAVE);
 }
+
+/* The end of leaving the queue: left (the attempt said so) or not. */
+static int leave_end(const redsem__acq_state *s, bool left)
+{
+    redsem_client *c = s->q.client;
+    const char *how = left ? "the queue was left" : "its queue entry lapses with its wait lease";
+    if (s->end_rc == REDSEM_EBUSY)
+        return redsem__set_err(c, REDSEM_EBUSY, "%s (limit %u; %s)", s->why,
+                               s->att.limit != 0 ? s->att.limit : s->queued_limit, how);
+    return redsem__set_err(c, s->end_rc, "%s (%s)", s->why, how);
+}
+
+static int leave_reply(redsem__acq_state *s)
+{
+    redsem_client *c = s->q.client;
+    redsem__attempt *att = &s->att;
+    bool direct = s->q.wake_meta != NULL;
+    int rc = s->att_rc;
+    if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED)
+        return granted(att, &s->att_info);
+    if (rc != REDSEM_OK && s->att_info.maybe_applied)
+        return unknown_why(c, s->id, rc, direct);
+    if (rc != REDSEM_OK)
+        return fault_begin(s, rc);
+    if (att->outcome == REDSEM__ATT_BUSY || att->outcome == REDSEM__ATT_TOO_MANY)
+        return leave_end(s, true);
+    bool again = redsem__now_ns() < s->give_up;
+    if (att->outcome == REDSEM__ATT_TOO_LATE && ++s->leave_too_late <= 2 && again)
+        return ask_attempt(s, REDSEM__MODE_LAST, CONT_LEAVE);
+    if (att->outcome == REDSEM__ATT_GUARD_BUSY && again)
+        return ask_nap(s, s->give_up, REDSEM__MODE_LAST, CONT_LEAVE);
+    if (!direct)
+        return leave_end(s, false); /* its entry lapses with its wait lease */
+    (void)redsem__set_err(c, REDSEM_ETIMEDOUT, "%s; %s", s->why,
+                          att->outcome == REDSEM__ATT_GUARD_BUSY
+                              ? "the guard stayed busy until a command timeout after it"
+                          : att->outcome == REDSEM__ATT_TOO_LATE
+                              ? "the server ran the attempts to leave the queue after "
+                                "their deadline too (stalled, or its clock jumps)"
+                              : "the attempt to leave the queue was refused");
+    return unknown_why(c, s->id, REDSEM_ETIMEDOUT, true);
+}
+
 
 /* A fair or locked waiter woken with a direct grant (prelude.lua's grant_heads handed it the
  * permit with its lease, and said so in the wake-up's element): the acquire is decided
@@ -348,23 +371,147 @@ static void state_init(redsem__acq_state *s, const redsem__acquirer *q, const ch
     s->since_ns = redsem__now_ns();
     s->mode = s->blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
     s->backoff_ms = q->wake_meta != NULL ? BACKOFF_BY_ID_MS : BACKOFF_MIN_MS;
+    s->cancel = redsem__cancel;
 }
 
-/* The loop's body: attempts until the acquire is decided (returns its status, *att filled on
- * a grant) or must wait for a wake-up (returns REDSEM__WAIT with s->wkey, s->wait_ms and
- * s->cut_ns set; the caller waits, sets s->wait_rc and s->signaled, and calls it again). */
-static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
+/* A waiter not granted by its attempt: the wait it asks for (REDSEM__WAIT), or the end of
+ * the acquire (its deadline came, or it was cancelled: it leaves the queue), or a pause
+ * before the next attempt (the guard was busy). */
+static int ask_wait(redsem__acq_state *s)
+{
+    const redsem__acquirer *q = &s->q;
+    redsem_client *c = q->client;
+    const redsem__attempt *att = &s->att;
+    int64_t now = redsem__now_ns();
+    bool cancelled = s->cancel != NULL && atomic_load(s->cancel);
+    int64_t deadline = s->deadline;
+    if (now >= deadline || cancelled) {
+        if (!s->registered)
+            return cancelled ? redsem__set_err(c, REDSEM_ECANCELED, "cancelled")
+                             : redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
+        /* Leave the queue; a permit handed over at the last moment is still taken. */
+        return leave_begin(s, cancelled ? REDSEM_ECANCELED : REDSEM_EBUSY,
+                           cancelled ? "cancelled" : "no permit within the timeout");
+    }
+    int64_t left_ms = deadline == REDSEM__FOREVER
+                          ? INT64_MAX
+                          : (deadline - now + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
+    if (att->outcome == REDSEM__ATT_GUARD_BUSY)
+        return ask_nap(s, deadline, s->mode, CONT_MAIN);
+    s->guard_backoff_us = 0;
+    int64_t wait = redsem__rand_between(s->backoff_ms * 3 / 4, s->backoff_ms);
+    if (att->next_ms >= 0 && att->next_ms < wait)
+        wait = att->next_ms;
+    if (q->wait_lease_ms > 0 && q->wait_lease_ms / 3 < wait)
+        wait = q->wait_lease_ms / 3;
+    if (left_ms < wait)
+        wait = left_ms;
+    /* Expiry takeover. The earliest lease ends next_ms after the script's clock rounded
+     * down to the ms (deadlines are whole ms), that is next_ms ms - (server_us mod 1000)
+     * us after the script ran, so by our clock before info.recv_ns + that. Redis fires a
+     * BLPOP timeout only when its event loop wakes: on an idle server at its next tick, up
+     * to 1000/hz ms late (100 ms at the default hz 10). So the wait is also cut on our
+     * side, 0.2 ms after that end: a reply still missing then is abandoned with its
+     * connection (the next attempt reconnects: one connect), and the next attempt runs
+     * within about a millisecond of the expiry. A busy server answers the BLPOP itself
+     * first, and nothing is cut. */
+    int64_t cut = deadline;
+    if (att->next_ms >= 0) {
+        int64_t left_us = att->next_ms * 1000 - (att->server_us > 0 ? att->server_us % 1000 : 0);
+        int64_t expiry = s->att_info.recv_ns + (left_us + 200) * 1000;
+        if (expiry < cut)
+            cut = expiry;
+    }
+    if (s->wkey == NULL) { /* the first wait: made once, not on every acquire */
+        s->wkey = q->wait_key(q->handle, s->id, &s->keylen, s->keybuf, sizeof s->keybuf);
+        if (q->wake_meta != NULL)
+            snprintf(s->elem, sizeof s->elem, "%.*s %s", REDSEM_ID_LEN, s->id, q->wake_meta);
+    }
+    s->wait_ms = wait;
+    s->cut_ns = cut;
+    s->waited = true;
+    s->wait_rc = REDSEM_OK;
+    s->signaled = false;
+    s->grant = (redsem__wake_grant){0, 0, 0};
+    return REDSEM__WAIT;
+}
+
+/* The outcome of an attempt of the loop itself (not one to leave the queue). */
+static int main_reply(redsem__acq_state *s)
 {
     const redsem__acquirer *q = &s->q;
     redsem_client *c = q->client;
     const char *id = s->id;
+    redsem__attempt *att = &s->att;
+    int rc = s->att_rc;
+    if (rc != REDSEM_OK && s->att_info.maybe_applied)
+        return unknown(c, id, rc);
+    if (rc != REDSEM_OK)
+        return s->registered ? fault_begin(s, rc) : rc;
+    if (att->outcome == REDSEM__ATT_GRANTED)
+        return granted(att, &s->att_info);
+    if (att->outcome == REDSEM__ATT_WEIGHT)
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "holder %s already holds (or waits for) %u permits; this "
+                               "request wants %u: one holder id is one permit object "
+                               "(nothing was changed)",
+                               id, att->weight, q->weight);
+    if (att->outcome == REDSEM__ATT_TOO_MANY)
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "%u permits wanted, but the limit on the server is %u "
+                               "(nothing was taken)",
+                               q->weight, att->limit);
+    if (att->outcome == REDSEM__ATT_TOO_LATE) {
+        /* The server ran the request after the time we had given it: our estimate of its
+         * clock was off (a clock step, a long idle drift) or it was stalled. The attempt
+         * recorded the server's clock from the reply: try again, a few times at most. */
+        if (++s->too_late > 2) {
+            const char *why = "the server ran the acquire after its deadline, 3 times in "
+                              "a row (stalled, or its clock jumps)";
+            /* registered: leave the queue first (or REDSEM_EUNKNOWN, still queued) */
+            return s->registered ? leave_begin(s, REDSEM_ETIMEDOUT, why)
+                                 : redsem__set_err(c, REDSEM_ETIMEDOUT, "%s", why);
+        }
+        return ask_attempt(s, s->mode, CONT_MAIN);
+    }
+    s->too_late = 0;
+    if (!s->blocking)
+        return redsem__set_err(c, REDSEM_EBUSY, "no permit free (limit %u)", att->limit);
+    if (att->outcome == REDSEM__ATT_BUSY) {
+        s->registered = true;
+        s->mode = REDSEM__MODE_AGAIN;
+        /* queued (a blocking fair or locked attempt): what a direct grant is checked by */
+        s->queued_known = att->fence_known && att->server_us > 0;
+        s->queued_fence = att->fence;
+        s->queued_sent_ns = s->att_info.sent_ns;
+        s->queued_server_us = att->server_us;
+        s->queued_limit = att->limit;
+    }
+    return ask_wait(s);
+}
+
+/* The loop's body, one step at a time, a driver doing what each step asks: it returns the
+ * acquire's status (s->att filled on a grant), REDSEM__ATTEMPT or REDSEM__NAP (run the
+ * attempt s->att_mode, now or at s->nap_until_ns, set s->att_rc, s->att and s->att_info, and
+ * call again), or REDSEM__WAIT (wait for a wake-up as s->wkey, s->wait_ms and s->cut_ns say,
+ * set s->wait_rc and s->signaled, and call again). */
+static int acquire_step(redsem__acq_state *s)
+{
+    int cont = s->cont;
+    s->cont = CONT_NONE;
+    if (cont == CONT_MAIN)
+        return main_reply(s);
+    if (cont == CONT_FAULT)
+        return fault_reply(s);
+    if (cont == CONT_LEAVE)
+        return leave_reply(s);
     if (s->waited) {
         s->waited = false;
         if (s->wait_rc != REDSEM_OK)
-            return leave_after_fault(s, att, s->wait_rc);
-        if (direct_grant(s, att))
+            return fault_begin(s, s->wait_rc);
+        if (direct_grant(s, &s->att))
             return REDSEM_OK;
-        if (q->wake_meta != NULL)
+        if (s->q.wake_meta != NULL)
             s->backoff_ms = BACKOFF_BY_ID_MS;
         else
             s->backoff_ms = s->signaled ? BACKOFF_MIN_MS
@@ -372,109 +519,65 @@ static int acquire_step(redsem__acq_state *s, redsem__attempt *att)
                                                ? BACKOFF_MAX_MS
                                                : s->backoff_ms * 2);
     }
+    return ask_attempt(s, s->mode, CONT_MAIN);
+}
+
+int redsem__attempt_run(const redsem__acquirer *q, const char *id, int mode, int64_t cap_ns,
+                        redsem__attempt *att, redsem__req_info *info)
+{
+    for (int stage = 0;; stage++) {
+        redsem__call call;
+        q->attempt_call(q->handle, id, mode, q->weight, stage, &call);
+        call.cap_ns = cap_ns;
+        redisReply *r = NULL;
+        int rc = redsem__call_run(q->client, &call, info, &r);
+        rc = q->attempt_reply(q->handle, stage, rc, r, info, att);
+        if (r != NULL)
+            freeReplyObject(r);
+        if (rc != REDSEM__ATTEMPT)
+            return rc;
+    }
+}
+
+void redsem__acquire_begin(redsem__acq_state *s, const redsem__acquirer *q,
+                           const redsem__kind *kind, const char *id, int64_t timeout_ms,
+                           int64_t lease_ms)
+{
+    state_init(s, q, id, timeout_ms);
+    s->kind = kind;
+    s->lease_ms = lease_ms;
+}
+
+int redsem__acquire_next(redsem__acq_state *s)
+{
+    return acquire_step(s);
+}
+
+static int recorded(const redsem__acquirer *q, int rc, int64_t start_ns,
+                    redsem_permit **ret_permit);
+
+int redsem__acquire_finish(redsem__acq_state *s, int rc, redsem_permit **ret_permit)
+{
+    rc = acquire_done(&s->q, s->kind, s->id, s->lease_ms, rc, s->att, ret_permit);
+    return recorded(&s->q, rc, s->since_ns, ret_permit);
+}
+
+/* Step s on the calling thread, running its attempts and pauses, until it is decided or
+ * asks for a wait (REDSEM__WAIT). */
+static int step_blocking(redsem__acq_state *s)
+{
     for (;;) {
-        redsem__req_info info;
-        int rc = q->attempt(q->handle, id, s->mode, q->weight, att, &info);
-        if (rc != REDSEM_OK && info.maybe_applied)
-            return unknown(c, id, rc);
-        if (rc != REDSEM_OK)
-            return s->registered ? leave_after_fault(s, att, rc) : rc;
-        if (att->outcome == REDSEM__ATT_GRANTED) {
-            return granted(att, &info);
+        int rc = acquire_step(s);
+        if (rc == REDSEM__NAP) {
+            int64_t nap_ns = s->nap_until_ns - redsem__now_ns();
+            if (nap_ns > 0)
+                redsem__sleep_ns(nap_ns);
+            rc = REDSEM__ATTEMPT;
         }
-        if (att->outcome == REDSEM__ATT_WEIGHT)
-            return redsem__set_err(c, REDSEM_EINVAL,
-                                   "holder %s already holds (or waits for) %u permits; this "
-                                   "request wants %u: one holder id is one permit object "
-                                   "(nothing was changed)",
-                                   id, att->weight, q->weight);
-        if (att->outcome == REDSEM__ATT_TOO_MANY)
-            return redsem__set_err(c, REDSEM_EINVAL,
-                                   "%u permits wanted, but the limit on the server is %u "
-                                   "(nothing was taken)",
-                                   q->weight, att->limit);
-        if (att->outcome == REDSEM__ATT_TOO_LATE) {
-            /* The server ran the request after the time we had given it: our estimate of its
-             * clock was off (a clock step, a long idle drift) or it was stalled. The attempt
-             * recorded the server's clock from the reply: try again, a few times at most. */
-            if (++s->too_late > 2) {
-                const char *why = "the server ran the acquire after its deadline, 3 times in "
-                                  "a row (stalled, or its clock jumps)";
-                /* registered: leave the queue first (or REDSEM_EUNKNOWN, still queued) */
-                return s->registered ? leave_queue(s, att, REDSEM_ETIMEDOUT, why)
-                                     : redsem__set_err(c, REDSEM_ETIMEDOUT, "%s", why);
-            }
-            continue;
-        }
-        s->too_late = 0;
-        if (!s->blocking)
-            return redsem__set_err(c, REDSEM_EBUSY, "no permit free (limit %u)", att->limit);
-        if (att->outcome == REDSEM__ATT_BUSY) {
-            s->registered = true;
-            s->mode = REDSEM__MODE_AGAIN;
-            /* queued (a blocking fair or locked attempt): what a direct grant is checked by */
-            s->queued_known = att->fence_known && att->server_us > 0;
-            s->queued_fence = att->fence;
-            s->queued_sent_ns = info.sent_ns;
-            s->queued_server_us = att->server_us;
-            s->queued_limit = att->limit;
-        }
-
-        int64_t now = redsem__now_ns();
-        bool cancelled = redsem__cancelled();
-        int64_t deadline = s->deadline;
-        if (now >= deadline || cancelled) {
-            if (!s->registered)
-                return cancelled ? redsem__set_err(c, REDSEM_ECANCELED, "cancelled")
-                                 : redsem__set_err(c, REDSEM_EBUSY, "no permit within the timeout");
-            /* Leave the queue; a permit handed over at the last moment is still taken. */
-            return leave_queue(s, att, cancelled ? REDSEM_ECANCELED : REDSEM_EBUSY,
-                               cancelled ? "cancelled" : "no permit within the timeout");
-        }
-
-        int64_t left_ms = deadline == REDSEM__FOREVER
-                              ? INT64_MAX
-                              : (deadline - now + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
-        if (att->outcome == REDSEM__ATT_GUARD_BUSY) {
-            guard_nap(&s->guard_backoff_us, deadline);
-            continue;
-        }
-        s->guard_backoff_us = 0;
-        int64_t wait = redsem__rand_between(s->backoff_ms * 3 / 4, s->backoff_ms);
-        if (att->next_ms >= 0 && att->next_ms < wait)
-            wait = att->next_ms;
-        if (q->wait_lease_ms > 0 && q->wait_lease_ms / 3 < wait)
-            wait = q->wait_lease_ms / 3;
-        if (left_ms < wait)
-            wait = left_ms;
-        /* Expiry takeover. The earliest lease ends next_ms after the script's clock rounded
-         * down to the ms (deadlines are whole ms), that is next_ms ms - (server_us mod 1000)
-         * us after the script ran, so by our clock before info.recv_ns + that. Redis fires a
-         * BLPOP timeout only when its event loop wakes: on an idle server at its next tick, up
-         * to 1000/hz ms late (100 ms at the default hz 10). So the wait is also cut on our
-         * side, 0.2 ms after that end: a reply still missing then is abandoned with its
-         * connection (the next attempt reconnects: one connect), and the next attempt runs
-         * within about a millisecond of the expiry. A busy server answers the BLPOP itself
-         * first, and nothing is cut. */
-        int64_t cut = deadline;
-        if (att->next_ms >= 0) {
-            int64_t left_us = att->next_ms * 1000 - (att->server_us > 0 ? att->server_us % 1000 : 0);
-            int64_t expiry = info.recv_ns + (left_us + 200) * 1000;
-            if (expiry < cut)
-                cut = expiry;
-        }
-        if (s->wkey == NULL) { /* the first wait: made once, not on every acquire */
-            s->wkey = q->wait_key(q->handle, id, &s->keylen, s->keybuf, sizeof s->keybuf);
-            if (q->wake_meta != NULL)
-                snprintf(s->elem, sizeof s->elem, "%.*s %s", REDSEM_ID_LEN, id, q->wake_meta);
-        }
-        s->wait_ms = wait;
-        s->cut_ns = cut;
-        s->waited = true;
-        s->wait_rc = REDSEM_OK;
-        s->signaled = false;
-        s->grant = (redsem__wake_grant){0, 0, 0};
-        return REDSEM__WAIT;
+        if (rc != REDSEM__ATTEMPT)
+            return rc;
+        s->att_rc = redsem__attempt_run(&s->q, s->id, s->att_mode, s->cap_ns, &s->att,
+                                        &s->att_info);
     }
 }
 
@@ -483,13 +586,12 @@ int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t time
 {
     redsem__acq_state s;
     state_init(&s, q, id, timeout_ms);
-    for (;;) {
-        int rc = acquire_step(&s, att);
-        if (rc != REDSEM__WAIT)
-            return rc;
+    int rc;
+    while ((rc = step_blocking(&s)) == REDSEM__WAIT)
         s.wait_rc = redsem__blpop(q->client, s.wkey, s.keylen, q->wake_meta ? s.elem : NULL,
                                   s.wait_ms, s.cut_ns, s.since_ns, &s.signaled, &s.grant);
-    }
+    *att = s.att;
+    return rc;
 }
 
 int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,
@@ -531,7 +633,7 @@ static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, con
         memcpy(why, redsem__errbuf(c), sizeof why);
         redsem_permit tmp = {.kind = kind, .handle = q->handle, .client = c};
         memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
-        (void)kind->release(c, q->handle, &tmp);
+        (void)redsem__release(c, &tmp);
         return redsem__set_err(c, REDSEM_EREPLICA,
                                "granted, but %d of the %d replicas required acknowledged it "
                                "within %lld ms: the permit was given back%s%s",
@@ -543,7 +645,7 @@ static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, con
         /* Granted, but nowhere to keep it: give it back rather than leak it for a lease. */
         redsem_permit tmp = {.kind = kind, .handle = q->handle, .client = c};
         memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
-        (void)kind->release(c, q->handle, &tmp);
+        (void)redsem__release(c, &tmp);
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the permit was given back)");
     }
     *ret_permit = p;
@@ -569,7 +671,6 @@ static int recorded(const redsem__acquirer *q, int rc, int64_t start_ns,
 int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
                            int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit)
 {
-    redsem__attempt att;
     int64_t start = q->metrics != NULL ? redsem__now_ns() : 0;
     if (redsem__park_slot != NULL && timeout_ms != 0 &&
         q->client->ep.kind != REDSEM__EP_CLUSTER) {
@@ -584,6 +685,7 @@ int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, 
         *redsem__park_slot = s;
         return redsem__acquire_resume(s, ret_permit);
     }
+    redsem__attempt att;
     int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
     rc = acquire_done(q, kind, id, lease_ms, rc, att, ret_permit);
     return recorded(q, rc, start, ret_permit);
@@ -591,12 +693,10 @@ int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, 
 
 int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit)
 {
-    redsem__attempt att;
-    int rc = acquire_step(s, &att);
+    int rc = step_blocking(s);
     if (rc == REDSEM__WAIT)
         return REDSEM__PARKED; /* s stays with the caller, which waits and calls again */
-    rc = acquire_done(&s->q, s->kind, s->id, s->lease_ms, rc, att, ret_permit);
-    rc = recorded(&s->q, rc, s->since_ns, ret_permit);
+    rc = redsem__acquire_finish(s, rc, ret_permit);
     *redsem__park_slot = NULL;
     redsem__free(s);
     return rc;

@@ -38,6 +38,11 @@
 #include "redsem/async.h"
 #include "internal.h"
 
+#if REDSEM_ASYNC_LOOP
+#include <poll.h>
+#include <sys/epoll.h>
+#endif
+
 #define WORKER_IDLE_MS 2000
 /* an idle worker also ends when it wakes WORKER_LINGER_MS or more after going idle (then, or
  * later for work another took, or a deadline) and WORKERS_IDLE_KEEP others are idle: a
@@ -100,6 +105,8 @@ typedef struct op {
     int wait_rc;
     bool wait_signaled;
     char wait_err[REDSEM__ERRMSG_LEN];
+    atomic_bool *loop_cancel; /* an acquire on the loop engine: its cancel flag */
+    int loop_script;          /* a call on the loop engine: its script */
 } op;
 
 typedef struct op_list {
@@ -152,6 +159,18 @@ struct redsem_async {
     bool loop_set;
     uint64_t next_id;
     atomic_size_t pending;
+#if REDSEM_ASYNC_LOOP
+    /* The loop engine (drive_loop.c): the loop watches epfd, an epoll set of the pipe and
+     * the engine's connection (one descriptor, as 0.4's adapters watch), and its timer is
+     * the engine's deadline. loop NULL: every operation on the workers. */
+    int epfd;
+    redsem__loop *loop;
+    int loop_fd[2];       /* the connections in the set (-1: none) */
+    uint32_t loop_ev[2];  /* and their epoll events */
+    unsigned loop_gen;    /* the engine's connections' generation they are of */
+    int64_t timer_ns;     /* the timer asked for (0: none, or it fired) */
+    op_list looping;      /* acquires on the engine */
+#endif
 };
 
 static void list_push(op_list *l, op *o)
@@ -654,6 +673,20 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
         redsem__free(a);
         return redsem__set_err(client, REDSEM_ECONN, "pipe: %s", strerror(e));
     }
+#if REDSEM_ASYNC_LOOP
+    a->epfd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event pe = {.events = EPOLLIN, .data.fd = a->pipefd[0]};
+    if (a->epfd < 0 || epoll_ctl(a->epfd, EPOLL_CTL_ADD, a->pipefd[0], &pe) != 0) {
+        int e = errno;
+        if (a->epfd >= 0)
+            close(a->epfd);
+        close(a->pipefd[0]);
+        close(a->pipefd[1]);
+        redsem__free(a);
+        return redsem__set_err(client, REDSEM_ECONN, "epoll: %s", strerror(e));
+    }
+    a->loop_fd[0] = a->loop_fd[1] = -1;
+#endif
     a->c = client;
     a->pid = getpid();
     pthread_mutex_init(&a->mu, NULL);
@@ -696,7 +729,16 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
     pthread_mutex_unlock(&async->mu);
     if (was)
         return redsem__set_err(async->c, REDSEM_ESTATE, "a loop is set already");
+#if REDSEM_ASYNC_LOOP
+    /* the engine takes the acquires of a one-server client when the loop gives a timer */
+    redsem_client *c = async->c;
+    if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
+        c->sync_replicas == 0 && redsem__loop_new(c, &async->loop) != REDSEM_OK)
+        async->loop = NULL;
+    socket_fn(async, async->epfd, REDSEM_WATCH_IN, loop_data);
+#else
     socket_fn(async, async->pipefd[0], REDSEM_WATCH_IN, loop_data);
+#endif
     if (timer_fn != NULL)
         timer_fn(async, -1, loop_data);
     return REDSEM_OK;
@@ -739,6 +781,227 @@ static int run_callbacks(redsem_async *a)
     return k;
 }
 
+#if REDSEM_ASYNC_LOOP
+/* ---------------------------------------------------------------- the loop engine */
+
+/* Tell the loop what the engine wants now: its connections in the epoll set with the events
+ * they wait for, and its earliest deadline as the loop's one timer. The loop's thread. */
+static void loop_sync(redsem_async *a)
+{
+    redsem__loop_watch w[2];
+    int64_t deadline = REDSEM__FOREVER;
+    int n = redsem__loop_wants(a->loop, w, &deadline);
+    unsigned gen = redsem__loop_generation(a->loop);
+    for (int j = 0; j < 2; j++) { /* a registration no longer wanted, or of an old socket */
+        bool wanted = false;
+        for (int i = 0; i < n; i++)
+            wanted = wanted || w[i].fd == a->loop_fd[j];
+        if (a->loop_fd[j] >= 0 && (!wanted || gen != a->loop_gen)) {
+            (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd[j], NULL); /* may be closed */
+            a->loop_fd[j] = -1;
+            a->loop_ev[j] = 0;
+        }
+    }
+    a->loop_gen = gen;
+    for (int i = 0; i < n; i++) {
+        uint32_t want = (w[i].events & POLLIN ? EPOLLIN : 0u) |
+                        (w[i].events & POLLOUT ? EPOLLOUT : 0u);
+        int j = a->loop_fd[0] == w[i].fd ? 0 : a->loop_fd[1] == w[i].fd ? 1
+                : a->loop_fd[0] < 0      ? 0
+                                         : 1;
+        if (a->loop_fd[j] == w[i].fd && a->loop_ev[j] == want)
+            continue;
+        struct epoll_event e = {.events = want, .data.fd = w[i].fd};
+        if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, w[i].fd, &e) != 0 && errno == EEXIST)
+            (void)epoll_ctl(a->epfd, EPOLL_CTL_MOD, w[i].fd, &e);
+        a->loop_fd[j] = w[i].fd;
+        a->loop_ev[j] = want;
+    }
+    int64_t at = deadline == REDSEM__FOREVER ? 0 : deadline;
+    if (at != a->timer_ns) {
+        a->timer_ns = at;
+        int64_t ms = -1;
+        if (at != 0) {
+            int64_t left = at - redsem__now_ns();
+            ms = left <= 0 ? 0 : (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
+        }
+        a->timer_fn(a, ms, a->loop_data);
+    }
+}
+
+/* An acquire on the engine is decided: its callback is queued as a worker's would be. */
+static void loop_done(void *arg, int rc, redsem_permit *p)
+{
+    op *o = arg;
+    redsem_async *a = o->async;
+    o->rc = rc;
+    o->permit = p;
+    if (rc != REDSEM_OK)
+        redsem__text_copy(o->errmsg, redsem__errbuf(a->c));
+    pthread_mutex_lock(&a->mu);
+    o->loop_cancel = NULL;
+    list_remove(&a->looping, o);
+    finish(a, o);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* A release on the engine: its permit's call, and its outcome. */
+static void loop_release_call(void *arg, redsem__call *call)
+{
+    redsem_permit *p = ((op *)arg)->handle;
+    p->kind->release_call(p->handle, p, call);
+}
+
+static int loop_release_reply(void *arg, int rc, const struct redisReply *r,
+                              const redsem__req_info *info)
+{
+    redsem_permit *p = ((op *)arg)->handle;
+    rc = p->kind->release_reply(p->client, p->handle, p, rc, r, info);
+    return redsem__release_end(p, rc);
+}
+
+/* A refresh on the engine, and a status. */
+static void loop_refresh_call(void *arg, redsem__call *call)
+{
+    op *o = arg;
+    redsem__refresh_call(o->handle, call);
+    o->loop_script = call->script;
+}
+
+static int loop_refresh_reply(void *arg, int rc, const struct redisReply *r,
+                              const redsem__req_info *info)
+{
+    op *o = arg;
+    redsem_permit *p = o->handle;
+    int64_t sent = 0;
+    rc = redsem__refresh_reply(p->client, p, o->loop_script, rc, r, info, &sent);
+    return redsem__refresh_end(p, rc, sent);
+}
+
+static void loop_status_call(void *arg, redsem__call *call)
+{
+    op *o = arg;
+    if (o->kind == OP_SEM_STATUS)
+        redsem__sem_status_call(o->handle, redsem__sem_status_kind(o->handle), o->max_entries,
+                                call);
+    else
+        redsem__lock_status_call(o->handle, o->max_entries, call);
+}
+
+static int loop_status_reply(void *arg, int rc, const struct redisReply *r,
+                             const redsem__req_info *info)
+{
+    (void)info;
+    op *o = arg;
+    redsem_client *c = o->async->c;
+    const char *key = o->kind == OP_SEM_STATUS ? ((redsem_sem *)o->handle)->k_meta
+                                               : ((redsem_lock *)o->handle)->k_mutex;
+    return rc != REDSEM_OK ? rc : redsem__status_from_reply(c, key, r, &o->status);
+}
+
+/* Start o, a call (release, refresh, status) on the engine (o on a->looping). */
+static void loop_start_call(redsem_async *a, op *o)
+{
+    int rc = o->kind == OP_RELEASE   ? redsem__release_begin(o->handle)
+             : o->kind == OP_REFRESH ? redsem__refresh_begin(o->handle)
+                                     : redsem__check_owner(a->c);
+    if (rc == REDSEM_OK && o->kind == OP_RELEASE)
+        rc = redsem__loop_call(a->loop, loop_release_call, loop_release_reply, loop_done, o);
+    else if (rc == REDSEM_OK && o->kind == OP_REFRESH)
+        rc = redsem__loop_call(a->loop, loop_refresh_call, loop_refresh_reply, loop_done, o);
+    else if (rc == REDSEM_OK)
+        rc = redsem__loop_call(a->loop, loop_status_call, loop_status_reply, loop_done, o);
+    if (rc != REDSEM_OK)
+        loop_done(o, rc, NULL);
+    loop_sync(a);
+}
+
+/* Start o, an acquire or a call, on the engine (o on a->looping). */
+static void loop_start(redsem_async *a, op *o)
+{
+    if (o->kind != OP_SEM_ACQUIRE && o->kind != OP_LOCK_ACQUIRE) {
+        loop_start_call(a, o);
+        return;
+    }
+    redsem__acquirer q;
+    const redsem__kind *kind = NULL;
+    char id[REDSEM_ID_BUFSIZE];
+    redsem_permit *unused = NULL;
+    int64_t lease_ms;
+    int rc;
+    if (o->kind == OP_SEM_ACQUIRE) {
+        redsem_sem *s = o->handle;
+        lease_ms = s->lease_ms;
+        rc = redsem__sem_prepare(s, NULL, false, o->n, o->timeout_ms, &unused, &q, &kind, id);
+    } else {
+        redsem_lock *l = o->handle;
+        lease_ms = l->lease_ms;
+        rc = redsem__lock_prepare(l, NULL, false, o->timeout_ms, &unused, &q, &kind, id);
+    }
+    if (rc == REDSEM_OK)
+        rc = redsem__loop_acquire(a->loop, &q, kind, id, o->timeout_ms, lease_ms, loop_done,
+                                  o, &o->loop_cancel);
+    if (rc != REDSEM_OK)
+        loop_done(o, rc, NULL);
+    loop_sync(a);
+}
+
+/* The loop's report on epfd or its timer: step the engine, then run the callbacks. */
+static int loop_action(redsem_async *a, int fd)
+{
+    if (fd == -1)
+        a->timer_ns = 0; /* it fired: the next sync asks again */
+    struct epoll_event ev[4];
+    struct pollfd ready[4];
+    int n = epoll_wait(a->epfd, ev, 4, 0), k = 0;
+    for (int i = 0; i < n; i++)
+        if (ev[i].data.fd != a->pipefd[0])
+            ready[k++] = (struct pollfd){
+                .fd = ev[i].data.fd,
+                .revents = (short)((ev[i].events & EPOLLIN ? POLLIN : 0) |
+                                   (ev[i].events & EPOLLOUT ? POLLOUT : 0) |
+                                   (ev[i].events & (EPOLLHUP | EPOLLERR) ? POLLERR : 0))};
+    redsem__loop_step(a->loop, ready, k);
+    loop_sync(a);
+    return run_callbacks(a);
+}
+
+/* redsem_async_free(): the acquires on the engine are cancelled and stepped until they end
+ * (one leaves its queue first), for two command timeouts at most; those still under way
+ * then end with REDSEM_ECANCELED. */
+static void loop_stop(redsem_async *a)
+{
+    pthread_mutex_lock(&a->mu);
+    for (op *o = a->looping.head; o != NULL; o = o->next)
+        if (o->loop_cancel != NULL) /* a release goes on */
+            atomic_store(o->loop_cancel, true);
+    pthread_mutex_unlock(&a->mu);
+    int64_t end = redsem__now_ns() + 2 * a->c->command_timeout_ms * REDSEM__NS_PER_MS;
+    while (a->looping.head != NULL && redsem__now_ns() < end) {
+        redsem__loop_watch w[2];
+        int64_t deadline;
+        struct pollfd p[2];
+        int n = redsem__loop_wants(a->loop, w, &deadline);
+        for (int i = 0; i < n; i++)
+            p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
+        int k = poll(p, (nfds_t)n, 10);
+        redsem__loop_step(a->loop, p, k > 0 ? n : 0);
+    }
+    redsem__loop_free(a->loop); /* the acquires left end without their engine callbacks */
+    a->loop = NULL;
+    pthread_mutex_lock(&a->mu);
+    for (op *o; (o = list_pop(&a->looping)) != NULL;) {
+        o->rc = REDSEM_ECANCELED;
+        redsem__text_copy(o->errmsg, "cancelled: the redsem_async was freed");
+        finish(a, o);
+    }
+    pthread_mutex_unlock(&a->mu);
+    for (int j = 0; j < 2; j++)
+        if (a->loop_fd[j] >= 0)
+            (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd[j], NULL);
+}
+#endif
+
 int redsem_async_action(redsem_async *async, int fd, int events)
 {
     (void)events;
@@ -748,8 +1011,17 @@ int redsem_async_action(redsem_async *async, int fd, int events)
         return redsem__set_err(async->c, REDSEM_EFORKED,
                                "this redsem_async was created by process %ld (after fork)",
                                (long)async->pid);
+#if REDSEM_ASYNC_LOOP
+    if (fd != -1 && fd != async->epfd)
+        return redsem__set_err(async->c, REDSEM_EINVAL, "descriptor %d was not asked for", fd);
+    if (async->loop != NULL)
+        return loop_action(async, fd);
+    struct epoll_event ev;
+    (void)epoll_wait(async->epfd, &ev, 1, 0);
+#else
     if (fd != -1 && fd != async->pipefd[0])
         return redsem__set_err(async->c, REDSEM_EINVAL, "descriptor %d was not asked for", fd);
+#endif
     return run_callbacks(async);
 }
 
@@ -786,6 +1058,21 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
     int rc;
     pthread_mutex_lock(&a->mu);
     op *o;
+#if REDSEM_ASYNC_LOOP
+    if ((o = list_find(&a->looping, id)) != NULL && o->loop_cancel != NULL) {
+        /* on the engine: its next step sees the flag (a wait ends at once); the pipe's byte
+         * makes the loop report soon (a release there is past cancelling, as a running
+         * one) */
+        atomic_store(o->loop_cancel, true);
+        char b = 1;
+        ssize_t w;
+        do
+            w = write(a->pipefd[1], &b, 1);
+        while (w < 0 && errno == EINTR);
+        pthread_mutex_unlock(&a->mu);
+        return REDSEM_OK;
+    }
+#endif
     if ((o = list_find(&a->parked, id)) != NULL || (o = list_find(&a->resume, id)) != NULL) {
         /* a waiting acquire between two attempts: registered on the server, so its loop
          * must run once more to leave (the leader ends its wait at once) */
@@ -800,6 +1087,10 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
         redsem__text_copy(o->errmsg, "cancelled before it started");
         finish(a, o);
         rc = REDSEM_OK;
+#if REDSEM_ASYNC_LOOP
+    } else if (list_find(&a->looping, id) != NULL) {
+        rc = REDSEM_ESTATE; /* a release, refresh or status on the engine */
+#endif
     } else if ((o = list_find(&a->running, id)) != NULL) {
         if (o->waits) {
             atomic_store(&o->cancel, true);
@@ -831,6 +1122,11 @@ void redsem_async_free(redsem_async *async)
         /* a forked child: no worker runs here; free memory only */
         close(a->pipefd[0]);
         close(a->pipefd[1]);
+#if REDSEM_ASYNC_LOOP
+        close(a->epfd);
+        for (op *o; (o = list_pop(&a->looping)) != NULL;)
+            redsem__free(o);
+#endif
         op_list *lists[] = {&a->quick,  &a->waiting, &a->running,
                             &a->done,   &a->parked,  &a->resume};
         for (size_t i = 0; i < sizeof lists / sizeof *lists; i++)
@@ -842,6 +1138,10 @@ void redsem_async_free(redsem_async *async)
         redsem__free(a);
         return;
     }
+#if REDSEM_ASYNC_LOOP
+    if (a->loop != NULL)
+        loop_stop(a);
+#endif
     pthread_mutex_lock(&a->mu);
     a->closing = true;
     op_list *queues[] = {&a->quick, &a->waiting};
@@ -885,8 +1185,15 @@ void redsem_async_free(redsem_async *async)
     if (a->loop_set) {
         if (a->timer_fn != NULL)
             a->timer_fn(a, -1, a->loop_data);
+#if REDSEM_ASYNC_LOOP
+        a->socket_fn(a, a->epfd, REDSEM_WATCH_REMOVE, a->loop_data);
+#else
         a->socket_fn(a, a->pipefd[0], REDSEM_WATCH_REMOVE, a->loop_data);
+#endif
     }
+#if REDSEM_ASYNC_LOOP
+    close(a->epfd);
+#endif
     close(a->pipefd[0]);
     close(a->pipefd[1]);
     pthread_cond_destroy(&a->work_cv);
@@ -944,6 +1251,17 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
         }
     }
     atomic_fetch_add(&a->pending, 1);
+#if REDSEM_ASYNC_LOOP
+    if (a->loop != NULL && kind != OP_WAKE_CANCELLED && kind != OP_LEAD) {
+        list_push(&a->looping, o);
+        uint64_t lid = o->id;
+        pthread_mutex_unlock(&a->mu);
+        loop_start(a, o); /* o may be done (not freed: its callback runs from the loop) */
+        if (ret_op != NULL)
+            *ret_op = lid;
+        return REDSEM_OK;
+    }
+#endif
     list_push(o->waits ? &a->waiting : &a->quick, o);
     wake_worker(a);
     maybe_spawn(a);

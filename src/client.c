@@ -998,18 +998,6 @@ void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k)
     redsem__lane_put(c, l, worst);
 }
 
-int redsem__eval_status(redsem_client *c, int script, int nkeys, const redsem__args *ka,
-                        int flags, redsem__req_info *info, const char *what, long long *status)
-{
-    redisReply *r = NULL;
-    int rc = redsem__eval(c, script, nkeys, ka, flags, info, &r);
-    if (rc != REDSEM_OK)
-        return rc;
-    rc = redsem__reply_status(c, r, what, status);
-    freeReplyObject(r);
-    return rc;
-}
-
 int redsem__blpop_alone(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                         int64_t hard_deadline_ns, bool *signaled)
 {

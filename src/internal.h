@@ -17,11 +17,6 @@ int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t 
                     struct redisReply **ret_reply, redsem__req_info *info);
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *keys_and_args,
                  int flags, redsem__req_info *info, struct redisReply **ret_reply);
-/* redsem__eval of a script whose reply is {status, ...}: *status is its first element (the
- * reply is freed). REDSEM_OK, the eval's code, or REDSEM_EPROTO ("what: unexpected reply"). */
-int redsem__eval_status(redsem_client *c, int script, int nkeys,
-                        const redsem__args *keys_and_args, int flags, redsem__req_info *info,
-                        const char *what, long long *status);
 /* k (1..REDSEM__BATCH_MAX) script calls of the calling thread at once: in one write and one
  * round trip when the client has one server (not a cluster), else one after another. Each
  * item's errmsg must be a buffer of its own (REDSEM__ERRMSG_LEN bytes), its text given. */
@@ -62,6 +57,40 @@ int redsem__check_owner(redsem_client *c); /* EFORKED after fork */
 /* The first element of a script's {status, ...} array reply; REDSEM_EPROTO otherwise. */
 int redsem__reply_status(redsem_client *c, const struct redisReply *r, const char *what,
                          long long *status);
+
+/* ---------------------------------------------------------------- calls (call.c) */
+/* One script call an operation asks its driver to run: the operation builds it (its keys,
+ * then its arguments: the first key routes it) and takes its outcome in a function of its
+ * own, so that a driver on the calling thread (redsem__call_run) and one on an event loop
+ * run the same operation. ka points into itself (its numbers): built in place, never
+ * copied. */
+typedef struct redsem__call {
+    int script, nkeys, flags; /* REDSEM__SCRIPT_*, the count of keys in ka, REDSEM__REQ_* */
+    redsem__args ka;
+    /* NULL, or the signal-list prefix of a script whose reply may carry wake-ups for waiters
+     * it granted (redsem__wake_push): the driver pushes them before it hands the reply on */
+    const char *wake_prefix;
+    int64_t cap_ns; /* 0, or the call's own deadline (CLOCK_MONOTONIC ns; as
+                     * redsem__call_cap_set) */
+} redsem__call;
+/* Start a call: no keys or arguments yet, no wake-ups, no cap. */
+static inline void redsem__call_init(redsem__call *call, int script, int flags,
+                                     const char *wake_prefix)
+{
+    call->script = script;
+    call->nkeys = 0;
+    call->flags = flags;
+    redsem__args_init(&call->ka);
+    call->wake_prefix = wake_prefix;
+    call->cap_ns = 0;
+}
+/* Append the call's n keys (before any argument); nkeys becomes their count. */
+void redsem__call_keys(redsem__call *call, int n, const char *const keys[]);
+/* The blocking driver: run call on the calling thread (redsem__eval under its cap, then the
+ * wake-ups its reply carries): redsem__eval's codes, *ret_reply (owned by the caller) on
+ * REDSEM_OK. */
+int redsem__call_run(redsem_client *c, redsem__call *call, redsem__req_info *info,
+                     struct redisReply **ret_reply);
 
 /* ---------------------------------------------------------------- client */
 struct redsem_options {
@@ -312,8 +341,13 @@ typedef struct redsem__kind {
      * in one round trip (the renewer). */
     int (*refresh_call)(void *handle, const redsem_permit *p, redsem__args *a, int *nkeys);
     int (*refresh_lost)(redsem_client *c, void *handle, const redsem_permit *p);
-    /* Server-side release of one permit through client c, without touching renewal. */
-    int (*release)(redsem_client *c, void *handle, redsem_permit *p);
+    /* Server-side release of one permit p, without touching renewal, as one script call:
+     * release_call builds it in place; release_reply takes its outcome (rc; on REDSEM_OK its
+     * reply r, borrowed, and info) and returns REDSEM_OK, REDSEM_ELOST (the message set on
+     * c) or the call's code. Run by redsem__release (permit.c) on the calling thread. */
+    void (*release_call)(void *handle, const redsem_permit *p, redsem__call *call);
+    int (*release_reply)(redsem_client *c, void *handle, const redsem_permit *p, int rc,
+                         const struct redisReply *r, const redsem__req_info *info);
     /* The handle's count of its permits that the renewer holds on to (renew.c). */
     _Atomic uint32_t *(*renewed)(void *handle);
 } redsem__kind;
@@ -353,9 +387,16 @@ typedef struct redsem__attempt {
 typedef struct redsem__acquirer {
     redsem_client *client;
     void *handle;
-    /* One attempt; returns REDSEM_OK with *att filled, or a code (with info->maybe_applied). */
-    int (*attempt)(void *handle, const char *id, int mode, uint32_t weight,
-                   redsem__attempt *att, redsem__req_info *info);
+    /* One attempt, as script calls (the locked strategy: its guard, then its attempt; the
+     * others: one). attempt_call builds the call of stage (0 first) in place. attempt_reply
+     * takes that call's outcome: rc, and on REDSEM_OK its reply r (borrowed: the driver frees
+     * it) and info (which it may amend); it returns REDSEM_OK with *att filled,
+     * REDSEM__ATTEMPT (the call of stage + 1 is due), or a code (with info->maybe_applied).
+     * Run by a driver: redsem__attempt_run on the calling thread. */
+    void (*attempt_call)(void *handle, const char *id, int mode, uint32_t weight, int stage,
+                         redsem__call *call);
+    int (*attempt_reply)(void *handle, int stage, int rc, const struct redisReply *r,
+                         redsem__req_info *info, redsem__attempt *att);
     /* Key to BLPOP on while waiting (may depend on id). */
     const char *(*wait_key)(void *handle, const char *id, size_t *len, char *buf, size_t buflen);
     int64_t wait_lease_ms; /* > 0: renew registration at least every third of it */
@@ -388,6 +429,23 @@ static inline bool redsem__cancelled(void)
  * planted name) is dropped: the grant stands and its waiter's poll finds it; the calling
  * thread's error text is kept. Any other reply is left as it is. Returns REDSEM_OK. */
 int redsem__wake_push(redsem_client *c, const char *sigprefix, struct redisReply **reply);
+/* redsem__wake_push in parts, for a driver that sends the pushes itself. unwrap: a reply
+ * with wake-ups becomes the script's own in *reply, and the wrapper is returned (owned by
+ * the caller, freed with freeReplyObject); NULL (*reply untouched) if it has none. push_call:
+ * build in wc the wake_push.lua call for the wake-ups of the wrapper r from its element
+ * *from (2 at first) on, at most REDSEM__WAKE_PUSH_MAX of them, skipping names that are not
+ * a waiter's list; *from: the element after the last one taken. false: none left. */
+struct redisReply *redsem__wake_unwrap(struct redisReply **reply);
+/* wake-ups per wake_push.lua call: 2 keys and 2 arguments each (REDSEM__MAX_ARGS) */
+#define REDSEM__WAKE_PUSH_MAX (REDSEM__MAX_ARGS / 4)
+#define REDSEM__WAKE_KEY_MAX 1100 /* prefix (<= 256) + '{' + name (<= 512) + a suffix + id */
+typedef struct redsem__wake_call {
+    redsem__call call;
+    char keys[REDSEM__WAKE_PUSH_MAX][REDSEM__WAKE_KEY_MAX];
+    char bells[REDSEM__WAKE_PUSH_MAX][REDSEM__WAKE_KEY_MAX + 8];
+} redsem__wake_call;
+bool redsem__wake_push_call(redsem_client *c, const char *sigprefix,
+                            const struct redisReply *r, size_t *from, redsem__wake_call *wc);
 /* Waits registered in the client's shared wait now, parked ones included (wake.c; for the
  * white-box tests). */
 int redsem__wake_waiters(redsem_client *c);
@@ -460,11 +518,37 @@ typedef struct redsem__acq_state {
     uint64_t queued_fence;
     int64_t queued_sent_ns, queued_server_us;
     uint32_t queued_limit;
+    /* the attempt asked for (REDSEM__ATTEMPT, REDSEM__NAP): its mode, and what its outcome
+     * continues (acquire.c); the driver runs it and sets att_rc, att and att_info, with the
+     * call's error text as the calling thread's */
+    int att_mode, cont;
+    int att_rc;
+    redsem__attempt att; /* also the grant, when the step returns REDSEM_OK */
+    redsem__req_info att_info;
+    int64_t nap_until_ns; /* REDSEM__NAP: the attempt runs then (our clock) */
+    int64_t cap_ns;       /* 0, or the attempts' own deadline (leaving the queue) */
+    /* leaving the queue: why, the code it ends with, until when it tries, the fault that
+     * made it leave, and the error text kept meanwhile */
+    int end_rc, fault_rc, leave_too_late;
+    const char *why;
+    int64_t give_up;
+    char saved[REDSEM__ERRMSG_LEN];
+    const atomic_bool *cancel; /* the operation's cancel flag (redsem__cancel), or NULL */
 } redsem__acq_state;
 /* acquire_step()'s "wait, then call again", and redsem__acquire_resume()'s "parked". Internal
  * codes: never returned by a public function except to the event-loop API's workers. */
 #define REDSEM__WAIT (-1000)
 #define REDSEM__PARKED (-1001)
+/* acquire_step()'s "run the attempt s->att_mode (redsem__attempt_run), set s->att_rc, s->att
+ * and s->att_info, and call again"; REDSEM__NAP: the same once the clock reaches
+ * s->nap_until_ns (a locked attempt found the guard busy). An attempt's "next call due"
+ * (redsem__acquirer). Internal codes, as REDSEM__WAIT. */
+#define REDSEM__ATTEMPT (-1002)
+#define REDSEM__NAP (-1003)
+/* The blocking driver of one attempt: its calls on the calling thread (redsem__call_run),
+ * each under cap_ns (0: none). REDSEM_OK with *att, or a code (info->maybe_applied). */
+int redsem__attempt_run(const redsem__acquirer *q, const char *id, int mode, int64_t cap_ns,
+                        redsem__attempt *att, redsem__req_info *info);
 /* Set by an event-loop API worker around a waiting acquire: redsem__acquire_permit() then
  * stores its state in *redsem__park_slot and returns REDSEM__PARKED where it would block
  * (not for a cluster client, whose waits have a connection each); NULL elsewhere. */
@@ -472,6 +556,62 @@ extern _Thread_local redsem__acq_state **redsem__park_slot;
 /* Continue a parked acquire after its wait (s->wait_rc, s->signaled set): REDSEM__PARKED
  * again (a new wait in s), or its final status; then s is freed and *redsem__park_slot NULL. */
 int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit);
+/* The acquire's steps for a driver of its own (drive_loop.c): begin sets s up (the first
+ * step is due); next is one step (its codes as acquire_step's: REDSEM__ATTEMPT, REDSEM__NAP,
+ * REDSEM__WAIT, or the acquire's status); finish makes the decided acquire (next's status
+ * rc) a permit in *ret_permit (a grant that must reach replicas and did not is given back
+ * on the calling thread). */
+void redsem__acquire_begin(redsem__acq_state *s, const redsem__acquirer *q,
+                           const redsem__kind *kind, const char *id, int64_t timeout_ms,
+                           int64_t lease_ms);
+int redsem__acquire_next(redsem__acq_state *s);
+int redsem__acquire_finish(redsem__acq_state *s, int rc, redsem_permit **ret_permit);
+/* A semaphore's or a lock's acquire before any I/O (sem.c, lock.c): the arguments checked
+ * (as redsem_sem_acquire_as_n / redsem_lock_acquire_as: holder_id NULL for a new id;
+ * ret_permit only checked not to be NULL), and the acquirer, its holder id and the permits'
+ * kind made. REDSEM_OK or a code. */
+int redsem__sem_prepare(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
+                        int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
+                        const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE]);
+int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
+                         int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
+                         const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE]);
+/* The event-loop driver of acquires (drive_loop.c): one connection of its own to a
+ * one-server client's server (not with sync_replicas), stepped by an event loop on one
+ * thread; it starts no thread and never sleeps (a connect is still blocking). new: made,
+ * not connected yet (REDSEM_EINVAL for another client). acquire: start one acquire of
+ * q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare); done(arg, rc,
+ * permit) runs once from inside redsem__loop_step (or from here, if it is decided without
+ * I/O), and *ret_cancel (may be NULL) is its cancel flag, valid until then. wants: the
+ * descriptors to watch (its request connection and its wait connection, which holds one
+ * BLPOP on the waiters' lists at a time: 0-2 of them, returned) with their events, and the
+ * earliest deadline (REDSEM__FOREVER: none); step: do what is due (call it with the
+ * descriptors found ready, revents as poll()'s, when one is or the deadline came);
+ * generation: changes when a connection is made anew (its descriptor's number may be a
+ * closed one's). free: the acquires under way end without their callbacks. */
+typedef struct redsem__loop redsem__loop;
+typedef void (*redsem__loop_done)(void *arg, int rc, redsem_permit *p);
+int redsem__loop_new(redsem_client *c, redsem__loop **ret);
+int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
+                         const char *id, int64_t timeout_ms, int64_t lease_ms,
+                         redsem__loop_done done, void *arg, atomic_bool **ret_cancel);
+/* One script call on the loop: build(arg, call) builds it in place; reply(arg, rc, r, info)
+ * takes its outcome (rc; on REDSEM_OK its reply r, borrowed) and returns the operation's
+ * status, which done(arg, status, NULL) is given, as for an acquire. */
+typedef int (*redsem__loop_reply)(void *arg, int rc, const struct redisReply *r,
+                                  const redsem__req_info *info);
+int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *call),
+                      redsem__loop_reply reply, redsem__loop_done done, void *arg);
+typedef struct redsem__loop_watch {
+    int fd;
+    short events; /* POLLIN, POLLOUT */
+} redsem__loop_watch;
+int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[2], int64_t *deadline_ns);
+struct pollfd;
+void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n);
+unsigned redsem__loop_generation(const redsem__loop *l);
+size_t redsem__loop_pending(const redsem__loop *l);
+void redsem__loop_free(redsem__loop *l);
 /* Before any I/O: the fork check, ret_permit, the timeout, and the holder id (given_id
  * validated and copied, or a new random one; NULL is EINVAL when id_required). */
 int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,
@@ -505,11 +645,33 @@ struct redsem_permit {
  * its state or deadline: REDSEM_OK with *sent_ns (when the request that extended it was
  * sent), REDSEM_ELOST (no longer held: the message says why), REDSEM_EREPLICA, or a fault. */
 int redsem__refresh(redsem_client *c, redsem_permit *p, int64_t *sent_ns);
+/* The same as a call: redsem__refresh_call builds it in place; redsem__refresh_reply takes
+ * the outcome of that call of the given script (rc; on REDSEM_OK its reply r, borrowed, and
+ * info) and returns as redsem__refresh. */
+void redsem__refresh_call(const redsem_permit *p, redsem__call *call);
+int redsem__refresh_reply(redsem_client *c, redsem_permit *p, int script, int rc,
+                          const struct redisReply *r, const redsem__req_info *info,
+                          int64_t *sent_ns);
+/* redsem_permit_refresh() around its call, for a driver that runs the call itself: begin
+ * checks p (fork; not held: REDSEM_ESTATE); end takes the call's status and the time its
+ * request was sent (REDSEM_OK moves the validity deadline on, REDSEM_ELOST marks p lost)
+ * and returns the status. */
+int redsem__refresh_begin(redsem_permit *p);
+int redsem__refresh_end(redsem_permit *p, int rc, int64_t sent_ns);
 /* The same for k permits (1..REDSEM__BATCH_MAX) at once, in one round trip where the client
  * can pipeline (redsem__eval_many); rcs[i] and sent_ns[i] for each. The error text is the
  * last failure's. */
 void redsem__refresh_many(redsem_client *c, redsem_permit *const *ps, int k, int *rcs,
                           int64_t *sent_ns);
+
+/* Release p on the server through client c, without touching renewal or its state: its
+ * kind's release call on the calling thread (redsem__call_run). */
+int redsem__release(redsem_client *c, redsem_permit *p);
+/* redsem_permit_release() around its call, for a driver that runs the call itself: begin
+ * checks p (fork, already released: REDSEM_ESTATE) and stops its renewal; end takes the
+ * call's status (REDSEM_OK or REDSEM_ELOST mark p released) and returns it. */
+int redsem__release_begin(redsem_permit *p);
+int redsem__release_end(redsem_permit *p, int rc);
 
 redsem_permit *redsem__permit_new(const redsem__kind *kind, void *handle, redsem_client *c,
                                   const char *id, const redsem__attempt *att, int64_t lease_ms);
@@ -571,5 +733,14 @@ struct redsem_status {
 /* key: the first key of the status call (it names the node that served it). */
 int redsem__status_from_reply(redsem_client *c, const char *key, const struct redisReply *r,
                               redsem_status **ret);
+/* The status calls, built in place (sem.c, lock.c): kind is "basic", "fair" (the handle's:
+ * redsem__sem_status_kind) or "auto" (what the server has); their replies are taken by
+ * redsem__status_from_reply with the call's first key. redsem__status_run runs one on the
+ * calling thread (status.c). */
+void redsem__sem_status_call(const redsem_sem *s, const char *kind, size_t max_entries,
+                             redsem__call *call);
+const char *redsem__sem_status_kind(const redsem_sem *s);
+void redsem__lock_status_call(const redsem_lock *l, size_t max_entries, redsem__call *call);
+int redsem__status_run(redsem_client *c, redsem__call *call, redsem_status **ret);
 
 #endif /* REDSEM_INTERNAL_H */

@@ -8,13 +8,15 @@
 /* The permits of a lock refresh and release through these (see redsem__kind). */
 static int lock_refresh_call(void *h, const redsem_permit *p, redsem__args *a, int *nkeys);
 static int lock_refresh_lost(redsem_client *c, void *h, const redsem_permit *p);
-static int lock_release(redsem_client *c, void *h, redsem_permit *p);
+static void lock_release_call(void *h, const redsem_permit *p, redsem__call *call);
+static int lock_release_reply(redsem_client *c, void *h, const redsem_permit *p, int rc,
+                              const redisReply *r, const redsem__req_info *info);
 static _Atomic uint32_t *lock_renewed(void *h)
 {
     return &((redsem_lock *)h)->renewed;
 }
-static const redsem__kind lock_kind = {"lock", lock_refresh_call, lock_refresh_lost,
-                                        lock_release, lock_renewed};
+static const redsem__kind lock_kind = {"lock",           lock_refresh_call,  lock_refresh_lost,
+                                        lock_release_call, lock_release_reply, lock_renewed};
 
 void redsem_lock_free(redsem_lock *l)
 {
@@ -73,28 +75,34 @@ static void lock_keys(const redsem_lock *l, redsem__args *a, int n)
         redsem__args_str(a, k[i]);
 }
 
-static int lock_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
-                        redsem__req_info *info)
+static void lock_call(void *h, const char *id, int mode, uint32_t weight, int stage,
+                      redsem__call *call)
 {
     (void)weight; /* always 1 */
+    (void)stage;  /* one call */
+    redsem_lock *l = h;
+    redsem__args *a = &call->ka;
+    redsem__call_init(call, REDSEM__SCRIPT_LOCK_ACQUIRE, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC,
+                      NULL);
+    lock_keys(l, a, 4);
+    call->nkeys = 4;
+    redsem__args_mem(a, id, REDSEM_ID_LEN);
+    redsem__args_i64(a, l->lease_ms);
+    redsem__args_i64(a, mode);
+    redsem__args_i64(a, REDSEM_DEFAULT_WAIT_LEASE_MS);
+    redsem__args_str(a, l->reentrant ? "1" : "0");
+    redsem__args_i64(a, redsem__not_after_us(l->client, l->k_mutex));
+}
+
+static int lock_reply(void *h, int stage, int rc, const redisReply *r, redsem__req_info *info,
+                      redsem__attempt *att)
+{
+    (void)stage;
     redsem_lock *l = h;
     redsem_client *c = l->client;
-    redsem__args a;
-    redsem__args_init(&a);
-    lock_keys(l, &a, 4);
-    redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redsem__args_i64(&a, l->lease_ms);
-    redsem__args_i64(&a, mode);
-    redsem__args_i64(&a, REDSEM_DEFAULT_WAIT_LEASE_MS);
-    redsem__args_str(&a, l->reentrant ? "1" : "0");
-    redsem__args_i64(&a, redsem__not_after_us(c, l->k_mutex));
-    redisReply *r = NULL;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_ACQUIRE, 4, &a,
-                          REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, info, &r);
     if (rc != REDSEM_OK)
         return rc;
     rc = redsem__parse_attempt(c, r, att, "lock_acquire");
-    freeReplyObject(r);
     if (rc == REDSEM_OK)
         redsem__note_server_clock(c, l->k_mutex, att->server_us, info->recv_ns);
     att->limit = 1;
@@ -111,11 +119,10 @@ static const char *lock_wait_key(void *h, const char *id, size_t *len, char *buf
     return l->k_signal;
 }
 
-static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
-                        int64_t timeout_ms, redsem_permit **ret_permit)
+int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
+                         int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
+                         const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE])
 {
-    if (l == NULL)
-        return REDSEM_EINVAL;
     redsem_client *c = l->client;
     if (l->reentrant && (token != NULL || token_required)) {
         int rc = redsem__check_owner(c);
@@ -124,22 +131,37 @@ static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
                                                  "a reentrant lock's token is its owner identity");
     }
     /* a reentrant handle always acquires as its owner */
-    char id[REDSEM_ID_BUFSIZE];
     int rc = redsem__acquire_args(c, ret_permit, timeout_ms, l->reentrant ? l->owner : token,
                                   token_required, id);
     if (rc != REDSEM_OK)
         return rc;
-    redsem__acquirer q = {
+    *q = (redsem__acquirer){
         .client = c,
         .handle = l,
-        .attempt = lock_attempt,
+        .attempt_call = lock_call,
+        .attempt_reply = lock_reply,
         .wait_key = lock_wait_key,
         .wait_lease_ms = 0,
         .weight = 1,
         .metrics = redsem__metrics_of(c, &l->metrics, l->name, REDSEM__MK_LOCK),
     };
-    return redsem__acquire_permit(&q, &lock_kind, id, timeout_ms, l->lease_ms,
-                                  ret_permit);
+    *kind = &lock_kind;
+    return REDSEM_OK;
+}
+
+static int lock_acquire(redsem_lock *l, const char *token, bool token_required,
+                        int64_t timeout_ms, redsem_permit **ret_permit)
+{
+    if (l == NULL)
+        return REDSEM_EINVAL;
+    char id[REDSEM_ID_BUFSIZE];
+    redsem__acquirer q;
+    const redsem__kind *kind;
+    int rc = redsem__lock_prepare(l, token, token_required, timeout_ms, ret_permit, &q, &kind,
+                                  id);
+    if (rc != REDSEM_OK)
+        return rc;
+    return redsem__acquire_permit(&q, kind, id, timeout_ms, l->lease_ms, ret_permit);
 }
 
 int redsem_lock_try_acquire(redsem_lock *l, redsem_permit **ret_permit)
@@ -186,26 +208,37 @@ static int lock_refresh_lost(redsem_client *c, void *h, const redsem_permit *p)
                            l->name, p->id, (long long)redsem__refresh_margin_ms(p->lease_ms));
 }
 
-static int lock_release(redsem_client *c, void *h, redsem_permit *p)
+static void lock_release_call(void *h, const redsem_permit *p, redsem__call *call)
 {
-    redsem_lock *l = h;
-    redsem__args a;
-    redsem__args_init(&a);
-    lock_keys(l, &a, 4);
-    redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
-    redsem__args_str(&a, l->reentrant ? "1" : "0");
-    redsem__req_info info;
+    const redsem_lock *l = h;
+    redsem__call_init(call, REDSEM__SCRIPT_LOCK_RELEASE, REDSEM__REQ_RETRY, NULL);
+    lock_keys(l, &call->ka, 4);
+    call->nkeys = 4;
+    redsem__args_mem(&call->ka, p->id, REDSEM_ID_LEN);
+    redsem__args_str(&call->ka, l->reentrant ? "1" : "0");
+}
+
+static int lock_release_reply(redsem_client *c, void *h, const redsem_permit *p, int rc,
+                              const redisReply *r, const redsem__req_info *info)
+{
+    const redsem_lock *l = h;
     long long st = 0;
-    int rc = redsem__eval_status(c, REDSEM__SCRIPT_LOCK_RELEASE, 4, &a, REDSEM__REQ_RETRY, &info,
-                                 "lock_release", &st);
-    if (rc != REDSEM_OK)
+    if (rc != REDSEM_OK || (rc = redsem__reply_status(c, r, "lock_release", &st)) != REDSEM_OK)
         return rc;
-    if (st != 1 && !info.maybe_applied)
+    if (st != 1 && !info->maybe_applied)
         return redsem__set_err(c, REDSEM_ELOST, "lock '%s' was not held by %s", l->name, p->id);
-    if (atomic_load(&p->deadline_ns) <= info.sent_ns)
+    if (atomic_load(&p->deadline_ns) <= info->sent_ns)
         return redsem__set_err(c, REDSEM_ELOST, "lock '%s' released after its validity ended",
                                l->name);
     return REDSEM_OK;
+}
+
+void redsem__lock_status_call(const redsem_lock *l, size_t max_entries, redsem__call *call)
+{
+    redsem__call_init(call, REDSEM__SCRIPT_LOCK_STATUS, REDSEM__REQ_RETRY, NULL);
+    lock_keys(l, &call->ka, 3);
+    call->nkeys = 3;
+    redsem__args_i64(&call->ka, (int64_t)max_entries);
 }
 
 int redsem_lock_status(redsem_lock *l, size_t max_entries, redsem_status **ret_status)
@@ -219,17 +252,9 @@ int redsem_lock_status(redsem_lock *l, size_t max_entries, redsem_status **ret_s
     if (ret_status == NULL || max_entries > REDSEM_LIMIT_MAX)
         return redsem__set_err(c, REDSEM_EINVAL, "ret_status is NULL or max_entries > %u",
                                REDSEM_LIMIT_MAX);
-    redsem__args a;
-    redsem__args_init(&a);
-    lock_keys(l, &a, 3);
-    redsem__args_i64(&a, (int64_t)max_entries);
-    redisReply *r = NULL;
-    rc = redsem__eval(c, REDSEM__SCRIPT_LOCK_STATUS, 3, &a, REDSEM__REQ_RETRY, NULL, &r);
-    if (rc != REDSEM_OK)
-        return rc;
-    rc = redsem__status_from_reply(c, l->k_mutex, r, ret_status);
-    freeReplyObject(r);
-    return rc;
+    redsem__call call;
+    redsem__lock_status_call(l, max_entries, &call);
+    return redsem__status_run(c, &call, ret_status);
 }
 
 int redsem_lock_set_reentrant(redsem_lock *l, bool on)

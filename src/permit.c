@@ -70,54 +70,76 @@ static int refresh_outcome(redsem_client *c, redsem_permit *p, int rc, long long
     return REDSEM_OK;
 }
 
+void redsem__refresh_call(const redsem_permit *p, redsem__call *call)
+{
+    redsem__call_init(call, 0, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, NULL);
+    call->script = p->kind->refresh_call(p->handle, p, &call->ka, &call->nkeys);
+}
+
+int redsem__refresh_reply(redsem_client *c, redsem_permit *p, int script, int rc,
+                          const redisReply *r, const redsem__req_info *info, int64_t *sent_ns)
+{
+    long long st = 0;
+    if (rc == REDSEM_OK)
+        rc = redsem__reply_status(c, r, redsem__script_defs[script].name, &st);
+    return refresh_outcome(c, p, rc, st, info, sent_ns);
+}
+
 int redsem__refresh(redsem_client *c, redsem_permit *p, int64_t *sent_ns)
 {
-    redsem__args a;
-    redsem__args_init(&a);
-    int nkeys = 0;
-    int script = p->kind->refresh_call(p->handle, p, &a, &nkeys);
+    redsem__call call;
+    redsem__refresh_call(p, &call);
     redsem__req_info info;
-    long long st = 0;
-    int rc = redsem__eval_status(c, script, nkeys, &a, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC,
-                                 &info, redsem__script_defs[script].name, &st);
-    return refresh_outcome(c, p, rc, st, &info, sent_ns);
+    redisReply *r = NULL;
+    int rc = redsem__call_run(c, &call, &info, &r);
+    rc = redsem__refresh_reply(c, p, call.script, rc, r, &info, sent_ns);
+    if (r != NULL)
+        freeReplyObject(r);
+    return rc;
 }
 
 void redsem__refresh_many(redsem_client *c, redsem_permit *const *ps, int k, int *rcs,
                           int64_t *sent_ns)
 {
-    redsem__args a[REDSEM__BATCH_MAX];
+    redsem__call calls[REDSEM__BATCH_MAX];
     redsem__req_info info[REDSEM__BATCH_MAX];
     redisReply *r[REDSEM__BATCH_MAX];
     char text[REDSEM__BATCH_MAX][REDSEM__ERRMSG_LEN];
     redsem__batch_item items[REDSEM__BATCH_MAX];
     for (int i = 0; i < k; i++) {
-        redsem__args_init(&a[i]);
-        int nkeys = 0;
-        int script = ps[i]->kind->refresh_call(ps[i]->handle, ps[i], &a[i], &nkeys);
+        redsem__call *call = &calls[i];
+        redsem__refresh_call(ps[i], call);
         r[i] = NULL;
         text[i][0] = '\0';
-        items[i] = (redsem__batch_item){script, nkeys, &a[i], REDSEM__REQ_RETRY | REDSEM__REQ_SYNC,
+        items[i] = (redsem__batch_item){call->script, call->nkeys, &call->ka, call->flags,
                                         &info[i], &r[i], text[i], REDSEM_OK};
     }
     redsem__eval_many(c, items, k);
     for (int i = 0; i < k; i++) {
-        long long st = 0;
-        int rc = items[i].rc;
-        if (rc != REDSEM_OK)
-            (void)redsem__set_err(c, rc, "%s", text[i]);
-        else {
-            rc = redsem__reply_status(c, r[i], redsem__script_defs[items[i].script].name, &st);
+        if (items[i].rc != REDSEM_OK)
+            (void)redsem__set_err(c, items[i].rc, "%s", text[i]);
+        rcs[i] = redsem__refresh_reply(c, ps[i], items[i].script, items[i].rc, r[i], &info[i],
+                                       &sent_ns[i]);
+        if (r[i] != NULL)
             freeReplyObject(r[i]);
-        }
-        rcs[i] = refresh_outcome(c, ps[i], rc, st, &info[i], &sent_ns[i]);
     }
 }
 
-int redsem_permit_refresh(redsem_permit *p)
+int redsem__release(redsem_client *c, redsem_permit *p)
 {
-    if (p == NULL)
-        return REDSEM_EINVAL;
+    redsem__call call;
+    p->kind->release_call(p->handle, p, &call);
+    redsem__req_info info;
+    redisReply *r = NULL;
+    int rc = redsem__call_run(c, &call, &info, &r);
+    rc = p->kind->release_reply(c, p->handle, p, rc, r, &info);
+    if (r != NULL)
+        freeReplyObject(r);
+    return rc;
+}
+
+int redsem__refresh_begin(redsem_permit *p)
+{
     redsem_client *c = p->client;
     int rc = redsem__check_owner(c);
     if (rc != REDSEM_OK)
@@ -126,11 +148,14 @@ int redsem_permit_refresh(redsem_permit *p)
     if (st != REDSEM__HELD)
         return redsem__set_err(c, REDSEM_ESTATE, "permit %s was already %s", p->id,
                                st == REDSEM__RELEASED ? "released" : "found lost");
-    int64_t sent = 0;
-    rc = redsem__refresh(c, p, &sent);
+    return REDSEM_OK;
+}
+
+int redsem__refresh_end(redsem_permit *p, int rc, int64_t sent_ns)
+{
     redsem__metrics_renewal(p->metrics, rc);
     if (rc == REDSEM_OK) {
-        int64_t d = redsem__validity_deadline(sent, p->lease_ms);
+        int64_t d = redsem__validity_deadline(sent_ns, p->lease_ms);
         /* never move the deadline back (a concurrent renewal may have moved it further) */
         int64_t cur = atomic_load(&p->deadline_ns);
         while (d > cur && !atomic_compare_exchange_weak(&p->deadline_ns, &cur, d))
@@ -142,10 +167,20 @@ int redsem_permit_refresh(redsem_permit *p)
     return rc;
 }
 
-int redsem_permit_release(redsem_permit *p)
+int redsem_permit_refresh(redsem_permit *p)
 {
     if (p == NULL)
         return REDSEM_EINVAL;
+    int rc = redsem__refresh_begin(p);
+    if (rc != REDSEM_OK)
+        return rc;
+    int64_t sent = 0;
+    rc = redsem__refresh(p->client, p, &sent);
+    return redsem__refresh_end(p, rc, sent);
+}
+
+int redsem__release_begin(redsem_permit *p)
+{
     redsem_client *c = p->client;
     int rc = redsem__check_owner(c);
     if (rc != REDSEM_OK)
@@ -157,13 +192,27 @@ int redsem_permit_release(redsem_permit *p)
      * the renewer thread does not wait for itself). */
     if (__atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE) != NULL)
         c->renew_ops->detach(p);
-    rc = p->kind->release(c, p->handle, p);
+    return REDSEM_OK;
+}
+
+int redsem__release_end(redsem_permit *p, int rc)
+{
     if (rc == REDSEM_OK || rc == REDSEM_ELOST) {
         if (atomic_exchange(&p->state, REDSEM__RELEASED) == REDSEM__HELD && rc == REDSEM_ELOST)
             redsem__metrics_lost_held(p);
         redsem__metrics_released(p->metrics, p->granted_ns);
     }
     return rc;
+}
+
+int redsem_permit_release(redsem_permit *p)
+{
+    if (p == NULL)
+        return REDSEM_EINVAL;
+    int rc = redsem__release_begin(p);
+    if (rc != REDSEM_OK)
+        return rc;
+    return redsem__release_end(p, redsem__release(p->client, p));
 }
 
 void redsem_permit_free(redsem_permit *p)

@@ -50,36 +50,34 @@ static int make_keys(redsem_client *c, redsem_rate *r)
     return REDSEM_OK;
 }
 
-/* One run of rate.lua: KEYS as the script wants them, then id, N, W, mode, wait lease and
- * the not-after time (acquire modes only). */
-static int run_script(redsem_rate *r, const char *id, int mode, redsem__req_info *info,
-                      redisReply **ret_reply)
+/* One call of rate.lua: KEYS as the script wants them, then id, N, W, mode, wait lease and
+ * the not-after time (acquire modes only). The waiters it made entitled to a slot are woken
+ * on their own lists, which the script could not name in KEYS (rate.lua), by the driver. */
+static void rate_script_call(redsem_rate *r, const char *id, int mode, redsem__call *call)
 {
-    redsem_client *c = r->client;
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, r->k_meta);
-    redsem__args_str(&a, r->k_grants);
-    redsem__args_str(&a, r->k_queue);
-    redsem__args_str(&a, r->k_timeouts);
-    redsem__args_str(&a, r->k_sigprefix);
-    if (id != NULL)
-        redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    else
-        redsem__args_str(&a, "");
-    redsem__args_i64(&a, r->limit);
-    redsem__args_i64(&a, r->window_ms);
-    redsem__args_i64(&a, mode);
-    redsem__args_i64(&a, r->wait_lease_ms);
+    redsem__args *a = &call->ka;
     bool acquire = mode <= REDSEM__MODE_LAST;
-    redsem__args_i64(&a, acquire ? redsem__not_after_us(c, r->k_meta) : 0);
-    int flags = REDSEM__REQ_RETRY | (acquire ? REDSEM__REQ_SYNC : 0);
-    int rc = redsem__eval(c, REDSEM__SCRIPT_RATE, 5, &a, flags, info, ret_reply);
-    /* the waiters this call made entitled to a slot: woken on their own lists, which the
-     * script could not name in KEYS (rate.lua) */
-    if (rc == REDSEM_OK)
-        (void)redsem__wake_push(c, r->k_sigprefix, ret_reply);
-    return rc;
+    redsem__call_init(call, REDSEM__SCRIPT_RATE,
+                      REDSEM__REQ_RETRY | (acquire ? REDSEM__REQ_SYNC : 0), r->k_sigprefix);
+    const char *keys[] = {r->k_meta, r->k_grants, r->k_queue, r->k_timeouts, r->k_sigprefix};
+    redsem__call_keys(call, 5, keys);
+    if (id != NULL)
+        redsem__args_mem(a, id, REDSEM_ID_LEN);
+    else
+        redsem__args_str(a, "");
+    redsem__args_i64(a, r->limit);
+    redsem__args_i64(a, r->window_ms);
+    redsem__args_i64(a, mode);
+    redsem__args_i64(a, r->wait_lease_ms);
+    redsem__args_i64(a, acquire ? redsem__not_after_us(r->client, r->k_meta) : 0);
+}
+
+/* A call of rate.lua without a holder (open, status) on the calling thread. */
+static int run_script(redsem_rate *r, int mode, redisReply **ret_reply)
+{
+    redsem__call call;
+    rate_script_call(r, NULL, mode, &call);
+    return redsem__call_run(r->client, &call, NULL, ret_reply);
 }
 
 /* ---------------------------------------------------------------- open */
@@ -135,7 +133,7 @@ int redsem_rate_open(redsem_client *c, const char *name, uint32_t n, int64_t win
     if ((rc = new_handle(c, name, n, window_ms, &r)) != REDSEM_OK)
         return rc;
     redisReply *reply = NULL;
-    rc = run_script(r, NULL, RATE_MODE_OPEN, NULL, &reply);
+    rc = run_script(r, RATE_MODE_OPEN, &reply);
     if (rc == REDSEM_OK) {
         if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 1 ||
             reply->element[0]->type != REDIS_REPLY_INTEGER)
@@ -176,14 +174,21 @@ typedef struct rate_call {
     int64_t busy_next_ms; /* ... and its ms until the turn */
 } rate_call;
 
-static int rate_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
-                        redsem__req_info *info)
+static void rate_attempt_call(void *h, const char *id, int mode, uint32_t weight, int stage,
+                              redsem__call *call)
 {
     (void)weight; /* always 1 */
+    (void)stage;  /* one call */
+    rate_call *rc = h;
+    rate_script_call(rc->rate, id, mode, call);
+}
+
+static int rate_attempt_reply(void *h, int stage, int rc, const redisReply *r,
+                              redsem__req_info *info, redsem__attempt *att)
+{
+    (void)stage;
     rate_call *call = h;
     redsem_client *c = call->rate->client;
-    redisReply *r = NULL;
-    int rc = run_script(call->rate, id, mode, info, &r);
     if (rc != REDSEM_OK)
         return rc;
     rc = redsem__parse_attempt(c, r, att, "rate");
@@ -191,7 +196,6 @@ static int rate_attempt(void *h, const char *id, int mode, uint32_t weight, reds
     if (rc == REDSEM_OK && att->outcome == REDSEM__ATT_GRANTED &&
         (r->elements < 5 || !redsem__reply_int(r->element[4], &extra) || extra <= 0))
         rc = redsem__set_err(c, REDSEM_EPROTO, "rate: unexpected reply values");
-    freeReplyObject(r);
     if (rc != REDSEM_OK)
         return rc;
     redsem__note_server_clock(c, call->rate->k_meta, att->server_us, info->recv_ns);
@@ -256,7 +260,8 @@ static int rate_wait(redsem_rate *r, int64_t timeout_ms, redsem_rate_grant *g)
     redsem__acquirer q = {
         .client = c,
         .handle = &call,
-        .attempt = rate_attempt,
+        .attempt_call = rate_attempt_call,
+        .attempt_reply = rate_attempt_reply,
         .wait_key = rate_wait_key,
         .wait_lease_ms = r->wait_lease_ms,
     };
@@ -301,7 +306,7 @@ static int status_of(redsem_rate *r, redsem_rate_info *info)
 {
     redsem_client *c = r->client;
     redisReply *reply = NULL;
-    int rc = run_script(r, NULL, RATE_MODE_STATUS, NULL, &reply);
+    int rc = run_script(r, RATE_MODE_STATUS, &reply);
     if (rc != REDSEM_OK)
         return rc;
     long long v[8] = {0};

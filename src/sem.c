@@ -40,29 +40,27 @@ void redsem_sem_free(redsem_sem *s)
 /* The permits of a semaphore refresh and release through these (see redsem__kind). */
 static int sem_refresh_call(void *h, const redsem_permit *p, redsem__args *a, int *nkeys);
 static int sem_refresh_lost(redsem_client *c, void *h, const redsem_permit *p);
-static int sem_release(redsem_client *c, void *h, redsem_permit *p);
+static void sem_release_call(void *h, const redsem_permit *p, redsem__call *call);
+static int sem_release_reply(redsem_client *c, void *h, const redsem_permit *p, int rc,
+                             const redisReply *r, const redsem__req_info *info);
 static _Atomic uint32_t *sem_renewed(void *h)
 {
     return &((redsem_sem *)h)->renewed;
 }
-static const redsem__kind sem_kind = {"sem", sem_refresh_call, sem_refresh_lost, sem_release,
-                                      sem_renewed};
+static const redsem__kind sem_kind = {"sem",           sem_refresh_call,  sem_refresh_lost,
+                                      sem_release_call, sem_release_reply, sem_renewed};
 
 /* -------------------------------------------------------------- per-strategy attempts */
 
-/* Run an acquire script, parse its reply into att, and note the limit the server reports. */
-static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args *a,
-                        redsem__req_info *info, redsem__attempt *att)
+/* Take an acquire script's reply into att (the wake-ups it carried were pushed by the
+ * driver), and note the limit the server reports. */
+static int attempt_done(redsem_sem *s, int script, int rc, const redisReply *r,
+                        const redsem__req_info *info, redsem__attempt *att)
 {
     redsem_client *c = s->client;
-    redisReply *r = NULL;
-    int rc = redsem__eval(c, script, nkeys, a, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC, info, &r);
     if (rc != REDSEM_OK)
         return rc;
-    /* fair, locked: other waiters this attempt granted (a cleanup, a waiter leaving) */
-    (void)redsem__wake_push(c, s->k_sigprefix, &r);
     rc = redsem__parse_attempt(c, r, att, redsem__script_defs[script].name);
-    freeReplyObject(r);
     if (rc == REDSEM_OK)
         redsem__note_server_clock(c, s->k_meta, att->server_us, info->recv_ns);
     if (rc == REDSEM_OK && att->outcome != REDSEM__ATT_GUARD_BUSY && att->limit > 0)
@@ -70,47 +68,69 @@ static int eval_attempt(redsem_sem *s, int script, int nkeys, const redsem__args
     return rc;
 }
 
-static int basic_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
-                         redsem__req_info *info)
+/* The arguments both acquire scripts begin with: id, limit, lease, mode, wait lease. */
+static void attempt_args(const redsem_sem *s, const char *id, int mode, redsem__args *a)
 {
+    redsem__args_mem(a, id, REDSEM_ID_LEN);
+    redsem__args_i64(a, s->limit);
+    redsem__args_i64(a, s->lease_ms);
+    redsem__args_i64(a, mode);
+    redsem__args_i64(a, s->wait_lease_ms);
+}
+
+static void basic_call(void *h, const char *id, int mode, uint32_t weight, int stage,
+                       redsem__call *call)
+{
+    (void)stage; /* one call */
     redsem_sem *s = h;
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, s->k_meta);
-    redsem__args_str(&a, s->k_holders);
-    redsem__args_str(&a, s->k_waiters);
-    redsem__args_str(&a, s->k_signal);
-    redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redsem__args_i64(&a, s->limit);
-    redsem__args_i64(&a, s->lease_ms);
-    redsem__args_i64(&a, mode);
-    redsem__args_i64(&a, s->wait_lease_ms);
-    redsem__args_i64(&a, redsem__not_after_us(s->client, s->k_meta));
-    redsem__args_i64(&a, weight);
-    return eval_attempt(s, REDSEM__SCRIPT_BASIC_ACQUIRE, 4, &a, info, att);
+    redsem__args *a = &call->ka;
+    /* fair, locked: other waiters this attempt granted (a cleanup, a waiter leaving) are
+     * woken by the driver */
+    redsem__call_init(call, REDSEM__SCRIPT_BASIC_ACQUIRE, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC,
+                      s->k_sigprefix);
+    const char *keys[] = {s->k_meta, s->k_holders, s->k_waiters, s->k_signal};
+    redsem__call_keys(call, 4, keys);
+    attempt_args(s, id, mode, a);
+    redsem__args_i64(a, redsem__not_after_us(s->client, s->k_meta));
+    redsem__args_i64(a, weight);
+}
+
+static int basic_reply(void *h, int stage, int rc, const redisReply *r, redsem__req_info *info,
+                       redsem__attempt *att)
+{
+    (void)stage;
+    return attempt_done(h, REDSEM__SCRIPT_BASIC_ACQUIRE, rc, r, info, att);
 }
 
 /* The locked strategy's guard: SET guard id NX PX guard_lease (Redis in Action 6.3.4), in a
  * script that also reports a foreign key of another type (WRONGTYPE) in the same round trip. */
-static int take_guard(redsem_sem *s, const char *id, bool *taken)
+static void guard_call(redsem_sem *s, const char *id, redsem__call *call)
 {
-    redsem_client *c = s->client;
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, s->k_guard);
-    redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redsem__args_i64(&a, s->guard_lease_ms);
-    redisReply *r = NULL;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_GUARD_ACQUIRE, 1, &a, REDSEM__REQ_RETRY, NULL, &r);
+    redsem__call_init(call, REDSEM__SCRIPT_GUARD_ACQUIRE, REDSEM__REQ_RETRY, NULL);
+    redsem__args_str(&call->ka, s->k_guard);
+    call->nkeys = 1;
+    redsem__args_mem(&call->ka, id, REDSEM_ID_LEN);
+    redsem__args_i64(&call->ka, s->guard_lease_ms);
+}
+
+/* The guard's outcome: REDSEM__ATTEMPT (taken: the attempt's call is due), REDSEM_OK with a
+ * busy guard in att, or a fault. Neither grants anything. */
+static int guard_reply(redsem_sem *s, int rc, const redisReply *r, redsem__req_info *info,
+                       redsem__attempt *att)
+{
+    info->maybe_applied = false; /* the guard alone grants nothing */
+    long long v = 0;
     if (rc != REDSEM_OK)
         return rc;
-    long long v = 0;
     if (!redsem__reply_int(r, &v))
-        rc = redsem__set_err(c, REDSEM_EPROTO, "guard_acquire: unexpected reply");
-    else
-        *taken = v == 1;
-    freeReplyObject(r);
-    return rc;
+        return redsem__set_err(s->client, REDSEM_EPROTO, "guard_acquire: unexpected reply");
+    if (v == 1)
+        return REDSEM__ATTEMPT;
+    memset(att, 0, sizeof *att);
+    att->outcome = REDSEM__ATT_GUARD_BUSY;
+    att->next_ms = -1;
+    att->limit = s->limit;
+    return REDSEM_OK;
 }
 
 /* Fair and locked on one server: a waiter is woken by its id pushed to its client's
@@ -137,56 +157,46 @@ static int own_wake_keys(const redsem_sem *s, redsem__args *a, int nkeys)
     return nkeys + 2;
 }
 
-static int fair_attempt(void *h, const char *id, int mode, uint32_t weight, redsem__attempt *att,
-                        redsem__req_info *info)
+/* Fair: one call. Locked: the guard (stage 0), then the same call (stage 1). */
+static void fair_call(void *h, const char *id, int mode, uint32_t weight, int stage,
+                      redsem__call *call)
 {
     redsem_sem *s = h;
-    bool locked = s->strategy == REDSEM_STRATEGY_LOCKED;
-    if (locked) {
-        bool taken = false;
-        int rc = take_guard(s, id, &taken);
-        if (rc != REDSEM_OK) {
-            info->maybe_applied = false; /* the guard alone grants nothing */
-            return rc;
-        }
-        if (!taken) {
-            memset(att, 0, sizeof *att);
-            att->outcome = REDSEM__ATT_GUARD_BUSY;
-            att->next_ms = -1;
-            att->limit = s->limit;
-            info->maybe_applied = false;
-            return REDSEM_OK;
-        }
+    if (s->strategy == REDSEM_STRATEGY_LOCKED && stage == 0) {
+        guard_call(s, id, call);
+        return;
     }
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, s->k_meta);
-    redsem__args_str(&a, s->k_owners);
-    redsem__args_str(&a, s->k_timeouts);
-    redsem__args_str(&a, s->k_sigprefix);
-    redsem__args_str(&a, s->k_guard);
-    redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redsem__args_i64(&a, s->limit);
-    redsem__args_i64(&a, s->lease_ms);
-    redsem__args_i64(&a, mode);
-    redsem__args_i64(&a, s->wait_lease_ms);
-    redsem__args_str(&a, redsem_strategy_name(s->strategy));
-    redsem__args_mem(&a, id, REDSEM_ID_LEN);
-    redsem__args_i64(&a, redsem__not_after_us(s->client, s->k_meta));
-    redsem__args_i64(&a, weight);
+    redsem__args *a = &call->ka;
+    redsem__call_init(call, REDSEM__SCRIPT_FAIR_ACQUIRE, REDSEM__REQ_RETRY | REDSEM__REQ_SYNC,
+                      s->k_sigprefix);
+    const char *keys[] = {s->k_meta, s->k_owners, s->k_timeouts, s->k_sigprefix, s->k_guard};
+    redsem__call_keys(call, 5, keys);
+    attempt_args(s, id, mode, a);
+    redsem__args_str(a, redsem_strategy_name(s->strategy));
+    redsem__args_mem(a, id, REDSEM_ID_LEN);
+    redsem__args_i64(a, redsem__not_after_us(s->client, s->k_meta));
+    redsem__args_i64(a, weight);
     if (wake_by_id(s)) {
-        redsem__args_str(&a, s->client->wake_ids);
+        redsem__args_str(a, s->client->wake_ids);
         /* a direct grant (the permit handed over with this lease, no attempt after the
          * wake-up): not when each grant must reach replicas (the waiter's attempt waits for
          * them) */
         if (s->client->sync_replicas == 0)
-            redsem__args_str(&a, "1");
+            redsem__args_str(a, "1");
     }
     /* locked: fair_acquire.lua deletes the guard as soon as it has checked it. If the script
      * did not run (a timeout, a lost connection, a refusal), the guard expires after
      * guard_lease_ms: one more request to a server that did not answer would double this
      * call's time, which must end one command timeout after the attempt's request was sent. */
-    return eval_attempt(s, REDSEM__SCRIPT_FAIR_ACQUIRE, 5, &a, info, att);
+}
+
+static int fair_reply(void *h, int stage, int rc, const redisReply *r, redsem__req_info *info,
+                      redsem__attempt *att)
+{
+    redsem_sem *s = h;
+    if (s->strategy == REDSEM_STRATEGY_LOCKED && stage == 0)
+        return guard_reply(s, rc, r, info, att);
+    return attempt_done(s, REDSEM__SCRIPT_FAIR_ACQUIRE, rc, r, info, att);
 }
 
 static const char *basic_wait_key(void *h, const char *id, size_t *len, char *buf, size_t buflen)
@@ -336,12 +346,10 @@ int64_t redsem_sem_lease_ms(const redsem_sem *s)
 
 /* -------------------------------------------------------------- acquire */
 
-static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
-                       int64_t timeout_ms, redsem_permit **ret_permit)
+int redsem__sem_prepare(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
+                        int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
+                        const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE])
 {
-    if (s == NULL)
-        return REDSEM_EINVAL;
-    char id[REDSEM_ID_BUFSIZE];
     int rc = redsem__acquire_args(s->client, ret_permit, timeout_ms, holder_id, id_required, id);
     if (rc != REDSEM_OK)
         return rc;
@@ -350,10 +358,11 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, u
     if (n < 1 || n > REDSEM_LIMIT_MAX)
         return redsem__set_err(s->client, REDSEM_EINVAL,
                                "%u permits: a weighted acquire takes 1..limit permits", n);
-    redsem__acquirer q = {
+    *q = (redsem__acquirer){
         .client = s->client,
         .handle = s,
-        .attempt = is_basic(s) ? basic_attempt : fair_attempt,
+        .attempt_call = is_basic(s) ? basic_call : fair_call,
+        .attempt_reply = is_basic(s) ? basic_reply : fair_reply,
         .wait_key = is_basic(s) ? basic_wait_key : fair_wait_key,
         .wait_lease_ms = is_basic(s) ? 0 : s->wait_lease_ms,
         .lease_ms = s->lease_ms,
@@ -361,8 +370,23 @@ static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, u
         .wake_meta = wake_by_id(s) ? s->k_meta : NULL,
         .metrics = redsem__metrics_of(s->client, &s->metrics, s->name, REDSEM__MK_SEM),
     };
-    return redsem__acquire_permit(&q, &sem_kind, id, timeout_ms, s->lease_ms,
-                                  ret_permit);
+    *kind = &sem_kind;
+    return REDSEM_OK;
+}
+
+static int sem_acquire(redsem_sem *s, const char *holder_id, bool id_required, uint32_t n,
+                       int64_t timeout_ms, redsem_permit **ret_permit)
+{
+    if (s == NULL)
+        return REDSEM_EINVAL;
+    char id[REDSEM_ID_BUFSIZE];
+    redsem__acquirer q;
+    const redsem__kind *kind;
+    int rc = redsem__sem_prepare(s, holder_id, id_required, n, timeout_ms, ret_permit, &q,
+                                 &kind, id);
+    if (rc != REDSEM_OK)
+        return rc;
+    return redsem__acquire_permit(&q, kind, id, timeout_ms, s->lease_ms, ret_permit);
 }
 
 int redsem_sem_try_acquire(redsem_sem *s, redsem_permit **ret_permit)
@@ -443,50 +467,47 @@ static int sem_refresh_lost(redsem_client *c, void *h, const redsem_permit *p)
                            p->id, s->name, (long long)redsem__refresh_margin_ms(p->lease_ms));
 }
 
-static int sem_release(redsem_client *c, void *h, redsem_permit *p)
+static void sem_release_call(void *h, const redsem_permit *p, redsem__call *call)
 {
-    redsem_sem *s = h;
-    redsem__args a;
-    redsem__args_init(&a);
-    int script, nkeys = 4;
-    redsem__args_str(&a, s->k_meta);
-    if (is_basic(s)) {
-        script = REDSEM__SCRIPT_BASIC_RELEASE;
-        redsem__args_str(&a, s->k_holders);
-        redsem__args_str(&a, s->k_waiters);
-        redsem__args_str(&a, s->k_signal);
-    } else {
-        script = REDSEM__SCRIPT_FAIR_RELEASE;
-        redsem__args_str(&a, s->k_owners);
-        redsem__args_str(&a, s->k_timeouts);
-        redsem__args_str(&a, s->k_sigprefix);
-        nkeys = own_wake_keys(s, &a, 4);
-    }
-    redsem__args_mem(&a, p->id, REDSEM_ID_LEN);
-    /* the weight: a release of weight 1 then reads nothing more on the server (basic) */
-    redsem__args_i64(&a, p->weight);
-    redsem__req_info info;
-    long long st;
-    redisReply *r = NULL;
-    int rc = redsem__eval(c, script, nkeys, &a, REDSEM__REQ_RETRY, &info, &r);
-    if (rc != REDSEM_OK)
-        return rc;
-    /* fair, locked: the waiters of other clients this release granted are woken here, a
-     * second round trip (their lists are data the script could not name in KEYS:
+    const redsem_sem *s = h;
+    redsem__args *a = &call->ka;
+    /* fair, locked: the waiters of other clients this release granted are woken by the
+     * driver, a second round trip (their lists are data the script could not name in KEYS:
      * docs/design.md section 2) */
-    (void)redsem__wake_push(c, s->k_sigprefix, &r);
-    rc = redsem__reply_status(c, r, "release", &st);
-    freeReplyObject(r);
-    if (rc != REDSEM_OK)
+    redsem__call_init(call, is_basic(s) ? REDSEM__SCRIPT_BASIC_RELEASE : REDSEM__SCRIPT_FAIR_RELEASE,
+                      REDSEM__REQ_RETRY, s->k_sigprefix);
+    redsem__args_str(a, s->k_meta);
+    if (is_basic(s)) {
+        redsem__args_str(a, s->k_holders);
+        redsem__args_str(a, s->k_waiters);
+        redsem__args_str(a, s->k_signal);
+        call->nkeys = 4;
+    } else {
+        redsem__args_str(a, s->k_owners);
+        redsem__args_str(a, s->k_timeouts);
+        redsem__args_str(a, s->k_sigprefix);
+        call->nkeys = own_wake_keys(s, a, 4);
+    }
+    redsem__args_mem(a, p->id, REDSEM_ID_LEN);
+    /* the weight: a release of weight 1 then reads nothing more on the server (basic) */
+    redsem__args_i64(a, p->weight);
+}
+
+static int sem_release_reply(redsem_client *c, void *h, const redsem_permit *p, int rc,
+                             const redisReply *r, const redsem__req_info *info)
+{
+    const redsem_sem *s = h;
+    long long st;
+    if (rc != REDSEM_OK || (rc = redsem__reply_status(c, r, "release", &st)) != REDSEM_OK)
         return rc;
     /* After a lost reply the request was re-sent; "not held" then may mean that the first copy
      * released it. Either way the permit is not held any more. */
-    if (st != 1 && !info.maybe_applied)
+    if (st != 1 && !info->maybe_applied)
         return redsem__set_err(c, REDSEM_ELOST,
                                "lease lost: holder %s of '%s' had expired or was not held",
                                p->id, s->name);
     /* The server had the entry; had its lease run out by the holder's validity clock? */
-    if (atomic_load(&p->deadline_ns) <= info.sent_ns)
+    if (atomic_load(&p->deadline_ns) <= info->sent_ns)
         return redsem__set_err(c, REDSEM_ELOST,
                                "lease lost: holder %s of '%s' released after its validity ended",
                                p->id, s->name);
@@ -494,6 +515,11 @@ static int sem_release(redsem_client *c, void *h, redsem_permit *p)
 }
 
 /* -------------------------------------------------------------- set_limit / status */
+
+const char *redsem__sem_status_kind(const redsem_sem *s)
+{
+    return is_basic(s) ? "basic" : "fair";
+}
 
 int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
 {
@@ -528,25 +554,23 @@ int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
     return rc;
 }
 
+void redsem__sem_status_call(const redsem_sem *s, const char *kind, size_t max_entries,
+                             redsem__call *call)
+{
+    redsem__args *a = &call->ka;
+    redsem__call_init(call, REDSEM__SCRIPT_STATUS, REDSEM__REQ_RETRY, NULL);
+    const char *keys[] = {s->k_meta, s->k_holders, s->k_waiters, s->k_owners, s->k_timeouts};
+    redsem__call_keys(call, 5, keys);
+    redsem__args_str(a, kind);
+    redsem__args_i64(a, (int64_t)max_entries);
+}
+
 static int status_keys(redsem_client *c, const redsem_sem *s, const char *kind,
                        size_t max_entries, redsem_status **ret_status)
 {
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, s->k_meta);
-    redsem__args_str(&a, s->k_holders);
-    redsem__args_str(&a, s->k_waiters);
-    redsem__args_str(&a, s->k_owners);
-    redsem__args_str(&a, s->k_timeouts);
-    redsem__args_str(&a, kind);
-    redsem__args_i64(&a, (int64_t)max_entries);
-    redisReply *r = NULL;
-    int rc = redsem__eval(c, REDSEM__SCRIPT_STATUS, 5, &a, REDSEM__REQ_RETRY, NULL, &r);
-    if (rc != REDSEM_OK)
-        return rc;
-    rc = redsem__status_from_reply(c, s->k_meta, r, ret_status);
-    freeReplyObject(r);
-    return rc;
+    redsem__call call;
+    redsem__sem_status_call(s, kind, max_entries, &call);
+    return redsem__status_run(c, &call, ret_status);
 }
 
 int redsem_sem_status(redsem_sem *s, size_t max_entries, redsem_status **ret_status)
@@ -560,7 +584,7 @@ int redsem_sem_status(redsem_sem *s, size_t max_entries, redsem_status **ret_sta
     if (ret_status == NULL || max_entries > REDSEM_LIMIT_MAX)
         return redsem__set_err(c, REDSEM_EINVAL, "ret_status is NULL or max_entries > %u",
                                REDSEM_LIMIT_MAX);
-    return status_keys(c, s, is_basic(s) ? "basic" : "fair", max_entries, ret_status);
+    return status_keys(c, s, redsem__sem_status_kind(s), max_entries, ret_status);
 }
 
 int redsem_sem_inspect(redsem_client *c, const char *name, size_t max_entries,

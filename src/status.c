@@ -97,6 +97,17 @@ int redsem__status_from_reply(redsem_client *c, const char *key, const redisRepl
     return REDSEM_OK;
 }
 
+int redsem__status_run(redsem_client *c, redsem__call *call, redsem_status **ret)
+{
+    redisReply *r = NULL;
+    int rc = redsem__call_run(c, call, NULL, &r);
+    if (rc != REDSEM_OK)
+        return rc;
+    rc = redsem__status_from_reply(c, call->ka.v[0], r, ret);
+    freeReplyObject(r);
+    return rc;
+}
+
 int redsem_status_strategy(const redsem_status *st)
 {
     return st ? st->strategy : 0;

@@ -869,42 +869,31 @@ static bool id_list_name(const redsem_client *c, const char *name, size_t len)
     return true;
 }
 
-/* wake-ups per wake_push.lua call: 2 keys and 2 arguments each (REDSEM__MAX_ARGS) */
-#define WAKE_PUSH_MAX (REDSEM__MAX_ARGS / 4)
-#define WAKE_KEY_MAX 1100 /* prefix (<= 256) + '{' + name (<= 512) + a suffix + id (40) */
-
-/* One wake_push.lua call for the wake-ups of r from r->element[from], at most
- * WAKE_PUSH_MAX of them; *next: the index after the last one taken. Names that are not a
- * waiter's list are skipped: an id list of another prefix or form (a planted c: field), or,
- * in a cluster, any id list (a cluster client records none; a key of another slot could
- * not be named in the same call), an id that is not a holder id. */
-static void push_some(redsem_client *c, const char *sigprefix, const redisReply *r, size_t from,
-                      size_t *next)
+bool redsem__wake_push_call(redsem_client *c, const char *sigprefix, const redisReply *r,
+                            size_t *from, redsem__wake_call *wc)
 {
-    redsem__args a;
-    redsem__args_init(&a);
-    char keys[WAKE_PUSH_MAX][WAKE_KEY_MAX];
-    const redisReply *kinds[WAKE_PUSH_MAX], *elems[WAKE_PUSH_MAX];
+    const redisReply *kinds[REDSEM__WAKE_PUSH_MAX], *elems[REDSEM__WAKE_PUSH_MAX];
     int k = 0;
-    size_t i = from;
+    size_t i = *from;
     size_t spl = strlen(sigprefix);
-    for (; i + 2 < r->elements && k < WAKE_PUSH_MAX; i += 3) {
+    for (; i + 2 < r->elements && k < REDSEM__WAKE_PUSH_MAX; i += 3) {
         const redisReply *kind = r->element[i], *t = r->element[i + 1], *e = r->element[i + 2];
+        char *key = wc->keys[k];
         if (kind->type != REDIS_REPLY_STRING || t->type != REDIS_REPLY_STRING ||
             e->type != REDIS_REPLY_STRING || kind->len != 1 || e->len > 1024)
             continue;
         if (kind->str[0] == 'i' && c->ep.kind != REDSEM__EP_CLUSTER &&
-            t->len < WAKE_KEY_MAX && id_list_name(c, t->str, t->len)) {
-            memcpy(keys[k], t->str, t->len);
-            keys[k][t->len] = '\0';
+            t->len < REDSEM__WAKE_KEY_MAX && id_list_name(c, t->str, t->len)) {
+            memcpy(key, t->str, t->len);
+            key[t->len] = '\0';
         } else if (kind->str[0] == 's' && t->len == REDSEM_ID_LEN &&
-                   spl + REDSEM_ID_LEN < WAKE_KEY_MAX) {
+                   spl + REDSEM_ID_LEN < REDSEM__WAKE_KEY_MAX) {
             char id[REDSEM_ID_LEN + 1];
             memcpy(id, t->str, REDSEM_ID_LEN);
             id[REDSEM_ID_LEN] = '\0';
             if (!redsem__valid_id(id))
                 continue;
-            snprintf(keys[k], sizeof keys[k], "%s%s", sigprefix, id);
+            snprintf(key, REDSEM__WAKE_KEY_MAX, "%s%s", sigprefix, id);
         } else {
             continue;
         }
@@ -912,48 +901,60 @@ static void push_some(redsem_client *c, const char *sigprefix, const redisReply 
         elems[k] = e;
         k++;
     }
-    *next = i;
+    *from = i;
     if (k == 0)
-        return;
-    char bells[WAKE_PUSH_MAX][WAKE_KEY_MAX + 8];
+        return false;
+    redsem__call_init(&wc->call, REDSEM__SCRIPT_WAKE_PUSH, REDSEM__REQ_RETRY, NULL);
+    redsem__args *a = &wc->call.ka;
     for (int j = 0; j < k; j++) {
-        redsem__args_str(&a, keys[j]);
+        redsem__args_str(a, wc->keys[j]);
         if (kinds[j]->str[0] == 'i') {
-            size_t kl = strlen(keys[j]);
-            memcpy(bells[j], keys[j], kl);
-            memcpy(bells[j] + kl, ":bell", sizeof ":bell");
-            redsem__args_str(&a, bells[j]);
+            size_t kl = strlen(wc->keys[j]);
+            memcpy(wc->bells[j], wc->keys[j], kl);
+            memcpy(wc->bells[j] + kl, ":bell", sizeof ":bell");
+            redsem__args_str(a, wc->bells[j]);
         } else {
-            redsem__args_str(&a, keys[j]);
+            redsem__args_str(a, wc->keys[j]);
         }
     }
+    wc->call.nkeys = 2 * k;
     for (int j = 0; j < k; j++) {
-        redsem__args_mem(&a, kinds[j]->str, 1);
-        redsem__args_mem(&a, elems[j]->str, elems[j]->len);
+        redsem__args_mem(a, kinds[j]->str, 1);
+        redsem__args_mem(a, elems[j]->str, elems[j]->len);
     }
-    redisReply *pr = NULL;
-    if (redsem__eval(c, REDSEM__SCRIPT_WAKE_PUSH, 2 * k, &a, REDSEM__REQ_RETRY, NULL, &pr) ==
-        REDSEM_OK)
-        freeReplyObject(pr);
+    return true;
 }
 
-int redsem__wake_push(redsem_client *c, const char *sigprefix, redisReply **reply)
+redisReply *redsem__wake_unwrap(redisReply **reply)
 {
     redisReply *r = *reply;
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
         r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len != 4 ||
         memcmp(r->element[0]->str, "wake", 4) != 0)
-        return REDSEM_OK;
-    /* the reply is the script's own; the wrapper goes */
+        return NULL;
+    /* the reply is the script's own; the wrapper goes to the caller */
     *reply = r->element[1];
     r->element[1] = NULL;
+    return r;
+}
+
+int redsem__wake_push(redsem_client *c, const char *sigprefix, redisReply **reply)
+{
+    redisReply *r = redsem__wake_unwrap(reply);
+    if (r == NULL)
+        return REDSEM_OK;
     /* a wake-up that cannot be pushed is not this call's failure: the grant stands, and its
      * waiter finds it by its next attempt (acquire.c's poll); keep the caller's error text */
     char saved[REDSEM__ERRMSG_LEN];
     char *err = redsem__errbuf(c);
     memcpy(saved, err, sizeof saved);
-    for (size_t i = 2; i + 2 < r->elements;)
-        push_some(c, sigprefix, r, i, &i);
+    redsem__wake_call wc;
+    for (size_t i = 2; redsem__wake_push_call(c, sigprefix, r, &i, &wc);) {
+        redisReply *pr = NULL;
+        if (redsem__eval(c, wc.call.script, wc.call.nkeys, &wc.call.ka, wc.call.flags, NULL,
+                         &pr) == REDSEM_OK)
+            freeReplyObject(pr);
+    }
     memcpy(err, saved, sizeof saved);
     freeReplyObject(r);
     return REDSEM_OK;

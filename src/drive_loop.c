@@ -1,0 +1,791 @@
+/* redsem - the event-loop driver of acquires (a first part of the engine's second driver):
+ * the acquire loop's steps (acquire.c) run as requests on one non-blocking connection of
+ * their own (node/conn.h's pipe), and its waits as one BLPOP at a time on a second one,
+ * stepped by whoever calls redsem__loop_step() when the descriptors and the deadline that
+ * redsem__loop_wants() names are due: an event loop. It starts no thread and never sleeps.
+ * Not yet: a connect (and its handshake) blocks (redsem__node_connect); a lost connection
+ * fails the requests in flight (maybe applied when written: the acquire then says
+ * REDSEM_EUNKNOWN), the next request reconnecting; not for a client that waits for
+ * replicas, a Sentinel or a Cluster client (docs/design.md section 16). */
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <hiredis/hiredis.h>
+
+#include "internal.h"
+
+#define LOOP_NOSCRIPT_MAX 5
+
+typedef struct loop_op loop_op;
+struct loop_op {
+    redsem__acq_state s;
+    redsem__loop *loop;
+    int stage, noscript;
+    bool load;    /* its request carries SCRIPT LOAD first */
+    bool maybe;   /* a copy of this attempt's call may have been applied */
+    bool pending; /* a request of it is in the pipe */
+    bool replied; /* ... and has ended (queued for loop_step) */
+    int64_t wake_ns; /* a pause or a wait ends then (0: none) */
+    bool waiting;    /* REDSEM__WAIT (else a pause before an attempt) */
+    redsem__call call;
+    redsem__preq req;
+    atomic_bool cancel;
+    redsem__loop_done done;
+    void *arg;
+    /* NULL: an acquire (s); else a single call, whose outcome this takes (redsem__loop_call) */
+    redsem__loop_reply reply;
+    loop_op *next;
+};
+
+/* A wake_push.lua call sent for other clients' waiters: nobody waits for its reply. */
+typedef struct loop_push {
+    redsem__preq req;
+} loop_push;
+
+/* One connection of the engine: a node (its handshake, its error replies) and its pipe. */
+typedef struct loop_conn {
+    redsem__node node;
+    redsem__pipe pipe;
+    bool open;
+} loop_conn;
+
+#define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
+#define LOOP_PEND_MAX 256
+#define LOOP_PEND_NS (10000 * REDSEM__NS_PER_MS)
+
+struct redsem__loop {
+    redsem_client *c;
+    redsem__ctx ctx;
+    loop_conn req;  /* the attempts, releases, drains and pushes */
+    loop_conn wait; /* one BLPOP at a time on the waiters' lists (and ctl) */
+    loop_op *ops;   /* under way */
+    /* the BLPOP in flight: its request, the keys it watches (copies), whether it was poked */
+    redsem__preq blpop;
+    bool blpop_pending, blpop_replied, poked;
+    char *bkeys[LOOP_WAIT_KEYS_MAX];
+    int nbkeys;
+    redsem__preq drain; /* a drain of the client's id list after its bell popped */
+    bool drain_pending, drain_replied;
+    bool drain_again; /* the bell popped while a drain was in flight: drain once more */
+    char ctl[128]; /* our control list: a push ends the BLPOP, to watch a new key */
+    int64_t blpop_after; /* after a refused or failed BLPOP, none before then (waiters poll) */
+    unsigned gen;  /* connections made (a new one may reuse a closed one's number) */
+    /* drained elements whose waiter was between two attempts: its next wait takes one at
+     * once (as wake.c's pending ids), kept LOOP_PEND_NS at most */
+    char *pend[LOOP_PEND_MAX];
+    int64_t pend_at[LOOP_PEND_MAX];
+};
+
+int redsem__loop_new(redsem_client *c, redsem__loop **ret)
+{
+    if ((c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX) || c->sync_replicas > 0)
+        return redsem__set_err(c, REDSEM_EINVAL, "the loop driver takes a one-server client "
+                                                 "without sync_replicas");
+    redsem__loop *l = redsem__calloc(1, sizeof *l);
+    if (l == NULL)
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
+    l->c = c;
+    char err[REDSEM__ERRMSG_LEN] = "";
+    loop_conn *lcs[2] = {&l->req, &l->wait};
+    for (int i = 0; i < 2; i++) {
+        int rc = redsem__node_init(&lcs[i]->node, &l->ctx, &c->ep, &c->cfg, err, sizeof err);
+        if (rc != REDSEM_OK) {
+            if (i == 1)
+                redsem__node_close(&l->req.node);
+            redsem__free(l);
+            return redsem__set_err(c, rc, "%s", err);
+        }
+        /* one server: the client's clock and script cache */
+        lcs[i]->node.clock = &c->clock;
+        lcs[i]->node.scripts = &c->scripts;
+    }
+    char tag[REDSEM_ID_BUFSIZE];
+    (void)redsem__new_id(tag);
+    snprintf(l->ctl, sizeof l->ctl, "%sloopctl:%.16s", c->prefix, tag);
+    *ret = l;
+    return REDSEM_OK;
+}
+
+/* Open the connection lc if it is not (blocking: connect and handshake). */
+static int conn_open(redsem__loop *l, loop_conn *lc)
+{
+    if (lc->open && lc->pipe.rc == REDSEM_OK)
+        return REDSEM_OK;
+    if (lc->open) {
+        redsem__pipe_reset(&lc->pipe);
+        redsem__node_disconnect(&lc->node);
+        lc->open = false;
+    }
+    bool retryable = false;
+    char err[REDSEM__ERRMSG_LEN] = "";
+    int rc = redsem__node_connect(&lc->node, &retryable, err, sizeof err);
+    if (rc != REDSEM_OK)
+        return redsem__set_err(l->c, rc, "%s", err);
+    redsem__pipe_init(&lc->pipe, &lc->node.conn);
+    lc->open = true;
+    l->gen++;
+    return REDSEM_OK;
+}
+
+/* Queue call on the pipe as q: [SCRIPT LOAD body] EVALSHA sha nkeys keys args, in one write;
+ * q->nreplies set. */
+static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call, bool load)
+{
+    int rc = conn_open(l, &l->req);
+    if (rc != REDSEM_OK)
+        return rc;
+    const redsem__script_def *d = &redsem__script_defs[call->script];
+    redsem__args a, la;
+    redsem__args_init(&a);
+    redsem__args_init(&la);
+    redsem__args_str(&la, "SCRIPT");
+    redsem__args_str(&la, "LOAD");
+    redsem__args_mem(&la, d->text, d->len);
+    redsem__args_str(&a, "EVALSHA");
+    redsem__args_mem(&a, d->sha, 40);
+    redsem__args_i64(&a, call->nkeys);
+    for (int i = 0; i < call->ka.n; i++)
+        redsem__args_mem(&a, call->ka.v[i], call->ka.len[i]);
+    char *pre = NULL, *cmd = NULL;
+    int plen = load ? redsem__args_format(&la, &pre) : 0;
+    int clen = redsem__args_format(&a, &cmd);
+    char *buf = plen >= 0 && clen >= 0 ? redsem__malloc((size_t)plen + (size_t)clen) : NULL;
+    if (buf != NULL) {
+        if (plen > 0)
+            memcpy(buf, pre, (size_t)plen);
+        memcpy(buf + plen, cmd, (size_t)clen);
+        q->nreplies = load ? 2 : 1;
+        int64_t cap = call->cap_ns;
+        q->deadline_ns = redsem__now_ns() + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
+        if (cap != 0 && cap < q->deadline_ns)
+            q->deadline_ns = cap;
+        rc = redsem__pipe_send(&l->req.pipe, q, buf, (size_t)plen + (size_t)clen);
+    } else {
+        rc = REDSEM_ENOMEM;
+    }
+    redsem__free(buf);
+    redisFreeCommand(pre);
+    redisFreeCommand(cmd);
+    return rc == REDSEM_OK ? rc : redsem__set_err(l->c, rc, "the request could not be queued");
+}
+
+static void push_done(redsem__preq *q, void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < q->nreplies; i++)
+        if (q->replies[i] != NULL)
+            freeReplyObject(q->replies[i]);
+    redsem__free(q);
+}
+
+/* The wake-ups a reply carried for other clients' waiters: pushed, their replies dropped (a
+ * push that fails loses a wake-up, which the waiter's poll makes up for). */
+static void push_wakeups(redsem__loop *l, const char *sigprefix, redisReply *wrap)
+{
+    redsem__wake_call *wc = redsem__malloc(sizeof *wc);
+    for (size_t i = 2; wc != NULL && redsem__wake_push_call(l->c, sigprefix, wrap, &i, wc);) {
+        loop_push *p = redsem__calloc(1, sizeof *p);
+        if (p == NULL)
+            break;
+        p->req.done = push_done;
+        bool load = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
+        if (send_call(l, &p->req, &wc->call, load) != REDSEM_OK)
+            redsem__free(p);
+    }
+    redsem__free(wc);
+    freeReplyObject(wrap);
+}
+
+static void op_done(redsem__preq *q, void *arg)
+{
+    (void)q;
+    ((loop_op *)arg)->replied = true;
+}
+
+/* Send the call of o's current stage; a failure to send is the attempt's outcome. */
+static void op_send(loop_op *o);
+static void op_free(loop_op *o);
+static void op_step(loop_op *o);
+static void pend_take(redsem__loop *l, loop_op *o);
+
+static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info *info)
+{
+    const redsem__acquirer *q = &o->s.q;
+    if (r != NULL && o->call.wake_prefix != NULL) {
+        redisReply *wrap = redsem__wake_unwrap(&r);
+        if (wrap != NULL)
+            push_wakeups(o->loop, o->call.wake_prefix, wrap);
+    }
+    if (o->reply != NULL) { /* a single call: its outcome, and the op ends */
+        rc = o->reply(o->arg, rc, r, info);
+        if (r != NULL)
+            freeReplyObject(r);
+        o->done(o->arg, rc, NULL);
+        op_free(o);
+        return;
+    }
+    rc = q->attempt_reply(q->handle, o->stage, rc, r, info, &o->s.att);
+    if (r != NULL)
+        freeReplyObject(r);
+    if (rc == REDSEM__ATTEMPT) {
+        o->stage++;
+        op_send(o);
+        return;
+    }
+    o->s.att_rc = rc;
+    o->s.att_info = *info;
+    op_step(o);
+}
+
+/* The reply to o's request: a NOSCRIPT is sent again with the body; an error reply becomes
+ * its code (with the text as the thread's error text). */
+static void op_reply(loop_op *o)
+{
+    redsem__loop *l = o->loop;
+    redsem_client *c = l->c;
+    redsem__preq *q = &o->req;
+    redsem__req_info info = {.sent_ns = q->sent_ns, .recv_ns = q->recv_ns, .replicas_acked = -1};
+    o->pending = o->replied = false;
+    if (q->rc != REDSEM_OK) {
+        info.maybe_applied = o->maybe || q->written;
+        attempt_outcome(o, redsem__set_err(c, q->rc, "%s", l->req.pipe.err), NULL, &info);
+        return;
+    }
+    _Atomic bool *sent = &c->scripts.sent[o->call.script];
+    redisReply *r = q->replies[o->load ? 1 : 0];
+    if (o->load) {
+        if (q->replies[0]->type == REDIS_REPLY_STRING)
+            atomic_store(sent, true);
+        freeReplyObject(q->replies[0]);
+    }
+    bool noscript = r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
+    if (noscript && o->noscript++ < LOOP_NOSCRIPT_MAX) {
+        freeReplyObject(r);
+        atomic_store(sent, false);
+        op_send(o);
+        return;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        int rc = redsem__node_error_reply(&l->req.node, r, redsem__script_defs[o->call.script].name);
+        (void)redsem__set_err(c, rc, "%s", l->ctx.errmsg);
+        freeReplyObject(r);
+        attempt_outcome(o, rc, NULL, &info);
+        return;
+    }
+    atomic_store(sent, true);
+    attempt_outcome(o, REDSEM_OK, r, &info);
+}
+
+static void op_send(loop_op *o)
+{
+    const redsem__acquirer *q = &o->s.q;
+    if (o->reply == NULL) { /* an acquire: its attempt's call of this stage */
+        q->attempt_call(q->handle, o->s.id, o->s.att_mode, q->weight, o->stage, &o->call);
+        o->call.cap_ns = o->s.cap_ns;
+    }
+    o->load = !atomic_load(&o->loop->c->scripts.sent[o->call.script]);
+    o->req.done = op_done;
+    o->req.arg = o;
+    int rc = send_call(o->loop, &o->req, &o->call, o->load);
+    if (rc == REDSEM_OK) {
+        o->pending = true;
+        return;
+    }
+    redsem__req_info info = {.maybe_applied = o->maybe, .replicas_acked = -1};
+    attempt_outcome(o, rc, NULL, &info);
+}
+
+/* Unlink o and free it. */
+static void op_free(loop_op *o)
+{
+    for (loop_op **pp = &o->loop->ops; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == o) {
+            *pp = o->next;
+            break;
+        }
+    redsem__free(o);
+}
+
+/* Take o's next step: an attempt is sent, a pause or a wait set as o's timer, a decided
+ * acquire made a permit and called back (o then freed). */
+static void op_step(loop_op *o)
+{
+    int rc = redsem__acquire_next(&o->s);
+    if (rc == REDSEM__ATTEMPT) {
+        o->stage = 0;
+        o->noscript = 0;
+        o->maybe = false;
+        op_send(o);
+        return;
+    }
+    if (rc == REDSEM__NAP || rc == REDSEM__WAIT) {
+        o->waiting = rc == REDSEM__WAIT;
+        o->wake_ns = o->waiting ? redsem__now_ns() + o->s.wait_ms * REDSEM__NS_PER_MS
+                                : o->s.nap_until_ns;
+        if (o->waiting && o->s.cut_ns < o->wake_ns)
+            o->wake_ns = o->s.cut_ns;
+        if (o->waiting)
+            pend_take(o->loop, o);
+        return;
+    }
+    redsem_permit *p = NULL;
+    rc = redsem__acquire_finish(&o->s, rc, &p);
+    o->done(o->arg, rc, p);
+    op_free(o);
+}
+
+/* A new op, linked into l's list. */
+static loop_op *op_new(redsem__loop *l, redsem__loop_done done, void *arg)
+{
+    loop_op *o = redsem__calloc(1, sizeof *o);
+    if (o == NULL)
+        return NULL;
+    atomic_init(&o->cancel, false);
+    o->loop = l;
+    o->done = done;
+    o->arg = arg;
+    o->next = l->ops;
+    l->ops = o;
+    return o;
+}
+
+int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
+                         const char *id, int64_t timeout_ms, int64_t lease_ms,
+                         redsem__loop_done done, void *arg, atomic_bool **ret_cancel)
+{
+    loop_op *o = op_new(l, done, arg);
+    if (o == NULL)
+        return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+    redsem__acquire_begin(&o->s, q, kind, id, timeout_ms, lease_ms);
+    o->s.cancel = &o->cancel;
+    if (ret_cancel != NULL)
+        *ret_cancel = &o->cancel;
+    op_step(o);
+    return REDSEM_OK;
+}
+
+int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *call),
+                      redsem__loop_reply reply, redsem__loop_done done, void *arg)
+{
+    loop_op *o = op_new(l, done, arg);
+    if (o == NULL)
+        return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+    o->reply = reply;
+    build(arg, &o->call);
+    op_send(o);
+    return REDSEM_OK;
+}
+
+/* ---------------------------------------------------------------- the waits */
+
+/* A waiting op is woken: its wait ends now, signaled. */
+static void wake(loop_op *o)
+{
+    o->s.signaled = true;
+    o->wake_ns = 1;
+}
+
+static void wait_done(redsem__preq *q, void *arg)
+{
+    redsem__loop *l = arg;
+    if (q == &l->blpop)
+        l->blpop_replied = true;
+    else
+        l->drain_replied = true;
+}
+
+/* Whether key is one the BLPOP in flight watches. */
+static bool watched(const redsem__loop *l, const char *key)
+{
+    for (int i = 0; i < l->nbkeys; i++)
+        if (strcmp(l->bkeys[i], key) == 0)
+            return true;
+    return false;
+}
+
+/* The keys of the waiting ops (distinct, at most LOOP_WAIT_KEYS_MAX - 1) into keys; how many,
+ * and in *until the earliest end of their waits. */
+static int wait_keys(const redsem__loop *l, const char **keys, int64_t *until)
+{
+    int n = 0;
+    *until = REDSEM__FOREVER;
+    for (const loop_op *o = l->ops; o != NULL; o = o->next) {
+        if (!o->waiting || o->s.wkey == NULL || o->s.keylen == 0)
+            continue;
+        if (o->wake_ns < *until)
+            *until = o->wake_ns;
+        bool seen = false;
+        for (int i = 0; i < n && !seen; i++)
+            seen = strcmp(keys[i], o->s.wkey) == 0;
+        if (!seen && n < LOOP_WAIT_KEYS_MAX - 1)
+            keys[n++] = o->s.wkey;
+    }
+    return n;
+}
+
+/* Send a script call of the loop's own (a drain, a poke) as q on the request connection. */
+static void send_own(redsem__loop *l, redsem__preq *q, redsem__call *call, bool *pending)
+{
+    q->done = wait_done;
+    q->arg = l;
+    bool load = !atomic_load(&l->c->scripts.sent[call->script]);
+    *pending = send_call(l, q, call, load) == REDSEM_OK;
+}
+
+/* Drain the client's id list: its elements name the fair waiters granted. */
+static void send_drain(redsem__loop *l)
+{
+    if (l->drain_pending)
+        l->drain_again = true; /* what was pushed after that drain ran */
+    if (l->drain_pending || l->c->wake_ids == NULL)
+        return;
+    redsem__call call;
+    redsem__call_init(&call, REDSEM__SCRIPT_WAKE_DRAIN, REDSEM__REQ_RETRY, NULL);
+    const char *keys[] = {l->c->wake_ids};
+    redsem__call_keys(&call, 1, keys);
+    redsem__args_i64(&call.ka, 256);
+    send_own(l, &l->drain, &call, &l->drain_pending);
+}
+
+/* Start the BLPOP on the waiting ops' keys and our control list, until the earliest of their
+ * waits ends; or, one being in flight without a key now waited on, end it by a push to the
+ * control list. */
+static void wait_sync(redsem__loop *l)
+{
+    const char *keys[LOOP_WAIT_KEYS_MAX];
+    int64_t until;
+    int n = wait_keys(l, keys, &until);
+    if (l->blpop_pending) {
+        for (int i = 0; i < n && !l->poked; i++)
+            if (!watched(l, keys[i])) {
+                redsem__call call;
+                redsem__call_init(&call, REDSEM__SCRIPT_WAKE_PUSH, REDSEM__REQ_RETRY, NULL);
+                const char *k[] = {l->ctl, l->ctl};
+                redsem__call_keys(&call, 2, k);
+                redsem__args_str(&call.ka, "s");
+                redsem__args_str(&call.ka, "1");
+                bool sent = false;
+                loop_push *p = redsem__calloc(1, sizeof *p);
+                if (p != NULL) {
+                    p->req.done = push_done;
+                    bool load = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
+                    sent = send_call(l, &p->req, &call, load) == REDSEM_OK;
+                    if (!sent)
+                        redsem__free(p);
+                }
+                l->poked = sent;
+            }
+        return;
+    }
+    int64_t left_ms = (until - redsem__now_ns()) / REDSEM__NS_PER_MS;
+    if (n == 0 || left_ms < 2 || redsem__now_ns() < l->blpop_after ||
+        conn_open(l, &l->wait) != REDSEM_OK)
+        return; /* the waits end by their timers */
+    /* BLPOP keys... ctl timeout: more arguments than a redsem__args holds, so hiredis'
+     * argv form */
+    const char *argv[LOOP_WAIT_KEYS_MAX + 2];
+    char t[32];
+    snprintf(t, sizeof t, "%lld.%03lld", (long long)(left_ms / 1000), (long long)(left_ms % 1000));
+    argv[0] = "BLPOP";
+    for (int i = 0; i < n; i++)
+        argv[1 + i] = keys[i];
+    argv[n + 1] = l->ctl;
+    argv[n + 2] = t;
+    char *cmd = NULL;
+    long long len = redisFormatCommandArgv(&cmd, n + 3, argv, NULL);
+    if (len < 0)
+        return;
+    l->blpop = (redsem__preq){.nreplies = 1, .done = wait_done, .arg = l};
+    l->blpop.deadline_ns = until + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (redsem__pipe_send(&l->wait.pipe, &l->blpop, cmd, (size_t)len) == REDSEM_OK) {
+        l->blpop_pending = true;
+        l->poked = false;
+        for (int i = 0; i < n; i++)
+            l->bkeys[l->nbkeys++] = redsem__strdup(keys[i]); /* NULL: not watched */
+    }
+    redisFreeCommand(cmd);
+}
+
+/* The BLPOP's reply: the oldest op waiting on the list popped is woken (the client's bell: the
+ * fair waiters its id list names, once drained). A timeout or a fault wakes nobody. */
+static void blpop_reply(redsem__loop *l)
+{
+    redsem__preq *q = &l->blpop;
+    l->blpop_pending = l->blpop_replied = false;
+    for (int i = 0; i < l->nbkeys; i++)
+        redsem__free(l->bkeys[i]);
+    l->nbkeys = 0;
+    redisReply *r = q->rc == REDSEM_OK ? q->replies[0] : NULL;
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) /* not again at once: 100 ms */
+        l->blpop_after = redsem__now_ns() + 100 * REDSEM__NS_PER_MS;
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING) {
+        const char *key = r->element[0]->str;
+        loop_op *oldest = NULL;
+        if (l->c->wake_bell != NULL && strcmp(key, l->c->wake_bell) == 0)
+            send_drain(l);
+        else
+            for (loop_op *o = l->ops; o != NULL; o = o->next)
+                if (o->waiting && o->s.wkey != NULL && strcmp(o->s.wkey, key) == 0 &&
+                    (oldest == NULL || o->s.since_ns < oldest->s.since_ns))
+                    oldest = o;
+        if (oldest != NULL)
+            wake(oldest);
+    }
+    if (r != NULL)
+        freeReplyObject(r);
+}
+
+/* A direct grant an element carried after "<id> <meta>": " <token> <server us> <lease ms>"
+ * (prelude.lua's grant_heads), for the acquire to check (acquire.c's direct_grant). */
+static void take_grant(loop_op *o, const char *rest, size_t len)
+{
+    char buf[80];
+    unsigned long long token;
+    long long us, lease;
+    if (len == 0 || len >= sizeof buf)
+        return;
+    memcpy(buf, rest, len);
+    buf[len] = '\0';
+    if (sscanf(buf, " %llu %lld %lld", &token, &us, &lease) == 3)
+        o->s.grant = (redsem__wake_grant){token, us, lease};
+}
+
+/* Whether the drained element e (len bytes) is o's: "<id> <meta>", then the end or a space. */
+static bool elem_of(const loop_op *o, const char *e, size_t len)
+{
+    size_t n = strlen(o->s.elem);
+    return n > 0 && len >= n && memcmp(e, o->s.elem, n) == 0 && (len == n || e[n] == ' ');
+}
+
+/* Keep element e, whose waiter is not waiting now, for its next wait (the oldest kept goes
+ * when all are taken). */
+static void pend_keep(redsem__loop *l, const char *e, size_t len)
+{
+    int slot = 0;
+    for (int i = 0; i < LOOP_PEND_MAX; i++)
+        if (l->pend[i] == NULL || l->pend_at[i] < l->pend_at[slot]) {
+            slot = i;
+            if (l->pend[i] == NULL)
+                break;
+        }
+    redsem__free(l->pend[slot]);
+    l->pend[slot] = redsem__malloc(len + 1);
+    if (l->pend[slot] != NULL) {
+        memcpy(l->pend[slot], e, len);
+        l->pend[slot][len] = '\0';
+    }
+    l->pend_at[slot] = redsem__now_ns();
+}
+
+/* o begins a wait: an element kept for it (not older than LOOP_PEND_NS) wakes it at once. */
+static void pend_take(redsem__loop *l, loop_op *o)
+{
+    int64_t now = redsem__now_ns();
+    for (int i = 0; i < LOOP_PEND_MAX; i++) {
+        if (l->pend[i] == NULL)
+            continue;
+        size_t len = strlen(l->pend[i]);
+        bool mine = elem_of(o, l->pend[i], len);
+        if (mine) {
+            size_t n = strlen(o->s.elem);
+            take_grant(o, l->pend[i] + n, len - n);
+            wake(o);
+        }
+        if (mine || now - l->pend_at[i] > LOOP_PEND_NS) {
+            redsem__free(l->pend[i]);
+            l->pend[i] = NULL;
+        }
+        if (mine)
+            return;
+    }
+}
+
+/* The drain's reply: each element "<id> <meta>[ ...]" wakes the op waiting as it; one of a
+ * waiter between two attempts is lost (its poll finds its grant). Full: drain again. */
+static void drain_reply(redsem__loop *l)
+{
+    redsem__preq *q = &l->drain;
+    l->drain_pending = l->drain_replied = false;
+    if (q->rc != REDSEM_OK) {
+        l->drain_again = false;
+        send_drain(l); /* on a new connection (a lost reply's elements are lost) */
+        return;
+    }
+    redisReply *r = q->replies[q->nreplies - 1];
+    if (q->nreplies == 2)
+        freeReplyObject(q->replies[0]);
+    if (q->nreplies == 2 || r->type != REDIS_REPLY_ERROR)
+        atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], r->type != REDIS_REPLY_ERROR);
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        const redisReply *e = r->element[i];
+        bool taken = false;
+        for (loop_op *o = l->ops; e->type == REDIS_REPLY_STRING && o != NULL; o = o->next)
+            if (o->waiting && elem_of(o, e->str, e->len)) {
+                size_t n = strlen(o->s.elem);
+                take_grant(o, e->str + n, e->len - n);
+                wake(o);
+                taken = true;
+            }
+        if (!taken && e->type == REDIS_REPLY_STRING)
+            pend_keep(l, e->str, e->len);
+    }
+    bool full = r->type == REDIS_REPLY_ARRAY && r->elements == 256;
+    /* NOSCRIPT (a flushed cache): once more, with the body */
+    if (r->type == REDIS_REPLY_ERROR && q->nreplies == 1 && strncmp(r->str, "NOSCRIPT", 8) == 0) {
+        atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], false);
+        full = true;
+    }
+    freeReplyObject(r);
+    if (full || l->drain_again) {
+        l->drain_again = false;
+        send_drain(l);
+    }
+}
+
+/* ---------------------------------------------------------------- the loop's part */
+
+int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[2], int64_t *deadline_ns)
+{
+    int n = 0;
+    *deadline_ns = REDSEM__FOREVER;
+    const loop_conn *lcs[2] = {&l->req, &l->wait};
+    for (int i = 0; i < 2; i++) {
+        int64_t d = REDSEM__FOREVER;
+        short ev = lcs[i]->open ? redsem__pipe_wants(&lcs[i]->pipe, &d) : 0;
+        if (ev != 0)
+            w[n++] = (redsem__loop_watch){redsem__pipe_fd(&lcs[i]->pipe), ev};
+        if (d < *deadline_ns)
+            *deadline_ns = d;
+    }
+    for (const loop_op *o = l->ops; o != NULL; o = o->next) {
+        int64_t at = o->wake_ns;
+        if (at != 0 && o->waiting && atomic_load(&o->cancel))
+            at = 1; /* cancelled while it waits: now */
+        if (at != 0 && at < *deadline_ns)
+            *deadline_ns = at;
+    }
+    return n;
+}
+
+unsigned redsem__loop_generation(const redsem__loop *l)
+{
+    return l->gen;
+}
+
+/* Whether o has something due now: its request ended, or its timer (or its cancel). */
+static bool is_due(const loop_op *o, int64_t now)
+{
+    bool cut = o->waiting && atomic_load(&o->cancel);
+    return o->replied || (o->wake_ns != 0 && (o->wake_ns <= now || cut));
+}
+
+/* Run o's part that is due: the reply to its request, or the end of its pause or wait. */
+static void run_due(loop_op *o)
+{
+    if (o->replied) {
+        op_reply(o);
+        return;
+    }
+    o->wake_ns = 0;
+    if (o->waiting) {
+        o->waiting = false;
+        o->s.wait_rc = REDSEM_OK; /* s.signaled: set if a wake-up ended it */
+        op_step(o);
+        return;
+    }
+    o->stage = 0; /* a pause ended: its attempt */
+    o->noscript = 0;
+    o->maybe = false;
+    op_send(o);
+}
+
+/* Run every op that is due now, in one pass over the list (what they start is seen in the
+ * next round); whether any ran. An op run frees only itself, and new ones go to the head. */
+static bool run_all_due(redsem__loop *l)
+{
+    int64_t now = redsem__now_ns();
+    size_t n = 0;
+    for (const loop_op *o = l->ops; o != NULL; o = o->next)
+        n += is_due(o, now);
+    if (n == 0)
+        return false;
+    loop_op **v = redsem__malloc(n * sizeof *v);
+    if (v == NULL)
+        return false; /* the next step tries again */
+    size_t k = 0;
+    for (loop_op *o = l->ops; o != NULL && k < n; o = o->next)
+        if (is_due(o, now))
+            v[k++] = o;
+    for (size_t i = 0; i < k; i++)
+        run_due(v[i]);
+    redsem__free(v);
+    return true;
+}
+
+/* Step lc's pipe with the readiness found for its descriptor in ready. */
+static void conn_step(loop_conn *lc, const struct pollfd *ready, int n)
+{
+    if (!lc->open)
+        return;
+    bool r = false, w = false;
+    for (int i = 0; i < n; i++)
+        if (ready[i].fd == redsem__pipe_fd(&lc->pipe)) {
+            r = (ready[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+            w = (ready[i].revents & POLLOUT) != 0;
+        }
+    (void)redsem__pipe_step(&lc->pipe, r, w, redsem__now_ns());
+}
+
+void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
+{
+    bool ran;
+    do {
+        /* writes what was queued (also by the last round), reads what arrived */
+        conn_step(&l->req, ready, n);
+        conn_step(&l->wait, ready, n);
+        n = 0;
+        ran = false;
+        if (l->blpop_replied) {
+            blpop_reply(l);
+            ran = true;
+        }
+        if (l->drain_replied) {
+            drain_reply(l);
+            ran = true;
+        }
+        ran = run_all_due(l) || ran;
+        wait_sync(l);
+    } while (ran);
+}
+
+size_t redsem__loop_pending(const redsem__loop *l)
+{
+    size_t n = 0;
+    for (const loop_op *o = l->ops; o != NULL; o = o->next)
+        n++;
+    return n;
+}
+
+void redsem__loop_free(redsem__loop *l)
+{
+    if (l == NULL)
+        return;
+    loop_conn *lcs[2] = {&l->req, &l->wait};
+    for (int i = 0; i < 2; i++)
+        if (lcs[i]->open)
+            redsem__pipe_reset(&lcs[i]->pipe); /* requests end (ops: not called back) */
+    while (l->ops != NULL) {
+        loop_op *o = l->ops;
+        l->ops = o->next;
+        redsem__free(o);
+    }
+    for (int i = 0; i < l->nbkeys; i++)
+        redsem__free(l->bkeys[i]);
+    for (int i = 0; i < LOOP_PEND_MAX; i++)
+        redsem__free(l->pend[i]);
+    for (int i = 0; i < 2; i++)
+        redsem__node_close(&lcs[i]->node);
+    redsem__free(l);
+}
