@@ -22,11 +22,18 @@
  *   max gap     the longest time between two consecutive callbacks (redsem's or the hold
  *               timers') while loops still start (until --duration): how long the loop went
  *               without running anything;
- *   threads     the client's stats cannot say how many worker threads redsem_async runs;
- *               connects and pool waits are redsem_client_get_stats(), cumulative;
+ *   threads     the most threads the process had beyond the bench's own while the client
+ *               was in use (from before it was made until the loops ended): "Threads:" of
+ *               /proc/self/status, sampled every 2 ms by a thread of the bench, minus its
+ *               value just before the client was made (the bench's main thread and that
+ *               sampler: the private server is another process). Every thread counted is
+ *               one the library (or a library it uses) started; -1 where /proc is absent;
+ *   connects, pool waits  redsem_client_get_stats(), cumulative;
  *   direct      the share of grants that a wake-up carried (fair and locked direct grants,
  *               redsem_client_stats.direct_grants), taken with no attempt after it.
  * Without libuv at build time the workload says so and measures nothing. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +188,39 @@ static void loop_start(lloop *l)
     }
 }
 
+/* The process's threads ("Threads:" of /proc/self/status); -1 if unknown. */
+static int proc_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL)
+        return -1;
+    char line[256];
+    int n = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    fclose(f);
+    return n;
+}
+
+/* A thread of the bench that keeps the largest proc_threads() seen until stop is set. */
+typedef struct tsampler {
+    pthread_t th;
+    atomic_int stop, peak;
+} tsampler;
+
+static void *sampler_main(void *arg)
+{
+    tsampler *s = arg;
+    while (!atomic_load(&s->stop)) {
+        int n = proc_threads();
+        if (n > atomic_load(&s->peak))
+            atomic_store(&s->peak, n);
+        bench_sleep_ns(2000000);
+    }
+    return NULL;
+}
+
 static void check(int rc, redsem_client *c, const char *what)
 {
     if (rc != REDSEM_OK)
@@ -198,6 +238,10 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     int nloops = o->loops, nsems = o->loop_sems;
     bench_progress(ctx, "loops %s: %d loops on %d semaphores of limit %u", bench_kind_name(kind),
                    nloops, nsems, o->limit);
+    /* the bench's own threads: this one and the sampler (started first, so counted) */
+    tsampler ts = {.peak = -1};
+    bool sampling = pthread_create(&ts.th, NULL, sampler_main, &ts) == 0;
+    int own_threads = sampling ? proc_threads() : -1;
     redsem_client *c = bench_client(ctx);
     uv_loop_t uv;
     if (uv_loop_init(&uv) != 0)
@@ -246,6 +290,14 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     while (r.active > 0)
         uv_run(&uv, UV_RUN_ONCE);
     double secs = (double)(r.last_done_ns - t0) / 1e9;
+    int lib_threads = -1;
+    if (sampling) {
+        atomic_store(&ts.stop, 1);
+        pthread_join(ts.th, NULL);
+        int peak = atomic_load(&ts.peak);
+        if (own_threads > 0 && peak > 0)
+            lib_threads = peak > own_threads ? peak - own_threads : 0;
+    }
     redsem_client_stats st;
     check(redsem_client_get_stats(c, &st), c, "stats");
 
@@ -268,13 +320,13 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     bench_pct aq = bench_percentiles(r.acq.v, r.acq.n);
     double gps = secs > 0 ? r.grants / secs : 0;
     uint64_t direct = st.direct_grants - st0.direct_grants;
-    printf("  %-8s %9.0f %7ld %5d%s %7zu %9.3f %9.3f %9.2f %9.2f %8.1f %9llu %10llu %7.1f\n",
+    printf("  %-8s %9.0f %7ld %5d%s %7zu %9.3f %9.3f %9.2f %9.2f %8.1f %9llu %10llu %7.1f %7d\n",
            bench_kind_name(kind), gps, r.errors, max_held,
            r.violations ? " SAFETY VIOLATION" : "", ho.n, ho.p50 / 1e3, ho.p99 / 1e3, aq.p50 / 1e3,
            aq.p99 / 1e3, (double)r.max_gap_ns / 1e6,
            (unsigned long long)(st.connects - st0.connects),
            (unsigned long long)(st.pool_waits - st0.pool_waits),
-           r.grants > 0 ? 100.0 * (double)direct / (double)r.grants : 0.0);
+           r.grants > 0 ? 100.0 * (double)direct / (double)r.grants : 0.0, lib_threads);
     if (r.violations)
         ctx->exit_code = 2;
     json_t *row = json_pack(
@@ -287,6 +339,10 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
         (double)r.max_gap_ns / 1e6, "connects", (json_int_t)(st.connects - st0.connects),
         "pool_waits", (json_int_t)(st.pool_waits - st0.pool_waits), "direct_grants",
         (json_int_t)direct);
+    json_object_set_new(row, "library_threads", lib_threads >= 0 ? json_integer(lib_threads)
+                                                                  : json_null());
+    json_object_set_new(row, "bench_threads", own_threads > 0 ? json_integer(own_threads)
+                                                               : json_null());
     samples_free(&r.handoff);
     samples_free(&r.acq);
     free(r.loops);
@@ -310,10 +366,10 @@ void bench_run_loops(bench_ctx *ctx)
            "semaphores of limit %u (hold %g-%g ms), one client, %.1f s per strategy\n",
            o->loops, o->loop_sems, o->limit, o->loop_hold_min_ms, o->loop_hold_max_ms,
            o->duration);
-    printf("  %-8s %9s %7s %5s %7s %9s %9s %9s %9s %8s %9s %10s %7s\n", "strategy", "grants/s",
-           "errors", "held", "hand n", "hand p50", "p99 ms", "acq p50", "p99 ms", "gap ms",
-           "connects", "pool waits", "direct");
-    bench_rule(120);
+    printf("  %-8s %9s %7s %5s %7s %9s %9s %9s %9s %8s %9s %10s %7s %7s\n", "strategy",
+           "grants/s", "errors", "held", "hand n", "hand p50", "p99 ms", "acq p50", "p99 ms",
+           "gap ms", "connects", "pool waits", "direct", "threads");
+    bench_rule(128);
     json_t *rows = json_array();
     static const int kinds[] = {BENCH_BASIC, BENCH_FAIR, BENCH_LOCKED};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
@@ -323,7 +379,8 @@ void bench_run_loops(bench_ctx *ctx)
            "callback until the release is requested; hand: grants to acquires that began "
            "when no permit was free, from the release that freed theirs; gap: the longest "
            "time between two callbacks on the loop; direct: %% of grants a wake-up carried, "
-           "with no attempt after it)\n");
+           "with no attempt after it; threads: the most threads the process had beyond the "
+           "bench's own while the client was in use, from /proc/self/status)\n");
     json_object_set_new(ctx->json, "loops", rows);
 #endif
 }
