@@ -4,15 +4,18 @@
  * Each repetition runs, with the issue's parameters (whatever -s, --threads, --clients,
  * --limit, --hold, --loops, --loop-sems, --loop-hold, --shared and --renew say; the transport,
  * affinity, --max-connections, --pairs, --rounds, --duration and --no-slowlog are honoured):
- *   uncontended  basic, one client (the pair over its floor);
- *   threads      ONE client shared by 8 and 32 threads (basic), by 32 (fair, locked), each
- *                thread its own semaphore, 3 rounds of 0.4 s batches against the per-thread
- *                floor; then 32 threads, basic, every permit renewed (--renew: conns);
- *   loops        1,000 loops on 100 semaphores of limit 4 on one libuv thread, basic, fair,
- *                locked, with no hold and with a 20-40 ms hold (the threads the library
- *                starts: the loops' "threads");
+ *   threads      ONE client shared by 32 threads, each thread its own semaphore, 5 rounds
+ *                of 0.4 s batches against the per-thread floor, for basic, fair and locked,
+ *                each followed at once by
+ *   loops        1,000 loops on 100 semaphores of limit 4 on one libuv thread, no hold, of
+ *                the same strategy (their ratio is taken over the same few seconds);
+ *   threads      the same with 8 threads (basic); 32 threads, basic, every permit renewed
+ *                (--renew: conns);
+ *   loops        the same with a 20-40 ms hold, basic, fair, locked (the threads the library
+ *                starts: the most of the loops' "threads");
  *   contended    32 threads on one shared client, one semaphore of limit 4, hold 1-5 ms,
- *                basic, fair, locked.
+ *                basic, fair, locked;
+ *   uncontended  basic, one client (the pair over its floor).
  * Every sub-run prints its usual table; its JSON is kept per repetition. A target's value in
  * one repetition is a figure of that repetition (a ratio of two figures measured in it); the
  * printed value is the median of the repetitions', their range in the table before:
@@ -26,6 +29,7 @@
 #define MAX_REPS 15
 #define LOOPS_HOLD_MIN 20.0
 #define LOOPS_HOLD_MAX 40.0
+#define TARGET_THREAD_ROUNDS 5 /* (floor, library) batch pairs of the threads workload */
 
 enum { CMP_LE = 0, CMP_GE = 1, CMP_EQ = 2 };
 
@@ -145,37 +149,46 @@ static json_t *one_rep(bench_ctx *ctx, tset *s)
     o.limit = 4;
     json_t *rep = json_object();
 
-    only(&o, BENCH_BASIC, -1, -1);
-    json_t *u = sub_run(ctx, &o, BENCH_W_UNCONTENDED, "uncontended");
-
+    /* each strategy's 32-thread shared client right before its loops: the ratio of the two
+     * is then taken over the same few seconds of a shared machine's load */
     o.shared_client = true;
     o.thread_secs = 0.4;
-    o.rounds_threads = 3;
-    o.nthreads = 2;
-    o.threads[0] = 8;
-    o.threads[1] = 32;
-    json_t *th = sub_run(ctx, &o, BENCH_W_THREADS, "threads");
-    only(&o, BENCH_FAIR, BENCH_LOCKED, -1);
-    o.nthreads = 1;
-    o.threads[0] = 32;
-    json_t *th2 = sub_run(ctx, &o, BENCH_W_THREADS, "threads");
-    if (th != NULL && th2 != NULL)
-        json_array_extend(th, th2);
-    json_decref(th2);
-    only(&o, BENCH_BASIC, -1, -1);
-    o.renew = true;
-    json_t *rn = sub_run(ctx, &o, BENCH_W_THREADS, "threads");
-    o.renew = false;
-
-    only(&o, BENCH_BASIC, BENCH_FAIR, BENCH_LOCKED);
+    o.rounds_threads = TARGET_THREAD_ROUNDS;
     o.loops = 1000;
     o.loop_sems = 100;
     o.loop_hold_min_ms = o.loop_hold_max_ms = 0;
-    json_t *lp = sub_run(ctx, &o, BENCH_W_LOOPS, "loops");
+    json_t *th = json_array(), *lp = json_array();
+    for (int k = BENCH_BASIC; k <= BENCH_LOCKED; k++) {
+        only(&o, k, -1, -1);
+        o.nthreads = 1;
+        o.threads[0] = 32;
+        json_t *t = sub_run(ctx, &o, BENCH_W_THREADS, "threads");
+        json_t *l = sub_run(ctx, &o, BENCH_W_LOOPS, "loops");
+        if (t != NULL)
+            json_array_extend(th, t);
+        if (l != NULL)
+            json_array_extend(lp, l);
+        json_decref(t);
+        json_decref(l);
+    }
+    only(&o, BENCH_BASIC, -1, -1);
+    o.threads[0] = 8;
+    json_t *t8 = sub_run(ctx, &o, BENCH_W_THREADS, "threads");
+    if (t8 != NULL)
+        json_array_extend(th, t8);
+    json_decref(t8);
+    o.threads[0] = 32;
+    o.renew = true;
+    json_t *rn = sub_run(ctx, &o, BENCH_W_THREADS, "threads");
+    o.renew = false;
+    o.shared_client = false;
+
+    only(&o, BENCH_BASIC, BENCH_FAIR, BENCH_LOCKED);
     o.loop_hold_min_ms = LOOPS_HOLD_MIN;
     o.loop_hold_max_ms = LOOPS_HOLD_MAX;
     json_t *lh = sub_run(ctx, &o, BENCH_W_LOOPS, "loops");
 
+    o.shared_client = true;
     o.nclients = 1;
     o.clients[0] = 32;
     o.hold_min_ms = 1;
@@ -183,6 +196,10 @@ static json_t *one_rep(bench_ctx *ctx, tset *s)
     o.order_margin_us = 1000;
     json_t *ct = sub_run(ctx, &o, BENCH_W_CONTENDED, "contended");
     json_t *cr = json_object_get(ct, "runs");
+
+    o.shared_client = false;
+    only(&o, BENCH_BASIC, -1, -1);
+    json_t *u = sub_run(ctx, &o, BENCH_W_UNCONTENDED, "uncontended");
 
     /* the values of this repetition */
     char what[112];
@@ -270,14 +287,26 @@ void bench_run_targets(bench_ctx *ctx)
            "follow)\n",
            reps);
     json_t *jr = json_array();
+    double loads[MAX_REPS];
     for (int i = 0; i < reps; i++) {
+        double load[3] = {-1, -1, -1};
+        (void)getloadavg(load, 3);
+        loads[i] = load[0];
         bench_progress(ctx, "targets: repetition %d of %d", i + 1, reps);
-        printf("\n-- targets, repetition %d of %d\n", i + 1, reps);
-        json_array_append_new(jr, one_rep(ctx, &s));
+        printf("\n-- targets, repetition %d of %d (load average %.2f)\n", i + 1, reps, load[0]);
+        json_t *rep = one_rep(ctx, &s);
+        json_object_set_new(rep, "loadavg_at_start", json_real(load[0]));
+        json_array_append_new(jr, rep);
+    }
+    char ls[128] = "";
+    for (int i = 0; i < reps; i++) {
+        size_t l = strlen(ls);
+        snprintf(ls + l, sizeof ls - l, "%s%.1f", i ? " " : "", loads[i]);
     }
     printf("\n== the targets of issue 25, from this run: each value a figure or ratio within "
-           "one repetition; medians of %d, range in []\n",
-           reps);
+           "one repetition; medians of %d, range in []; 1-minute load average at the "
+           "repetitions' starts: %s\n",
+           reps, ls);
     json_t *jt = json_array();
     for (int i = 0; i < s.n; i++) {
         tgt *t = &s.t[i];
