@@ -28,8 +28,8 @@ static const char *const workload_names[BENCH_NWORKLOADS] = {
 
 /* The default suite: every workload but floor (run inside the others anyway), tls, sync and
  * spread (each starts servers of its own, tls needs the openssl command, and each takes half
- * a minute or more) and targets (three repetitions of what issue 25's targets need, about
- * three minutes). async is in it: about 3 s with the default --duration; loops (when built
+ * a minute or more) and targets (three repetitions of what issue 25's targets need, 140-150 s
+ * on 2 busy cores). async is in it: about 3 s with the default --duration; loops (when built
  * with libuv) about 2 s per strategy. */
 static bool in_default_suite(int w)
 {
@@ -69,7 +69,7 @@ static void usage(FILE *out)
         "                       met|MISSED\", the median of --target-reps repetitions of\n"
         "                       the workloads they need, with the issue's parameters (it\n"
         "                       ignores -s, --threads, --clients, --limit, --hold, --loops,\n"
-        "                       --loop-sems, --loop-hold, --shared, --renew); about three\n"
+        "                       --loop-sems, --loop-hold, --shared, --renew); two to three\n"
         "                       minutes\n",
         out);
     fputs( /* in parts: C99 compilers need take only 4095 characters in one string */
