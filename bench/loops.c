@@ -22,18 +22,13 @@
  *   max gap     the longest time between two consecutive callbacks (redsem's or the hold
  *               timers') while loops still start (until --duration): how long the loop went
  *               without running anything;
- *   threads     the most threads the process had beyond the bench's own while the client
- *               was in use (from before it was made until the loops ended): "Threads:" of
- *               /proc/self/status, sampled every 2 ms by a thread of the bench, minus its
- *               value just before the client was made (the bench's main thread and that
- *               sampler: the private server is another process). Every thread counted is
- *               one the library (or a library it uses) started; -1 where /proc is absent;
- *   connects, pool waits  redsem_client_get_stats(), cumulative;
+ *   threads     the most threads of the process (/proc/self/status), sampled every 100 ms
+ *               from the callbacks: the loop's own thread, and those redsem runs for it
+ *               (its event-loop API's workers, unless built with -Dasync_engine=loop);
+ *               connects and pool waits are redsem_client_get_stats(), cumulative;
  *   direct      the share of grants that a wake-up carried (fair and locked direct grants,
  *               redsem_client_stats.direct_grants), taken with no attempt after it.
  * Without libuv at build time the workload says so and measures nothing. */
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,10 +69,26 @@ typedef struct lrun {
     double hold_min, hold_max;
     uint64_t rng;
     int64_t stop_ns, last_cb_ns, max_gap_ns, last_done_ns;
+    int64_t threads_ns; /* threads last sampled then */
+    int max_threads;
     int active;
     long grants, errors, violations;
     bench_samples handoff, acq;
 } lrun;
+
+/* The threads of this process now (Threads: of /proc/self/status; 0 if unknown). */
+static int threads_now(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128];
+    int n = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
 
 /* A callback ran: the gap since the previous one counts while loops still start (the end's
  * last holds, with nothing else to run, are not a stall). */
@@ -87,6 +98,12 @@ static void tick(lrun *r)
     if (r->last_cb_ns && now < r->stop_ns && now - r->last_cb_ns > r->max_gap_ns)
         r->max_gap_ns = now - r->last_cb_ns;
     r->last_cb_ns = now;
+    if (now - r->threads_ns >= 100 * 1000000LL) {
+        r->threads_ns = now;
+        int n = threads_now();
+        if (n > r->max_threads)
+            r->max_threads = n;
+    }
 }
 
 static void loop_start(lloop *l);
@@ -188,39 +205,6 @@ static void loop_start(lloop *l)
     }
 }
 
-/* The process's threads ("Threads:" of /proc/self/status); -1 if unknown. */
-static int proc_threads(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (f == NULL)
-        return -1;
-    char line[256];
-    int n = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Threads: %d", &n) == 1)
-            break;
-    fclose(f);
-    return n;
-}
-
-/* A thread of the bench that keeps the largest proc_threads() seen until stop is set. */
-typedef struct tsampler {
-    pthread_t th;
-    atomic_int stop, peak;
-} tsampler;
-
-static void *sampler_main(void *arg)
-{
-    tsampler *s = arg;
-    while (!atomic_load(&s->stop)) {
-        int n = proc_threads();
-        if (n > atomic_load(&s->peak))
-            atomic_store(&s->peak, n);
-        bench_sleep_ns(2000000);
-    }
-    return NULL;
-}
-
 static void check(int rc, redsem_client *c, const char *what)
 {
     if (rc != REDSEM_OK)
@@ -238,10 +222,6 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     int nloops = o->loops, nsems = o->loop_sems;
     bench_progress(ctx, "loops %s: %d loops on %d semaphores of limit %u", bench_kind_name(kind),
                    nloops, nsems, o->limit);
-    /* the bench's own threads: this one and the sampler (started first, so counted) */
-    tsampler ts = {.peak = -1};
-    bool sampling = pthread_create(&ts.th, NULL, sampler_main, &ts) == 0;
-    int own_threads = sampling ? proc_threads() : -1;
     redsem_client *c = bench_client(ctx);
     uv_loop_t uv;
     if (uv_loop_init(&uv) != 0)
@@ -290,14 +270,6 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     while (r.active > 0)
         uv_run(&uv, UV_RUN_ONCE);
     double secs = (double)(r.last_done_ns - t0) / 1e9;
-    int lib_threads = -1;
-    if (sampling) {
-        atomic_store(&ts.stop, 1);
-        pthread_join(ts.th, NULL);
-        int peak = atomic_load(&ts.peak);
-        if (own_threads > 0 && peak > 0)
-            lib_threads = peak > own_threads ? peak - own_threads : 0;
-    }
     redsem_client_stats st;
     check(redsem_client_get_stats(c, &st), c, "stats");
 
@@ -326,11 +298,11 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
            aq.p99 / 1e3, (double)r.max_gap_ns / 1e6,
            (unsigned long long)(st.connects - st0.connects),
            (unsigned long long)(st.pool_waits - st0.pool_waits),
-           r.grants > 0 ? 100.0 * (double)direct / (double)r.grants : 0.0, lib_threads);
+           r.grants > 0 ? 100.0 * (double)direct / (double)r.grants : 0.0, r.max_threads);
     if (r.violations)
         ctx->exit_code = 2;
     json_t *row = json_pack(
-        "{s:s, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:i, s:I, s:o, s:o, s:f, s:I, s:I, s:I}",
+        "{s:s, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:i, s:I, s:o, s:o, s:f, s:I, s:I, s:I, s:i}",
         "strategy",
         bench_kind_name(kind), "loops", nloops, "semaphores", nsems, "limit", (int)o->limit,
         "secs", secs, "grants_per_s", gps, "grants", (json_int_t)r.grants, "errors",
@@ -338,11 +310,7 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
         "handoff", bench_pct_json(&ho), "acquire", bench_pct_json(&aq), "max_gap_ms",
         (double)r.max_gap_ns / 1e6, "connects", (json_int_t)(st.connects - st0.connects),
         "pool_waits", (json_int_t)(st.pool_waits - st0.pool_waits), "direct_grants",
-        (json_int_t)direct);
-    json_object_set_new(row, "library_threads", lib_threads >= 0 ? json_integer(lib_threads)
-                                                                  : json_null());
-    json_object_set_new(row, "bench_threads", own_threads > 0 ? json_integer(own_threads)
-                                                               : json_null());
+        (json_int_t)direct, "threads", r.max_threads);
     samples_free(&r.handoff);
     samples_free(&r.acq);
     free(r.loops);
@@ -379,8 +347,7 @@ void bench_run_loops(bench_ctx *ctx)
            "callback until the release is requested; hand: grants to acquires that began "
            "when no permit was free, from the release that freed theirs; gap: the longest "
            "time between two callbacks on the loop; direct: %% of grants a wake-up carried, "
-           "with no attempt after it; threads: the most threads the process had beyond the "
-           "bench's own while the client was in use, from /proc/self/status)\n");
+           "with no attempt after it; threads: the most the process had)\n");
     json_object_set_new(ctx->json, "loops", rows);
 #endif
 }

@@ -12,7 +12,7 @@
  *   threads      the same with 8 threads (basic); 32 threads, basic, every permit renewed
  *                (--renew: conns);
  *   loops        the same with a 20-40 ms hold, basic, fair, locked (the threads the library
- *                starts: the most of the loops' "threads");
+ *                starts: the most of the loops' "threads", less the loop's own thread);
  *   contended    32 threads on one shared client, one semaphore of limit 4, hold 1-5 ms,
  *                basic, fair, locked;
  *   uncontended  basic, one client (the pair over its floor).
@@ -210,9 +210,11 @@ static json_t *one_rep(bench_ctx *ctx, tset *s)
         json_t *r;
         json_array_foreach(lsets[h], i, r)
         {
-            json_t *t = json_object_get(r, "library_threads");
-            if (json_is_integer(t) && (double)json_integer_value(t) > most)
-                most = (double)json_integer_value(t);
+            /* the most threads the process had, the loop's own (the bench's main thread,
+             * its only one then) included */
+            json_int_t t = json_integer_value(json_object_get(r, "threads"));
+            if (t > 0 && (double)(t - 1) > most)
+                most = (double)(t - 1);
         }
     }
     if (most >= 0)
