@@ -31,7 +31,7 @@ int bench_kind_acquire_trips(int kind);
 
 /* ---------------------------------------------------------------- options */
 #define BENCH_MAX_LIST 16
-#define BENCH_NWORKLOADS_MAX 14
+#define BENCH_NWORKLOADS_MAX 15
 
 enum { AFF_SPLIT = 0, AFF_SAME = 1, AFF_NONE = 2 };
 
@@ -71,6 +71,7 @@ typedef struct bench_opts {
     int loops;          /* loops: acquire-hold-release loops on one libuv loop */
     int loop_sems;      /* loops: semaphores they share */
     double loop_hold_min_ms, loop_hold_max_ms; /* loops: hold time */
+    int target_reps;    /* targets: repetitions (medians over them) */
     bool no_slowlog; /* scale, contended: leave the server's SLOWLOG settings alone */
     bool quiet; /* no progress on stderr */
 } bench_opts;
@@ -90,7 +91,8 @@ enum {
     BENCH_W_SPREAD = 11, /* not in the default suite */
     BENCH_W_ASYNC = 12,
     BENCH_W_LOOPS = 13,
-    BENCH_NWORKLOADS = 14
+    BENCH_W_TARGETS = 14, /* not in the default suite: issue 25's targets, repeated */
+    BENCH_NWORKLOADS = 15
 };
 
 /* ---------------------------------------------------------------- run context */
@@ -308,6 +310,7 @@ void bench_run_weighted(bench_ctx *ctx);
 void bench_run_spread(bench_ctx *ctx);
 void bench_run_async(bench_ctx *ctx);
 void bench_run_loops(bench_ctx *ctx);
+void bench_run_targets(bench_ctx *ctx);
 
 /* Table helpers: a fixed-width row printer that also works as the header. */
 void bench_rule(int width);

@@ -24,15 +24,17 @@
 static const char *const workload_names[BENCH_NWORKLOADS] = {
     "uncontended", "threads", "contended", "scale",    "floor", "renewal",
     "takeover",    "tls",     "sync",      "rate",     "weighted", "spread",
-    "async",       "loops"};
+    "async",       "loops",   "targets"};
 
 /* The default suite: every workload but floor (run inside the others anyway), tls, sync and
  * spread (each starts servers of its own, tls needs the openssl command, and each takes half
- * a minute or more). async is in it: about 3 s with the default --duration; loops (when
- * built with libuv) about 2 s per strategy. */
+ * a minute or more) and targets (three repetitions of what issue 25's targets need, 140-150 s
+ * on 2 busy cores). async is in it: about 3 s with the default --duration; loops (when built
+ * with libuv) about 2 s per strategy. */
 static bool in_default_suite(int w)
 {
-    return w != BENCH_W_FLOOR && w != BENCH_W_TLS && w != BENCH_W_SYNC && w != BENCH_W_SPREAD;
+    return w != BENCH_W_FLOOR && w != BENCH_W_TLS && w != BENCH_W_SYNC && w != BENCH_W_SPREAD &&
+           w != BENCH_W_TARGETS;
 }
 
 static void usage(FILE *out)
@@ -56,13 +58,21 @@ static void usage(FILE *out)
         "  --affinity MODE      split (default: bench on the first CPU, server on the second),\n"
         "                       same, or none\n"
         "  -w, --workload LIST  any of uncontended,threads,contended,scale,renewal,takeover,\n"
-        "                       rate,weighted,async,loops,tls,sync,spread,floor; default\n"
-        "                       (the default suite: the first ten) or all (the default suite,\n"
-        "                       tls, sync and spread); floor alone runs only the floor\n"
-        "                       loops. tls, sync and spread start private servers of their\n"
-        "                       own (TCP + TLS port; a primary and two replicas; clusters of\n"
-        "                       1 and 3 primaries), even with --url; tls needs the openssl\n"
-        "                       command\n"
+        "                       rate,weighted,async,loops,tls,sync,spread,targets,floor;\n"
+        "                       default (the default suite: the first ten) or all (the\n"
+        "                       default suite, tls, sync, spread and targets); floor alone\n"
+        "                       runs only the floor loops. tls, sync and spread start\n"
+        "                       private servers of their own (TCP + TLS port; a primary and\n"
+        "                       two replicas; clusters of 1 and 3 primaries), even with\n"
+        "                       --url; tls needs the openssl command. targets: issue 25's\n"
+        "                       targets, each printed as \"target: WHAT = VALUE (GOAL)\n"
+        "                       met|MISSED\", the median of --target-reps repetitions of\n"
+        "                       the workloads they need, with the issue's parameters (it\n"
+        "                       ignores -s, --threads, --clients, --limit, --hold, --loops,\n"
+        "                       --loop-sems, --loop-hold, --shared, --renew); two to three\n"
+        "                       minutes\n",
+        out);
+    fputs( /* in parts: C99 compilers need take only 4095 characters in one string */
         "  -s, --strategies L   any of basic,fair,locked,lock,book-fair,book-locked\n"
         "                       (default all; book-*: see below)\n"
         "  --pairs N            uncontended: pairs per strategy (default 20000)\n"
@@ -102,6 +112,7 @@ static void usage(FILE *out)
         "  --loop-sems N        loops: semaphores the loops share (default 100)\n"
         "  --loop-hold MS|MIN-MAX  loops: hold time, fixed or uniform random (default 0:\n"
         "                       released from the grant callback)\n"
+        "  --target-reps N      targets: repetitions, 1..15 (default 3)\n"
         "  --sync-pairs N       sync: pairs per strategy and WAIT setting, in rotating\n"
         "                       batches of 250 (default 5000)\n"
         "  --no-slowlog         scale, contended: do not log every command in the server's\n"
@@ -226,6 +237,7 @@ enum {
     OPT_LOOPS,
     OPT_LOOP_SEMS,
     OPT_LOOP_HOLD,
+    OPT_TARGET_REPS,
     OPT_JSON,
     OPT_NO_SLOWLOG,
     OPT_VERSION
@@ -283,6 +295,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"loops", required_argument, NULL, OPT_LOOPS},
         {"loop-sems", required_argument, NULL, OPT_LOOP_SEMS},
         {"loop-hold", required_argument, NULL, OPT_LOOP_HOLD},
+        {"target-reps", required_argument, NULL, OPT_TARGET_REPS},
         {"json", required_argument, NULL, OPT_JSON},
         {"no-slowlog", no_argument, NULL, OPT_NO_SLOWLOG},
         {"quiet", no_argument, NULL, 'q'},
@@ -316,6 +329,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         .spread_secs = 2,
         .loops = 1000,
         .loop_sems = 100,
+        .target_reps = 3,
     };
     bool dflt[BENCH_NWORKLOADS];
     for (int i = 0; i < BENCH_NWORKLOADS; i++)
@@ -405,6 +419,9 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         case OPT_LOOPS:
             o->loops = (int)parse_long(optarg, "--loops", 1, 100000);
+            break;
+        case OPT_TARGET_REPS:
+            o->target_reps = (int)parse_long(optarg, "--target-reps", 1, 15);
             break;
         case OPT_LOOP_SEMS:
             o->loop_sems = (int)parse_long(optarg, "--loop-sems", 1, 100000);
@@ -1050,6 +1067,7 @@ int main(int argc, char **argv)
     json_object_set_new(params, "loop_sems", json_integer(o.loop_sems));
     json_object_set_new(params, "loop_hold_min_ms", json_real(o.loop_hold_min_ms));
     json_object_set_new(params, "loop_hold_max_ms", json_real(o.loop_hold_max_ms));
+    json_object_set_new(params, "target_reps", json_integer(o.target_reps));
     json_t *machine = json_pack(
         "{s:i, s:i, s:s, s:s, s:s, s:s, s:[f,f,f]}", "cores_online", (int)online, "cpus_allowed",
         ncpus, "cpu_model", model, "kernel", un.release, "machine", un.machine, "redis_os",
@@ -1107,6 +1125,8 @@ int main(int argc, char **argv)
         bench_run_sync(&ctx);
     if (o.workloads[BENCH_W_SPREAD])
         bench_run_spread(&ctx);
+    if (o.workloads[BENCH_W_TARGETS])
+        bench_run_targets(&ctx);
     bench_cleanup(&ctx, NULL);
 
     double elapsed = (double)(bench_now_ns() - ctx.t0_ns) / 1e9;

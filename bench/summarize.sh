@@ -1,8 +1,9 @@
 #!/bin/sh
 # Median, minimum and maximum over several `redsem-bench --json` files of the figures the
 # targets of issue 3 are about, of what TLS and WAIT cost (issue 9), of the expiry takeover
-# (issue 14), of the rate limit and of weighted acquire (issue 12), and of Redis in Action's
-# semaphores beside fair and locked (issue 28) (needs jq). Each figure is
+# (issue 14), of the rate limit and of weighted acquire (issue 12), of Redis in Action's
+# semaphores beside fair and locked (issue 28), and of -w targets' lines (issue 25: each
+# run's median of its repetitions) (needs jq). Each figure is
 # a ratio or a count taken within one run; only those are comparable across runs on a noisy
 # machine. The threads rows of runs with --shared (one client for all threads) are summarized
 # apart from those without, with the connections the library used and the pool waits; a
@@ -132,5 +133,9 @@ row("rate wake-up max ms after a slot lapses"; [$runs[].rate.wake.max_us | ms]),
         [$r[].classes[] | select(.weight == $w) | .wait.max_us / 1000]),
     row("weighted \($s) weight \($w) p99 wait ms";
         [$r[].classes[] | select(.weight == $w) | .wait.p99_us / 1000]) ) ),
+( ( [$runs[].targets.targets // [] | .[] | .what] | unique | .[] ) as $w |
+  ([$runs[].targets.targets // [] | .[] | select(.what == $w)]) as $r |
+  row("target: \($w) (\($r[0].goal))";
+      [$r[].median]) ),
 row("elapsed s"; [$runs[].params.elapsed_s])
 ' "$@" | column -t -s "$(printf '\t')"
