@@ -83,6 +83,12 @@ static int64_t call_cap(const redsem_client *c)
     return cap_serial == c->serial ? cap_at_ns : 0;
 }
 
+/* The end of the command timeout of a call of this thread that already waited for the
+ * shared connection's lane and now goes alone (redsem__eval), 0 if none: it caps the call's
+ * wait for a request lane and its first attempt (redsem__ctx's wait_cap_ns), not its retry
+ * window after a lost connection. */
+static _Thread_local int64_t eval_wait_cap_ns;
+
 const char *redsem_client_errmsg(const redsem_client *c)
 {
     if (c == NULL)
@@ -181,13 +187,13 @@ typedef struct pool_waiter {
     bool capped; /* a call with a cap of its own (a renewal, an acquire leaving a queue) */
 } pool_waiter;
 
-/* The deadline cap of a call that waited for a connection since `since` (0: it did not): a
- * call's wait for a connection and its round trip share one command timeout, so that a
- * call sent at its caller's deadline (an acquire's last attempt) ends one command timeout
- * after it, stalled server or not. */
+/* The wait cap (redsem__ctx's wait_cap_ns) of a call that waited for a connection since
+ * `since` (0: it did not): a call's wait for a connection and its first attempt share one
+ * command timeout, so that a stalled server holds it no longer than that; a retry window
+ * after a lost connection (a restart) still runs to its end. 0: none. */
 static int64_t cap_after_wait(const redsem_client *c, int64_t since)
 {
-    int64_t cap = call_cap(c);
+    int64_t cap = eval_wait_cap_ns;
     if (since != 0) {
         int64_t end = since + c->command_timeout_ms * REDSEM__NS_PER_MS;
         if (cap == 0 || end < cap)
@@ -196,11 +202,18 @@ static int64_t cap_after_wait(const redsem_client *c, int64_t since)
     return cap;
 }
 
+/* A borrowed lane's caps for one call: the caller's own, and its wait's. */
+static void lane_caps(const redsem_client *c, redsem__lane *l)
+{
+    l->ctx.deadline_cap_ns = call_cap(c);
+    l->ctx.wait_cap_ns = cap_after_wait(c, l->queued_since);
+}
+
 static void queue_push(redsem_client *c, pool_waiter *w)
 {
     atomic_fetch_add(&c->queued, 1);
     w->next = NULL;
-    w->capped = call_cap(c) != 0;
+    w->capped = call_cap(c) != 0 || eval_wait_cap_ns != 0;
     if (w->capped && c->queue_head != NULL) {
         /* a call with a cap of its own (a renewal: a late one loses a permit; an acquire
          * leaving a queue) goes ahead of the others, after those of its kind queued before
@@ -271,6 +284,8 @@ static int queue_wait(redsem_client *c, pool_waiter *w)
     int64_t cap = call_cap(c);
     if (cap != 0 && cap < dl)
         dl = cap;
+    if (eval_wait_cap_ns != 0 && eval_wait_cap_ns < dl)
+        dl = eval_wait_cap_ns;
     struct timespec until = {(time_t)(dl / 1000000000), (long)(dl % 1000000000)};
     int rc = REDSEM_OK;
     while (w->lane == NULL && !w->make) {
@@ -405,7 +420,7 @@ static int lane_begin(redsem_client *c, bool for_wait, redsem__lane **ret)
     if (rc != REDSEM_OK)
         return rc;
     redsem__text_copy((*ret)->ctx.errmsg, redsem__errbuf(c));
-    (*ret)->ctx.deadline_cap_ns = cap_after_wait(c, (*ret)->queued_since);
+    lane_caps(c, *ret);
     return REDSEM_OK;
 }
 
@@ -890,15 +905,15 @@ int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *ka
                                  redsem__errbuf(c), REDSEM_OK};
         if (drive_eval(c, &it, deadline, &maybe, &waited))
             return give_up_at_own_deadline(&it, deadline);
-        if (waited) /* its wait for a connection and the rest share one command timeout */
-            redsem__call_cap_set(c, deadline);
+        if (waited) /* its wait for a connection and its first attempt share one command
+                     * timeout; a retry window after a lost connection runs to its end */
+            eval_wait_cap_ns = deadline;
     }
     /* every key of one call shares a hash tag: the first one routes it */
     eval_call q = {script, nkeys, ka, flags, info, ret_reply};
     int rc = redsem__routed(c, false, nkeys > 0 ? ka->v[0] : NULL, nkeys > 0 ? ka->len[0] : 0,
                             flags, info, call_eval, &q);
-    if (waited)
-        redsem__call_cap_set(c, 0);
+    eval_wait_cap_ns = 0;
     if (maybe && info != NULL)
         info->maybe_applied = true; /* a copy in the pipe may have run */
     return rc;
@@ -986,9 +1001,9 @@ void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k)
         }
         return;
     }
-    l->ctx.deadline_cap_ns = cap_after_wait(c, l->queued_since);
-    int64_t deadline = l->ctx.deadline_cap_ns != 0
-                           ? l->ctx.deadline_cap_ns
+    lane_caps(c, l);
+    int64_t deadline = redsem__ctx_cap(&l->ctx) != 0
+                           ? redsem__ctx_cap(&l->ctx)
                            : redsem__deadline_after_ms(c->command_timeout_ms);
     eval_many_on(redsem__topo_node(&l->topo, NULL, 0), items, k, deadline);
     int worst = REDSEM_OK;

@@ -480,6 +480,7 @@ static void lead(redsem_client *c, redsem__waiter *me)
                 /* reconnects too end by the earliest cut; a drain (which does not wait) has
                  * its command timeout: cut, it would fail every wait and lose what it took */
                 l->ctx.deadline_cap_ns = drain ? INT64_MAX : hard;
+                l->ctx.wait_cap_ns = 0;
                 if (drain) {
                     redsem__args ka;
                     redsem__args_init(&ka);

@@ -346,7 +346,7 @@ REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
  * order, within the command timeout; while one waits there, the shared connection takes no
  * new calls. Connections are opened on demand, so a client used by one thread opens
  * one. A thread's wait for a connection and its round trip share one
- * command timeout. Blocking acquires waiting for a wake-up do not hold request connections:
+ * command timeout (a lost connection then still gets the whole retry window). Blocking acquires waiting for a wake-up do not hold request connections:
  * they share one wait connection (one BLPOP on all their lists; in a Redis Cluster one per
  * waiting acquire); automatic renewal sends on the request connections (ahead of the threads
  * queued for one; the renewer has no connection of its own).

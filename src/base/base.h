@@ -54,8 +54,32 @@ int redsem__new_id(char out[REDSEM_ID_BUFSIZE]);
 typedef struct redsem__ctx {
     char errmsg[REDSEM__ERRMSG_LEN];
     redsem_client_stats stats;
-    int64_t deadline_cap_ns; /* if non-zero, no request (nor its retries) outlives this */
+    int64_t deadline_cap_ns; /* if non-zero, no request (nor its retries) outlives this: the
+                              * caller's own cap (a renewal's, an acquire leaving a queue) */
+    int64_t wait_cap_ns;     /* if non-zero, a request's first attempt (connect, round trip)
+                              * does not outlive this: a call that waited for a connection
+                              * shares one command timeout with it. A retry window after a
+                              * lost connection clears it (redsem__ctx_retry_until): the
+                              * window runs to its end, cut only by deadline_cap_ns */
 } redsem__ctx;
+
+/* The earliest of ctx's caps (0: none): what bounds a request's attempt now. */
+static inline int64_t redsem__ctx_cap(const redsem__ctx *ctx)
+{
+    int64_t a = ctx->deadline_cap_ns, b = ctx->wait_cap_ns;
+    return a == 0 ? b : b == 0 || a < b ? a : b;
+}
+
+/* The end of a retry window opened now (until: now + the retry window), cut only by the
+ * caller's own cap; from now on the wait for a connection no longer caps the request. Found
+ * by fault scenario 17 (restart_lock, 2 busy cores): calls that queued long for a connection
+ * during a 400 ms restart returned REDSEM_ECONN well within their 1 s retry window. */
+static inline int64_t redsem__ctx_retry_until(redsem__ctx *ctx, int64_t until)
+{
+    ctx->wait_cap_ns = 0;
+    return ctx->deadline_cap_ns != 0 && ctx->deadline_cap_ns < until ? ctx->deadline_cap_ns
+                                                                      : until;
+}
 
 /* Add n to one of ctx's counters. A client's counters are read by redsem_client_get_stats()
  * from any thread while other threads' requests count: relaxed atomic adds. */

@@ -432,8 +432,9 @@ static int check_eviction(redsem__node *n, int64_t deadline_ns, char *err, size_
 int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t errlen)
 {
     int64_t deadline = redsem__deadline_after_ms(n->connect_timeout_ms);
-    if (n->ctx->deadline_cap_ns && n->ctx->deadline_cap_ns < deadline)
-        deadline = n->ctx->deadline_cap_ns;
+    int64_t cap = redsem__ctx_cap(n->ctx);
+    if (cap != 0 && cap < deadline)
+        deadline = cap;
     drop_connection(n);
     if (n->resolve != NULL) {
         int rc = n->resolve(n->resolve_arg, n, deadline, err, errlen);
@@ -498,10 +499,7 @@ static bool loading_reply(const redisReply *r)
 
 static int64_t retry_deadline(const redsem__node *n, int64_t now)
 {
-    int64_t until = now + n->retry_ms * REDSEM__NS_PER_MS;
-    if (n->ctx->deadline_cap_ns && n->ctx->deadline_cap_ns < until)
-        until = n->ctx->deadline_cap_ns;
-    return until;
+    return redsem__ctx_retry_until(n->ctx, now + n->retry_ms * REDSEM__NS_PER_MS);
 }
 
 /* Jittered exponential backoff, 5 ms doubling to 100 ms, never past retry_until. */
@@ -605,9 +603,9 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
         }
         int64_t sent = redsem__now_ns();
         /* 0: an ordinary request, bounded by the socket's timeout (the command timeout) */
-        int64_t dl = deadline_ns;
-        if (n->ctx->deadline_cap_ns && (dl == 0 || n->ctx->deadline_cap_ns < dl))
-            dl = n->ctx->deadline_cap_ns;
+        int64_t dl = deadline_ns, cap = redsem__ctx_cap(n->ctx);
+        if (cap != 0 && (dl == 0 || cap < dl))
+            dl = cap;
         bool written = false, demoted = false;
         redisReply *rets[4] = {NULL, NULL, NULL, NULL};
         rc = roundtrip_checked(n, cmd, len, dl, rets, nrets, p0, &written, &demoted, err,

@@ -343,10 +343,10 @@ static int severity(int rc)
  * the time the others need, and a failure moves on to the next. */
 static int refresh(redsem__topo *t, const redsem__node *avoid, char *err, size_t errlen)
 {
-    int64_t saved_cap = t->ctx->deadline_cap_ns;
+    int64_t saved_cap = t->ctx->deadline_cap_ns, cap = redsem__ctx_cap(t->ctx);
     int64_t deadline = redsem__deadline_after_ms(t->cfg.connect_timeout_ms);
-    if (saved_cap != 0 && saved_cap < deadline)
-        deadline = saved_cap;
+    if (cap != 0 && cap < deadline)
+        deadline = cap;
     t->refreshed_ns = redsem__now_ns();
     /* the seeds join the known nodes (as nodes: a seed is usually a primary); a lane that
      * knows no node yet starts with the seed that gave another lane the map */
@@ -528,11 +528,9 @@ int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flag
         if (t->cfg.retry_ms == 0)
             return rc;
         int64_t now = redsem__now_ns();
-        if (retry_until == 0) {
-            retry_until = now + t->cfg.retry_ms * REDSEM__NS_PER_MS;
-            if (t->ctx->deadline_cap_ns && t->ctx->deadline_cap_ns < retry_until)
-                retry_until = t->ctx->deadline_cap_ns;
-        }
+        if (retry_until == 0)
+            retry_until =
+                redsem__ctx_retry_until(t->ctx, now + t->cfg.retry_ms * REDSEM__NS_PER_MS);
         if (now >= retry_until)
             return rc;
         int64_t nap = redsem__rand_between(backoff / 2, backoff);

@@ -501,8 +501,9 @@ bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errle
         size_t first = w->first;
         pthread_mutex_unlock(&w->mu);
         int64_t deadline = now + n->connect_timeout_ms * REDSEM__NS_PER_MS;
-        if (n->ctx->deadline_cap_ns && n->ctx->deadline_cap_ns < deadline)
-            deadline = n->ctx->deadline_cap_ns;
+        int64_t cap = redsem__ctx_cap(n->ctx);
+        if (cap != 0 && cap < deadline)
+            deadline = cap;
         char *host = NULL, why[512];
         int port = 0;
         size_t which = 0;

@@ -433,3 +433,91 @@ Test(shared, blocking_acquire_ends_within_one_command_timeout_of_its_deadline, .
 {
     deadline_case(true);
 }
+
+/* Found by scenario 17 (restart_lock on 2 busy cores: 6 calls returned REDSEM_ECONN across a
+ * ~400 ms restart): a call that waited for a request connection had its wait and its first
+ * attempt share one command timeout, and that cap also cut its retry window after a lost
+ * connection. Reproduced with one request connection, command timeout 1000 ms, retry window
+ * 2000 ms: the server is stopped at 0; thread B's PING holds the only request connection
+ * until its timeout (1000 ms); thread A's try-acquire, started at 500 ms, waits for it and
+ * then connects to the stopped server; the server is killed at 1150 ms (A's connection is
+ * lost: its retry window opens) and restarted at 1750 ms. A must be granted (before the fix:
+ * REDSEM_ECONN at 1500 ms, its queue start + one command timeout). */
+typedef struct rw_caller {
+    redsem_client *c;
+    redsem_lock *l;
+    int rc;
+    int64_t start_ns, ms;
+    char why[256];
+} rw_caller;
+
+static void *rw_ping(void *arg)
+{
+    rw_caller *x = arg;
+    x->rc = redsem_client_ping(x->c);
+    return NULL;
+}
+
+static void *rw_acquire(void *arg)
+{
+    rw_caller *x = arg;
+    redsem_permit *p = NULL;
+    fw_sleep_until_ns(x->start_ns);
+    x->rc = redsem_lock_try_acquire(x->l, &p);
+    x->ms = (fw_now_ns() - x->start_ns) / 1000000;
+    snprintf(x->why, sizeof x->why, "%s", redsem_client_errmsg(x->c));
+    if (p) {
+        (void)redsem_permit_release(p);
+        redsem_permit_free(p);
+    }
+    return NULL;
+}
+
+Test(shared, a_call_that_waited_for_a_connection_keeps_its_retry_window, .timeout = 60)
+{
+    fh_run r;
+    fh_setup(&r, "shared-wait-retry", FW_LOCK, 1, 10000, NULL, false);
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, r.srv.url), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_command_timeout_ms(o, 1000), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, 2000), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_max_connections(o, 1), REDSEM_OK);
+    redsem_client *c = NULL;
+    cr_assert_eq(redsem_client_new(o, &c), REDSEM_OK);
+    redsem_options_free(o);
+    redsem_sem *s = NULL;
+    redsem_lock *l = NULL;
+    fh_open(&r, c, &s, &l);
+    redsem_permit *warm = NULL;
+    cr_assert_eq(redsem_lock_try_acquire(l, &warm), REDSEM_OK); /* connected, scripts loaded */
+    cr_assert_eq(redsem_permit_release(warm), REDSEM_OK);
+    redsem_permit_free(warm);
+    int64_t t0 = fw_now_ns();
+    rw_caller b = {.c = c}, a = {.c = c, .l = l, .start_ns = t0 + 500 * 1000000LL};
+    ts_server_pause(&r.srv, true);
+    pthread_t tb, ta;
+    cr_assert_eq(pthread_create(&tb, NULL, rw_ping, &b), 0);
+    cr_assert_eq(pthread_create(&ta, NULL, rw_acquire, &a), 0);
+    fw_sleep_until_ns(t0 + 1150 * 1000000LL);
+    ts_server_kill(&r.srv);
+    fw_sleep_until_ns(t0 + 1750 * 1000000LL);
+    cr_assert_eq(ts_server_restart(&r.srv), 0, "restart failed");
+    int64_t up_ms = (fw_now_ns() - t0) / 1000000;
+    pthread_join(tb, NULL);
+    pthread_join(ta, NULL);
+    redsem_client_stats st;
+    redsem_client_get_stats(c, &st);
+    fprintf(stderr, "SHARED WAIT+RETRY: the ping %s; the try-acquire that waited for the "
+                    "connection %s after %lld ms (server back at %lld ms); pool waits %llu, "
+                    "retries %llu\n",
+            redsem_err_name(b.rc), redsem_err_name(a.rc), (long long)a.ms, (long long)up_ms,
+            (unsigned long long)st.pool_waits, (unsigned long long)st.retries);
+    cr_expect_eq(b.rc, REDSEM_ETIMEDOUT, "the ping: %s", redsem_err_name(b.rc));
+    cr_expect_eq(a.rc, REDSEM_OK, "the call that waited for a connection: %s after %lld ms (%s)",
+                 redsem_err_name(a.rc), (long long)a.ms, a.why);
+    cr_expect_gt(st.pool_waits, 0, "the call did not wait for the connection: proves nothing");
+    redsem_lock_free(l);
+    redsem_client_free(c);
+    fh_teardown(&r);
+}
