@@ -760,7 +760,7 @@ static bool finish_call(redsem__node *n, const char *why, redsem__batch_item *it
 {
     if (q->rc != REDSEM_OK) {
         *maybe = q->written;
-        if (q->rc == REDSEM_ECONN && (it->flags & REDSEM__REQ_RETRY)) {
+        if (q->rc == REDSEM_ECONN && (it->flags & REDSEM__REQ_RETRY) && n->retry_ms > 0) {
             REDSEM__COUNT(n->ctx, retries, 1); /* sent again, alone: a retry */
             return false;
         }
