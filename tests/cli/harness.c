@@ -1,5 +1,6 @@
 /* Tests of redsem(1): see harness.h. */
 #include "harness.h"
+#include "fixture.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -248,4 +249,13 @@ char cli_proc_state(pid_t pid)
     char st = rp != NULL && rp[1] == ' ' ? rp[2] : '?';
     free(s);
     return st;
+}
+
+char *cli_name(const char *base)
+{
+    static char names[8][128];
+    static int n;
+    char *b = names[n++ % 8];
+    snprintf(b, sizeof names[0], "%s", tf_name(base));
+    return b;
 }

@@ -50,4 +50,10 @@ bool cli_wait_file(const char *path, int timeout_ms);
 /* The state letter of a process in /proc (R, S, T for stopped, Z ...), '?' if it is gone. */
 char cli_proc_state(pid_t pid);
 
+/* An environment whose REDSEM_URL names a port nothing listens on (connection refused). */
+#define UNREACHABLE_ENV ((const char *const[]){"REDSEM_URL=redis://127.0.0.1:1", NULL})
+/* tf_name(base) copied into one of 8 rotating buffers (tf_name's own buffer is reused by
+ * its next call): valid until 8 more calls. */
+char *cli_name(const char *base);
+
 #endif

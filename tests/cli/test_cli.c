@@ -41,17 +41,6 @@ TestSuite(cli, .init = setup, .fini = teardown, .timeout = 120);
 
 /* ------------------------------------------------------------------ helpers */
 
-#define UNREACHABLE_ENV ((const char *const[]){"REDSEM_URL=redis://127.0.0.1:1", NULL})
-
-static char *copy_name(const char *base)
-{
-    static char names[8][128];
-    static int n;
-    char *b = names[n++ % 8];
-    snprintf(b, sizeof names[0], "%s", tf_name(base));
-    return b;
-}
-
 static json_t *parse_json(const char *text)
 {
     json_error_t err;
@@ -292,7 +281,7 @@ Test(cli, malformed_url_from_env)
 Test(cli, durations_accepted)
 {
     require_renewal();
-    const char *name = copy_name("dur");
+    const char *name = cli_name("dur");
     static const char *const waits[] = {"0", "250ms", "1s", "1", "5m", "1h", "forever", "720h"};
     for (size_t i = 0; i < sizeof waits / sizeof waits[0]; i++) {
         cli_proc p;
@@ -511,7 +500,7 @@ Test(cli, url_from_environment)
     cr_assert(!cli_exists(mark));
     cli_proc_free(&p);
 
-    code = CLI(&p, env, "run", "--url", tf_url(), copy_name("env"), "--", "touch", mark);
+    code = CLI(&p, env, "run", "--url", tf_url(), cli_name("env"), "--", "touch", mark);
     cr_assert_eq(code, 0, "exited %d: %s", code, p.err);
     cr_assert(cli_exists(mark));
     cli_proc_free(&p);
@@ -554,7 +543,7 @@ Test(cli, eviction_refused_unless_allowed)
     static const char *const args[] = {"--maxmemory", "100mb", "--maxmemory-policy",
                                        "volatile-lru", NULL};
     cr_assert_eq(ts_server_start(&srv, args, false), 0);
-    const char *name = copy_name("evict");
+    const char *name = cli_name("evict");
     static const char *const cmds[] = {"status", "acquire", "run"};
     for (size_t i = 0; i < 3; i++) {
         cli_proc p;
@@ -581,7 +570,7 @@ Test(cli, eviction_refused_unless_allowed)
 /* A key in the way (WRONGTYPE): 76 with Redis' text; nothing overwritten. */
 Test(cli, redis_error_reply)
 {
-    const char *name = copy_name("wrongtype");
+    const char *name = cli_name("wrongtype");
     char key[256];
     snprintf(key, sizeof key, "redsem:{%s}:meta", name);
     cr_assert_eq(ts_command(tf_server(), NULL, 0, "SET", key, "not a semaphore", NULL), 0);
@@ -601,7 +590,7 @@ Test(cli, redis_error_reply)
 /* Another strategy or limit than the server records: 78, with what the server has. */
 Test(cli, conflicting_options)
 {
-    const char *name = copy_name("conflict");
+    const char *name = cli_name("conflict");
     char id[41];
     acquire(name, "2", "30s", id, NULL);
     cli_proc p;
@@ -624,7 +613,7 @@ Test(cli, conflicting_options)
  * the permits in use. */
 Test(cli, permits_take_several_at_once)
 {
-    const char *name = copy_name("permits");
+    const char *name = cli_name("permits");
     cli_proc p;
     int code = CLI(&p, NULL, "acquire", "--json", "--permits", "3", "--limit", "4", name);
     cr_assert_eq(code, 0, "acquire exited %d: %s", code, p.err);
@@ -676,7 +665,7 @@ Test(cli, permits_take_several_at_once)
 Test(cli, run_passes_the_exit_status_on)
 {
     require_renewal();
-    const char *name = copy_name("codes");
+    const char *name = cli_name("codes");
     static const struct {
         const char *script;
         int code;
@@ -707,7 +696,7 @@ Test(cli, run_passes_the_exit_status_on)
 Test(cli, run_command_not_found_or_not_executable)
 {
     require_renewal();
-    const char *name = copy_name("exec");
+    const char *name = cli_name("exec");
     cli_proc p;
     int code = CLI(&p, NULL, "run", name, "--", "redsem-no-such-command-anywhere");
     cr_assert_eq(code, 127, "exited %d: %s", code, p.err);
@@ -732,7 +721,7 @@ Test(cli, run_command_not_found_or_not_executable)
 Test(cli, run_environment)
 {
     require_renewal();
-    const char *name = copy_name("env");
+    const char *name = cli_name("env");
     const char *envf = cli_path("env");
     const char *statf = cli_path("status.json");
     char script[2048];
@@ -782,7 +771,7 @@ static void url_passed_on(const ts_server *srv, const char *userinfo, const char
     char script[600];
     snprintf(script, sizeof script, "printf '%%s' \"$REDSEM_URL\" > '%s'", seen);
     cli_proc p;
-    int code = CLI(&p, env, "run", copy_name("url"), "--", "sh", "-c", script);
+    int code = CLI(&p, env, "run", cli_name("url"), "--", "sh", "-c", script);
     cr_assert_eq(code, 0, "exited %d: %s", code, p.err);
     cli_proc_free(&p);
     char *got = cli_slurp(seen);
@@ -810,7 +799,7 @@ Test(cli, run_environment_has_no_password)
 Test(cli, run_rate)
 {
     require_renewal();
-    const char *name = copy_name("rate");
+    const char *name = cli_name("rate");
     const char *envf = cli_path("rate-env");
     char script[1024];
     snprintf(script, sizeof script,
@@ -868,7 +857,7 @@ Test(cli, run_rate)
     cr_assert(strstr(p.out, "at most 2 per 3600000ms; 2 in the current window") != NULL, "%s",
               p.out);
     cli_proc_free(&p);
-    j = status_of(copy_name("no-rate"), NULL);
+    j = status_of(cli_name("no-rate"), NULL);
     cr_assert(json_is_null(json_object_get(j, "rate")));
     json_decref(j);
 }
@@ -877,7 +866,7 @@ Test(cli, run_rate)
 Test(cli, run_no_permit_within_wait)
 {
     require_renewal();
-    const char *name = copy_name("busy");
+    const char *name = cli_name("busy");
     char id[41];
     acquire(name, "1", "30s", id, NULL);
     const char *mark = cli_path("ran");
@@ -913,7 +902,7 @@ Test(cli, run_no_permit_within_wait)
  * and CMD is not run. */
 Test(cli, signal_while_waiting)
 {
-    const char *name = copy_name("waiting");
+    const char *name = cli_name("waiting");
     char id[41];
     acquire(name, "1", "30s", id, NULL);
     const char *mark = cli_path("ran");
@@ -943,7 +932,7 @@ Test(cli, signal_while_waiting)
 Test(cli, run_waits_for_an_expiring_lease)
 {
     require_renewal();
-    const char *name = copy_name("expire");
+    const char *name = cli_name("expire");
     char id[41];
     acquire(name, "1", "700ms", id, NULL);
     cli_proc p;
@@ -957,7 +946,7 @@ Test(cli, run_waits_for_an_expiring_lease)
 Test(cli, lock_command)
 {
     require_renewal();
-    const char *name = copy_name("mutex");
+    const char *name = cli_name("mutex");
     cli_proc p;
     cr_assert_eq(CLI(&p, NULL, "lock", name, "--", "sh", "-c", "exit 4"), 4, "%s", p.err);
     cli_proc_free(&p);
@@ -1007,7 +996,7 @@ Test(cli, lock_command)
  * its group); redsem waits for CMD, releases the permit and exits with CMD's status. */
 static void forward_one(int sig, const char *signame)
 {
-    const char *name = copy_name(signame);
+    const char *name = cli_name(signame);
     const char *ready = cli_path("ready");
     const char *got = cli_path("got");
     char script[1024];
@@ -1053,7 +1042,7 @@ Test(cli, forwards_sighup)
 Test(cli, forwarded_signal_kills_cmd)
 {
     require_renewal();
-    const char *name = copy_name("killed");
+    const char *name = cli_name("killed");
     const char *ready = cli_path("ready");
     char script[512];
     snprintf(script, sizeof script, "echo > '%s'; exec sleep 30", ready);
@@ -1074,7 +1063,7 @@ Test(cli, process_groups)
 {
     require_renewal();
     for (int fg = 0; fg < 2; fg++) {
-        const char *name = copy_name("pgrp");
+        const char *name = cli_name("pgrp");
         const char *ready = cli_path(fg ? "ready-fg" : "ready");
         const char *info = cli_path(fg ? "info-fg" : "info");
         char script[1024];
@@ -1115,7 +1104,7 @@ Test(cli, terminal_ctrl_c_reaches_cmd_once)
     const char *sigcount = getenv("REDSEM_TEST_SIGCOUNT");
     cr_assert(sigcount != NULL, "REDSEM_TEST_SIGCOUNT not set");
     for (int fg = 0; fg < 2; fg++) {
-        const char *name = copy_name("tty");
+        const char *name = cli_name("tty");
         const char *ready = cli_path(fg ? "ready-fg" : "ready");
         const char *got = cli_path(fg ? "got-fg" : "got");
         const char *stop = cli_path(fg ? "stop-fg" : "stop");
@@ -1188,7 +1177,7 @@ Test(cli, terminal_ctrl_c_reaches_cmd_once)
 Test(cli, sigtstp_stops_cmd_and_redsem)
 {
     require_renewal();
-    const char *name = copy_name("tstp");
+    const char *name = cli_name("tstp");
     const char *pidf = cli_path("pid");
     const char *ready = cli_path("ready");
     char script[512];
@@ -1242,7 +1231,7 @@ static bool process_gone(pid_t pid, int timeout_ms)
 Test(cli, lost_lease_terminates_cmd)
 {
     require_renewal();
-    const char *name = copy_name("lost");
+    const char *name = cli_name("lost");
     const char *got = cli_path("got");
     const char *gpid = cli_path("grandchild");
     char script[1024];
@@ -1270,7 +1259,7 @@ Test(cli, lost_lease_terminates_cmd)
 Test(cli, lost_lease_sigkill_after_grace)
 {
     require_renewal();
-    const char *name = copy_name("stubborn");
+    const char *name = cli_name("stubborn");
     const char *script = "\"$REDSEM_BIN\" release \"$REDSEM_NAME\" \"$REDSEM_ID\" || exit 99; "
                          "trap '' TERM; while :; do sleep 0.05; done";
     cli_proc p;
@@ -1345,7 +1334,7 @@ static void concurrency(const char *strategy)
 {
     enum { NMAX = 24, LIMIT = 3 };
     const int N = getenv("REDSEM_VALGRIND") != NULL ? 8 : NMAX;
-    const char *name = copy_name(strategy);
+    const char *name = cli_name(strategy);
     const char *ledger = cli_path("ledger");
     char script[1024];
     snprintf(script, sizeof script,
@@ -1422,7 +1411,7 @@ Test(cli, concurrency_locked, .timeout = 180)
 
 Test(cli, acquire_refresh_release_round_trip)
 {
-    const char *name = copy_name("script");
+    const char *name = cli_name("script");
     char id[41];
     unsigned long long fence = 0;
     acquire(name, "2", "5s", id, &fence);
@@ -1471,7 +1460,7 @@ Test(cli, acquire_refresh_release_round_trip)
 
 Test(cli, acquire_json)
 {
-    const char *name = copy_name("json");
+    const char *name = cli_name("json");
     cli_proc p;
     /* 20 s: under valgrind the three CLI runs below take seconds, and the release must still
      * find the permit (CI's valgrind step once saw a 2 s lease expire first) */
@@ -1505,7 +1494,7 @@ Test(cli, acquire_json)
  * and nothing is written into the Redis connection (which would otherwise take fd 1). */
 Test(cli, acquire_with_stdout_closed)
 {
-    const char *name = copy_name("closed");
+    const char *name = cli_name("closed");
     for (int json = 0; json < 2; json++) {
         cli_proc p;
         if (json)
@@ -1524,7 +1513,7 @@ Test(cli, acquire_with_stdout_closed)
 /* Nothing renews a permit taken by acquire: once its lease ends it is gone. */
 Test(cli, acquire_lease_runs_out)
 {
-    const char *name = copy_name("lapse");
+    const char *name = cli_name("lapse");
     char id[41];
     acquire(name, "1", "300ms", id, NULL);
     tf_sleep_ms(800);
@@ -1538,7 +1527,7 @@ Test(cli, acquire_lease_runs_out)
 
 Test(cli, status_json_fields)
 {
-    const char *name = copy_name("status");
+    const char *name = cli_name("status");
     char id1[41], id2[41];
     unsigned long long f1, f2;
     acquire(name, "2", "30s", id1, &f1);
@@ -1618,7 +1607,7 @@ Test(cli, status_json_fields)
 
 Test(cli, status_basic_and_lock_free)
 {
-    const char *name = copy_name("idle");
+    const char *name = cli_name("idle");
     cli_proc p;
     /* a NAME nobody uses: not on the server, and status records nothing */
     cr_assert_eq(CLI(&p, NULL, "status", "--json", "--strategy", "basic", "--limit", "5", name),

@@ -68,18 +68,7 @@ static void teardown(void)
 
 TestSuite(metrics, .init = setup, .fini = teardown, .timeout = 180);
 
-#define UNREACHABLE_ENV ((const char *const[]){"REDSEM_URL=redis://127.0.0.1:1", NULL})
-
 /* ------------------------------------------------------------------ helpers */
-
-static char *copy_name(const char *base)
-{
-    static char names[8][128];
-    static int n;
-    char *b = names[n++ % 8];
-    snprintf(b, sizeof names[0], "%s", tf_name(base));
-    return b;
-}
 
 /* The value of the first sample of family (exact name, then '{' or ' ') whose labels
  * contain every "k=\"v\"" of want (NULL-terminated); found: true. */
@@ -250,7 +239,7 @@ static void hold(const char *name, const char *limit)
 
 Test(metrics, prints_the_server_figures)
 {
-    const char *name = copy_name("m-once");
+    const char *name = cli_name("m-once");
     hold(name, "3");
     hold(name, "3");
     cli_proc p;
@@ -268,7 +257,7 @@ Test(metrics, prints_the_server_figures)
 
 Test(metrics, a_missing_name_gives_no_series)
 {
-    const char *name = copy_name("m-missing");
+    const char *name = cli_name("m-missing");
     cli_proc p;
     int code = CLI(&p, NULL, "metrics", name);
     cr_assert_eq(code, 0, "metrics exited %d: %s", code, p.err);
@@ -281,7 +270,7 @@ Test(metrics, a_missing_name_gives_no_series)
  * expire, then an acquire whose clean-up removes them). */
 Test(metrics, expired_leases_are_counted)
 {
-    const char *name = copy_name("m-expired");
+    const char *name = cli_name("m-expired");
     cli_proc p;
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(CLI(&p, NULL, "acquire", "--limit", "2", "--lease", "50ms", name), 0, "%s",
@@ -394,7 +383,7 @@ Test(metrics, usage_errors)
 
 Test(metrics, exporter_serves_metrics)
 {
-    const char *name = copy_name("m-exp");
+    const char *name = cli_name("m-exp");
     hold(name, "2");
     cli_proc e;
     int port = start_exporter(&e, NULL, CLI_ARGS(name));
@@ -558,7 +547,7 @@ static void only_file_in(const char *dir, const char *file)
 
 Test(metrics, run_metrics_file)
 {
-    const char *name = copy_name("m-run");
+    const char *name = cli_name("m-run");
     char dir[640];
     snprintf(dir, sizeof dir, "%s", cli_path("textfile"));
     cr_assert_eq(mkdir(dir, 0755), 0);
@@ -605,7 +594,7 @@ Test(metrics, run_metrics_file)
 
 Test(metrics, run_metrics_file_lock)
 {
-    const char *name = copy_name("m-runlock");
+    const char *name = cli_name("m-runlock");
     char path[700];
     snprintf(path, sizeof path, "%s", cli_path("lock.prom"));
     cli_proc p;
@@ -621,7 +610,7 @@ Test(metrics, run_metrics_file_lock)
 
 Test(metrics, run_metrics_file_in_a_missing_directory)
 {
-    const char *name = copy_name("m-runmissing");
+    const char *name = cli_name("m-runmissing");
     const char *marker = cli_path("ran");
     char path[700], script[700];
     snprintf(path, sizeof path, "%s/no/such/dir/run.prom", cli_dir());
@@ -639,7 +628,7 @@ Test(metrics, run_metrics_file_in_a_missing_directory)
  * at the end, rename() over a directory would fail after CMD ran, the figures lost. */
 Test(metrics, run_metrics_file_that_is_a_directory)
 {
-    const char *name = copy_name("m-rundir");
+    const char *name = cli_name("m-rundir");
     const char *marker = cli_path("ran-dir");
     char dir[700], script[700];
     snprintf(dir, sizeof dir, "%s", cli_path("a-dir.prom"));
@@ -666,8 +655,8 @@ static int count_lines(const char *text, const char *needle)
 
 Test(metrics, watch_plain_lines_and_sigterm)
 {
-    const char *a = copy_name("m-watch-a");
-    const char *b = copy_name("m-watch-b");
+    const char *a = cli_name("m-watch-a");
+    const char *b = cli_name("m-watch-b");
     hold(a, "2");
     cli_proc p;
     cli_start(&p, NULL, CLI_ARGS("status", "--watch", "100ms", a, b));
@@ -693,7 +682,7 @@ Test(metrics, watch_plain_lines_and_sigterm)
 
 Test(metrics, watch_ends_on_sigint)
 {
-    const char *a = copy_name("m-watch-int");
+    const char *a = cli_name("m-watch-int");
     cli_proc p;
     cli_start(&p, NULL, CLI_ARGS("status", "--watch=1h", a));
     bool drawn = false;
@@ -838,7 +827,7 @@ Test(metrics, prometheus_scrapes_the_exporter, .timeout = 900)
     if (!have_program("prometheus"))
         cr_skip_test("prometheus not installed (Debian: apt-get install prometheus)");
     enum { WORKERS = 5 };
-    const char *name = copy_name("m-prom");
+    const char *name = cli_name("m-prom");
     char www[640];
     snprintf(www, sizeof www, "%s", cli_path("www"));
     cr_assert_eq(mkdir(www, 0755), 0);
@@ -990,7 +979,7 @@ static bool watch_saw(const cli_proc *p, const char *name, const char *const *wa
 /* A waiter that gives up is a timeout; a new holder is a grant (as the watch saw them). */
 Test(metrics, watch_counts_grants_and_timeouts)
 {
-    const char *name = copy_name("m-watch-gt");
+    const char *name = cli_name("m-watch-gt");
     cli_proc h;
     int code = CLI(&h, NULL, "acquire", "--limit", "1", "--lease", "60s", name);
     cr_assert_eq(code, 0, "%s", h.err);
@@ -1026,7 +1015,7 @@ Test(metrics, watch_counts_grants_and_timeouts)
  * (SIGINT from the terminal) ends it with status 0. */
 Test(metrics, watch_redraws_on_a_terminal)
 {
-    const char *name = copy_name("m-watch-tty");
+    const char *name = cli_name("m-watch-tty");
     hold(name, "3");
     char errf[640];
     snprintf(errf, sizeof errf, "%s", cli_path("watch-tty.err"));
