@@ -149,7 +149,7 @@ static int unknown(redsem_client *c, const char *id, int rc)
 }
 
 static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
-                        int64_t lease_ms, int rc, redsem__attempt att,
+                        int64_t lease_ms, int rc, redsem__attempt att, bool given_back,
                         redsem_permit **ret_permit);
 
 /* What the outcome of an attempt asked for continues (s->cont). */
@@ -558,7 +558,8 @@ static int recorded(const redsem__acquirer *q, int rc, int64_t start_ns,
 
 int redsem__acquire_finish(redsem__acq_state *s, int rc, redsem_permit **ret_permit)
 {
-    rc = acquire_done(&s->q, s->kind, s->id, s->lease_ms, rc, s->att, ret_permit);
+    rc = acquire_done(&s->q, s->kind, s->id, s->lease_ms, rc, s->att, s->given_back,
+                      ret_permit);
     return recorded(&s->q, rc, s->since_ns, ret_permit);
 }
 
@@ -618,22 +619,29 @@ int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t t
 }
 
 /* A decided acquire: a grant made a permit of the given kind (or given back), or rc. */
+bool redsem__grant_short(const redsem_client *c, const redsem__attempt *att)
+{
+    return c->sync_replicas > 0 && att->replicas_acked < c->sync_replicas;
+}
+
 static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
-                        int64_t lease_ms, int rc, redsem__attempt att,
+                        int64_t lease_ms, int rc, redsem__attempt att, bool given_back,
                         redsem_permit **ret_permit)
 {
     redsem_client *c = q->client;
     if (rc != REDSEM_OK)
         return rc;
     att.weight = q->weight ? q->weight : 1;
-    if (c->sync_replicas > 0 && att.replicas_acked < c->sync_replicas) {
+    if (redsem__grant_short(c, &att)) {
         /* Granted on the primary, but not known to the replicas the caller asked for: a
-         * failover now could hand the permit to someone else. Give it back. */
+         * failover now could hand the permit to someone else. Give it back (unless its
+         * driver did: given_back). */
         char why[REDSEM__ERRMSG_LEN];
         memcpy(why, redsem__errbuf(c), sizeof why);
         redsem_permit tmp = {.kind = kind, .handle = q->handle, .client = c};
         memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
-        (void)redsem__release(c, &tmp);
+        if (!given_back)
+            (void)redsem__release(c, &tmp);
         return redsem__set_err(c, REDSEM_EREPLICA,
                                "granted, but %d of the %d replicas required acknowledged it "
                                "within %lld ms: the permit was given back%s%s",
@@ -687,7 +695,7 @@ int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, 
     }
     redsem__attempt att;
     int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
-    rc = acquire_done(q, kind, id, lease_ms, rc, att, ret_permit);
+    rc = acquire_done(q, kind, id, lease_ms, rc, att, false, ret_permit);
     return recorded(q, rc, start, ret_permit);
 }
 

@@ -733,7 +733,7 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
     /* the engine takes the acquires of a one-server client when the loop gives a timer */
     redsem_client *c = async->c;
     if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
-        c->sync_replicas == 0 && redsem__loop_new(c, &async->loop) != REDSEM_OK)
+        redsem__loop_new(c, &async->loop) != REDSEM_OK)
         async->loop = NULL;
     socket_fn(async, async->epfd, REDSEM_WATCH_IN, loop_data);
 #else

@@ -1232,6 +1232,7 @@ void redsem_client_free(redsem_client *c)
         redsem__free(c->lanes[i]);
     }
     redsem__free(c->lanes);
+    redsem__free(c->stats_ctx);
     redsem__sentinel_watch_free(c->sentinel_watch); /* after the lanes that point to it */
     if (c->pid == getpid()) {
         /* in a forked child another thread of the parent may have held them: leave them */
@@ -1285,6 +1286,49 @@ int redsem_client_ping(redsem_client *c)
     return redsem__routed(c, false, NULL, 0, REDSEM__REQ_RETRY, NULL, call_ping, NULL);
 }
 
+/* Add the counters of s (updated by other threads: relaxed atomic loads) to sum. */
+static void stats_add(redsem_client_stats *sum, const redsem_client_stats *s)
+{
+#define SUM(f) sum->f += __atomic_load_n(&s->f, __ATOMIC_RELAXED)
+    SUM(requests);
+    SUM(connects);
+    SUM(script_loads);
+    SUM(noscript);
+    SUM(retries);
+    SUM(wakeups);
+    SUM(redirects);
+    SUM(pipelined);
+#undef SUM
+}
+
+void redsem__stats_attach(redsem_client *c, redsem__ctx *ctx)
+{
+    pthread_mutex_lock(&c->pool_mu);
+    if (c->nstats_ctx == c->stats_ctx_cap) {
+        size_t cap = c->stats_ctx_cap ? 2 * c->stats_ctx_cap : 4;
+        redsem__ctx **v = redsem__realloc(c->stats_ctx, cap * sizeof *v);
+        if (v != NULL) {
+            c->stats_ctx = v;
+            c->stats_ctx_cap = cap;
+        }
+    }
+    if (c->nstats_ctx < c->stats_ctx_cap) /* else (no memory) not counted */
+        c->stats_ctx[c->nstats_ctx++] = ctx;
+    pthread_mutex_unlock(&c->pool_mu);
+}
+
+void redsem__stats_detach(redsem_client *c, redsem__ctx *ctx)
+{
+    pthread_mutex_lock(&c->pool_mu);
+    for (size_t i = 0; i < c->nstats_ctx; i++)
+        if (c->stats_ctx[i] == ctx) {
+            stats_add(&c->stats_gone, &ctx->stats);
+            c->stats_ctx[i] = c->stats_ctx[--c->nstats_ctx];
+            break;
+        }
+    pthread_mutex_unlock(&c->pool_mu);
+}
+
 int redsem_client_get_stats(const redsem_client *c, redsem_client_stats *ret_stats)
 {
     if (c == NULL || ret_stats == NULL)
@@ -1292,19 +1336,11 @@ int redsem_client_get_stats(const redsem_client *c, redsem_client_stats *ret_sta
     memset(ret_stats, 0, sizeof *ret_stats);
     redsem_client *m = (redsem_client *)c; /* the pool's lock only */
     pthread_mutex_lock(&m->pool_mu);
-    for (size_t i = 0; i < c->nlanes; i++) {
-        const redsem_client_stats *s = &c->lanes[i]->ctx.stats;
-#define SUM(f) ret_stats->f += __atomic_load_n(&s->f, __ATOMIC_RELAXED)
-        SUM(requests);
-        SUM(connects);
-        SUM(script_loads);
-        SUM(noscript);
-        SUM(retries);
-        SUM(wakeups);
-        SUM(redirects);
-        SUM(pipelined);
-#undef SUM
-    }
+    for (size_t i = 0; i < c->nlanes; i++)
+        stats_add(ret_stats, &c->lanes[i]->ctx.stats);
+    for (size_t i = 0; i < c->nstats_ctx; i++)
+        stats_add(ret_stats, &c->stats_ctx[i]->stats);
+    stats_add(ret_stats, &c->stats_gone);
     ret_stats->pool_waits = c->pool_waits;
     ret_stats->direct_grants = __atomic_load_n(&c->direct_grants, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&m->pool_mu);

@@ -28,6 +28,16 @@ struct loop_op {
     bool replied; /* ... and has ended (queued for loop_step) */
     int64_t wake_ns; /* a pause or a wait ends then (0: none) */
     bool waiting;    /* REDSEM__WAIT (else a pause before an attempt) */
+    bool resend;     /* the pause ends with its call sent again (lost connection, LOADING) */
+    int64_t retry_until; /* its call's retry window ends then (0: not opened) */
+    int64_t backoff_ns;  /* the next pause before a resend */
+    bool sync;           /* its request carries WAIT (sync_replicas) */
+    loop_op *sync_next;  /* queued behind the WAIT in flight (loop's sync_head) */
+    /* a grant that did not reach the replicas: given back (the release of gb), then the
+     * acquire ends with the error text why kept from its attempt */
+    bool giveback;
+    redsem_permit gb;
+    char why[REDSEM__ERRMSG_LEN];
     redsem__call call;
     redsem__preq req;
     atomic_bool cancel;
@@ -69,6 +79,11 @@ struct redsem__loop {
     bool drain_pending, drain_replied;
     bool drain_again; /* the bell popped while a drain was in flight: drain once more */
     char ctl[128]; /* our control list: a push ends the BLPOP, to watch a new key */
+    /* with sync_replicas: a request with WAIT is in flight (one at a time: WAIT holds the
+     * connection on the server until its replicas answer or it times out, and what follows
+     * waits behind it), and the ops whose WAIT waits for it, oldest first */
+    bool sync_busy;
+    loop_op *sync_head, *sync_tail;
     int64_t blpop_after; /* after a refused or failed BLPOP, none before then (waiters poll) */
     unsigned gen;  /* connections made (a new one may reuse a closed one's number) */
     /* drained elements whose waiter was between two attempts: its next wait takes one at
@@ -79,9 +94,8 @@ struct redsem__loop {
 
 int redsem__loop_new(redsem_client *c, redsem__loop **ret)
 {
-    if ((c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX) || c->sync_replicas > 0)
-        return redsem__set_err(c, REDSEM_EINVAL, "the loop driver takes a one-server client "
-                                                 "without sync_replicas");
+    if (c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX)
+        return redsem__set_err(c, REDSEM_EINVAL, "the loop driver takes a one-server client");
     redsem__loop *l = redsem__calloc(1, sizeof *l);
     if (l == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
@@ -103,6 +117,7 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret)
     char tag[REDSEM_ID_BUFSIZE];
     (void)redsem__new_id(tag);
     snprintf(l->ctl, sizeof l->ctl, "%sloopctl:%.16s", c->prefix, tag);
+    redsem__stats_attach(c, &l->ctx);
     *ret = l;
     return REDSEM_OK;
 }
@@ -128,17 +143,26 @@ static int conn_open(redsem__loop *l, loop_conn *lc)
     return REDSEM_OK;
 }
 
-/* Queue call on the pipe as q: [SCRIPT LOAD body] EVALSHA sha nkeys keys args, in one write;
- * q->nreplies set. */
+/* Whether call is followed by WAIT (a write that must reach the client's replicas). */
+static bool call_syncs(const redsem__loop *l, const redsem__call *call)
+{
+    return (call->flags & REDSEM__REQ_SYNC) && l->c->sync_replicas > 0;
+}
+
+/* Queue call on the pipe as q: [SCRIPT LOAD body] EVALSHA sha nkeys keys args [WAIT n
+ * timeout], in one write (node.c's format_requests); q->nreplies set; counted in the
+ * loop's stats as a lane counts (the SCRIPT LOAD in script_loads, WAIT as a request). */
 static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call, bool load)
 {
     int rc = conn_open(l, &l->req);
     if (rc != REDSEM_OK)
         return rc;
     const redsem__script_def *d = &redsem__script_defs[call->script];
-    redsem__args a, la;
+    bool sync = call_syncs(l, call);
+    redsem__args a, la, wa;
     redsem__args_init(&a);
     redsem__args_init(&la);
+    redsem__args_init(&wa);
     redsem__args_str(&la, "SCRIPT");
     redsem__args_str(&la, "LOAD");
     redsem__args_mem(&la, d->text, d->len);
@@ -147,26 +171,41 @@ static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call,
     redsem__args_i64(&a, call->nkeys);
     for (int i = 0; i < call->ka.n; i++)
         redsem__args_mem(&a, call->ka.v[i], call->ka.len[i]);
-    char *pre = NULL, *cmd = NULL;
+    redsem__args_str(&wa, "WAIT");
+    redsem__args_i64(&wa, l->c->sync_replicas);
+    redsem__args_i64(&wa, l->c->sync_timeout_ms);
+    char *pre = NULL, *cmd = NULL, *post = NULL;
     int plen = load ? redsem__args_format(&la, &pre) : 0;
     int clen = redsem__args_format(&a, &cmd);
-    char *buf = plen >= 0 && clen >= 0 ? redsem__malloc((size_t)plen + (size_t)clen) : NULL;
+    int wlen = sync ? redsem__args_format(&wa, &post) : 0;
+    size_t len = (size_t)plen + (size_t)clen + (size_t)wlen;
+    char *buf = plen >= 0 && clen >= 0 && wlen >= 0 ? redsem__malloc(len) : NULL;
     if (buf != NULL) {
         if (plen > 0)
             memcpy(buf, pre, (size_t)plen);
         memcpy(buf + plen, cmd, (size_t)clen);
-        q->nreplies = load ? 2 : 1;
+        if (wlen > 0)
+            memcpy(buf + plen + clen, post, (size_t)wlen);
+        q->nreplies = (load ? 2 : 1) + (sync ? 1 : 0);
         int64_t cap = call->cap_ns;
         q->deadline_ns = redsem__now_ns() + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
         if (cap != 0 && cap < q->deadline_ns)
             q->deadline_ns = cap;
-        rc = redsem__pipe_send(&l->req.pipe, q, buf, (size_t)plen + (size_t)clen);
+        rc = redsem__pipe_send(&l->req.pipe, q, buf, len);
     } else {
         rc = REDSEM_ENOMEM;
+    }
+    if (rc == REDSEM_OK) {
+        REDSEM__COUNT(&l->ctx, requests, sync ? 2 : 1);
+        REDSEM__COUNT(&l->ctx, script_loads, load ? 1 : 0);
+        if (l->req.pipe.inflight > 1)
+            REDSEM__COUNT(&l->ctx, pipelined, 1);
     }
     redsem__free(buf);
     redisFreeCommand(pre);
     redisFreeCommand(cmd);
+    if (post != NULL)
+        redisFreeCommand(post);
     return rc == REDSEM_OK ? rc : redsem__set_err(l->c, rc, "the request could not be queued");
 }
 
@@ -209,6 +248,93 @@ static void op_free(loop_op *o);
 static void op_step(loop_op *o);
 static void pend_take(redsem__loop *l, loop_op *o);
 
+/* A new call of o (an attempt's stage, a single call, a give-back): no copy of it sent yet,
+ * no retry window open. */
+static void op_call(loop_op *o)
+{
+    o->noscript = 0;
+    o->maybe = false;
+    o->retry_until = 0;
+    op_send(o);
+}
+
+/* o's request was lost with its connection (or none could be made), or came back LOADING
+ * (a restarted server loading its data: nothing ran): whether its call goes again after a
+ * pause, as node.c's request loop resends: with REDSEM__REQ_RETRY and a retry window, until
+ * the window (opened at the first failure: retry_ms, cut by the call's own cap) ends; a
+ * jittered pause of 5 ms doubling to 100 ms between two copies, each counted in
+ * stats.retries. The pause is o's timer (o->resend), never a sleep. */
+static bool retry_later(loop_op *o)
+{
+    redsem__loop *l = o->loop;
+    int64_t now = redsem__now_ns();
+    if (!(o->call.flags & REDSEM__REQ_RETRY) || l->c->retry_ms == 0)
+        return false;
+    if (o->retry_until == 0) {
+        o->retry_until = now + l->c->retry_ms * REDSEM__NS_PER_MS;
+        if (o->call.cap_ns != 0 && o->call.cap_ns < o->retry_until)
+            o->retry_until = o->call.cap_ns;
+        o->backoff_ns = 5 * REDSEM__NS_PER_MS;
+    }
+    if (now >= o->retry_until)
+        return false;
+    int64_t nap = redsem__rand_between(o->backoff_ns / 2, o->backoff_ns);
+    if (nap > o->retry_until - now)
+        nap = o->retry_until - now;
+    o->backoff_ns = o->backoff_ns * 2 > 100 * REDSEM__NS_PER_MS ? 100 * REDSEM__NS_PER_MS
+                                                               : o->backoff_ns * 2;
+    REDSEM__COUNT(&l->ctx, retries, 1);
+    o->resend = true;
+    o->waiting = false;
+    o->wake_ns = now + nap;
+    return true;
+}
+
+/* A request with WAIT ended: the oldest op queued behind it is due (sent by run_due). */
+static void sync_next(redsem__loop *l)
+{
+    l->sync_busy = false;
+    loop_op *n = l->sync_head;
+    if (n == NULL)
+        return;
+    l->sync_head = n->sync_next;
+    if (l->sync_head == NULL)
+        l->sync_tail = NULL;
+    n->sync_next = NULL;
+    n->resend = true;
+    n->wake_ns = 1;
+}
+
+static void acquire_end(loop_op *o, int rc);
+
+/* A grant that did not reach the replicas the client asks for (redsem__grant_short): given
+ * back on the loop, as acquire.c gives it back on a calling thread, before the acquire ends
+ * (REDSEM_EREPLICA, with its attempt's error text). */
+static void giveback_start(loop_op *o)
+{
+    redsem_client *c = o->loop->c;
+    redsem__text_copy(o->why, redsem__errbuf(c));
+    memset(&o->gb, 0, sizeof o->gb);
+    o->gb.kind = o->s.kind;
+    o->gb.handle = o->s.q.handle;
+    o->gb.client = c;
+    memcpy(o->gb.id, o->s.id, REDSEM_ID_BUFSIZE);
+    o->giveback = true;
+    o->s.kind->release_call(o->s.q.handle, &o->gb, &o->call);
+    op_call(o);
+}
+
+static void giveback_end(loop_op *o, int rc, redisReply *r, redsem__req_info *info)
+{
+    redsem_client *c = o->loop->c;
+    (void)o->s.kind->release_reply(c, o->s.q.handle, &o->gb, rc, r, info);
+    if (r != NULL)
+        freeReplyObject(r);
+    redsem__text_copy(redsem__errbuf(c), o->why);
+    o->s.given_back = true;
+    acquire_end(o, REDSEM_OK);
+}
+
 static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info *info)
 {
     const redsem__acquirer *q = &o->s.q;
@@ -216,6 +342,10 @@ static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info 
         redisReply *wrap = redsem__wake_unwrap(&r);
         if (wrap != NULL)
             push_wakeups(o->loop, o->call.wake_prefix, wrap);
+    }
+    if (o->giveback) {
+        giveback_end(o, rc, r, info);
+        return;
     }
     if (o->reply != NULL) { /* a single call: its outcome, and the op ends */
         rc = o->reply(o->arg, rc, r, info);
@@ -230,7 +360,7 @@ static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info 
         freeReplyObject(r);
     if (rc == REDSEM__ATTEMPT) {
         o->stage++;
-        op_send(o);
+        op_call(o);
         return;
     }
     o->s.att_rc = rc;
@@ -238,8 +368,10 @@ static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info 
     op_step(o);
 }
 
-/* The reply to o's request: a NOSCRIPT is sent again with the body; an error reply becomes
- * its code (with the text as the thread's error text). */
+/* The reply to o's request: a lost connection or LOADING sends it again within its retry
+ * window ("maybe applied" kept when a copy was written); a NOSCRIPT is sent again with the
+ * body; WAIT's reply becomes replicas_acked; an error reply becomes its code (with the text
+ * as the thread's error text). */
 static void op_reply(loop_op *o)
 {
     redsem__loop *l = o->loop;
@@ -247,22 +379,44 @@ static void op_reply(loop_op *o)
     redsem__preq *q = &o->req;
     redsem__req_info info = {.sent_ns = q->sent_ns, .recv_ns = q->recv_ns, .replicas_acked = -1};
     o->pending = o->replied = false;
+    if (o->sync)
+        sync_next(l);
     if (q->rc != REDSEM_OK) {
-        info.maybe_applied = o->maybe || q->written;
-        attempt_outcome(o, redsem__set_err(c, q->rc, "%s", l->req.pipe.err), NULL, &info);
+        o->maybe = o->maybe || q->written;
+        int rc = redsem__set_err(c, q->rc, "%s", l->req.pipe.err);
+        if (rc == REDSEM_ECONN && retry_later(o))
+            return; /* timeouts are not retried: the server may be stalled */
+        info.maybe_applied = o->maybe;
+        attempt_outcome(o, rc, NULL, &info);
         return;
     }
     _Atomic bool *sent = &c->scripts.sent[o->call.script];
     redisReply *r = q->replies[o->load ? 1 : 0];
+    redisReply *w = o->sync ? q->replies[q->nreplies - 1] : NULL;
     if (o->load) {
         if (q->replies[0]->type == REDIS_REPLY_STRING)
             atomic_store(sent, true);
         freeReplyObject(q->replies[0]);
     }
+    if (redsem__loading_reply(r) && retry_later(o)) {
+        freeReplyObject(r);
+        if (w != NULL)
+            freeReplyObject(w);
+        return;
+    }
+    if (w != NULL) {
+        l->ctx.errmsg[0] = '\0';
+        info.replicas_acked = redsem__node_wait_acked(&l->req.node, w);
+        if (l->ctx.errmsg[0] != '\0')
+            (void)redsem__set_err(c, REDSEM_EREPLICA, "%s", l->ctx.errmsg);
+        freeReplyObject(w);
+    }
+    info.maybe_applied = o->maybe;
     bool noscript = r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
     if (noscript && o->noscript++ < LOOP_NOSCRIPT_MAX) {
         freeReplyObject(r);
         atomic_store(sent, false);
+        REDSEM__COUNT(&l->ctx, noscript, 1);
         op_send(o);
         return;
     }
@@ -279,19 +433,32 @@ static void op_reply(loop_op *o)
 
 static void op_send(loop_op *o)
 {
+    redsem__loop *l = o->loop;
     const redsem__acquirer *q = &o->s.q;
-    if (o->reply == NULL) { /* an acquire: its attempt's call of this stage */
+    if (o->reply == NULL && !o->giveback) { /* an acquire: its attempt's call of this stage */
         q->attempt_call(q->handle, o->s.id, o->s.att_mode, q->weight, o->stage, &o->call);
         o->call.cap_ns = o->s.cap_ns;
     }
-    o->load = !atomic_load(&o->loop->c->scripts.sent[o->call.script]);
-    o->req.done = op_done;
-    o->req.arg = o;
-    int rc = send_call(o->loop, &o->req, &o->call, o->load);
-    if (rc == REDSEM_OK) {
-        o->pending = true;
+    o->sync = call_syncs(l, &o->call);
+    if (o->sync && l->sync_busy) { /* behind the WAIT in flight (sync_next) */
+        if (l->sync_tail != NULL)
+            l->sync_tail->sync_next = o;
+        else
+            l->sync_head = o;
+        l->sync_tail = o;
         return;
     }
+    o->load = !atomic_load(&l->c->scripts.sent[o->call.script]);
+    o->req.done = op_done;
+    o->req.arg = o;
+    int rc = send_call(l, &o->req, &o->call, o->load);
+    if (rc == REDSEM_OK) {
+        o->pending = true;
+        l->sync_busy = l->sync_busy || o->sync;
+        return;
+    }
+    if (rc == REDSEM_ECONN && retry_later(o))
+        return; /* no connection: a new one after the pause */
     redsem__req_info info = {.maybe_applied = o->maybe, .replicas_acked = -1};
     attempt_outcome(o, rc, NULL, &info);
 }
@@ -307,6 +474,20 @@ static void op_free(loop_op *o)
     redsem__free(o);
 }
 
+/* A decided acquire (rc: the step's status): a grant short of its replicas is given back
+ * first; then made a permit, called back, and o freed. */
+static void acquire_end(loop_op *o, int rc)
+{
+    if (rc == REDSEM_OK && !o->s.given_back && redsem__grant_short(o->loop->c, &o->s.att)) {
+        giveback_start(o);
+        return;
+    }
+    redsem_permit *p = NULL;
+    rc = redsem__acquire_finish(&o->s, rc, &p);
+    o->done(o->arg, rc, p);
+    op_free(o);
+}
+
 /* Take o's next step: an attempt is sent, a pause or a wait set as o's timer, a decided
  * acquire made a permit and called back (o then freed). */
 static void op_step(loop_op *o)
@@ -314,9 +495,7 @@ static void op_step(loop_op *o)
     int rc = redsem__acquire_next(&o->s);
     if (rc == REDSEM__ATTEMPT) {
         o->stage = 0;
-        o->noscript = 0;
-        o->maybe = false;
-        op_send(o);
+        op_call(o);
         return;
     }
     if (rc == REDSEM__NAP || rc == REDSEM__WAIT) {
@@ -329,10 +508,7 @@ static void op_step(loop_op *o)
             pend_take(o->loop, o);
         return;
     }
-    redsem_permit *p = NULL;
-    rc = redsem__acquire_finish(&o->s, rc, &p);
-    o->done(o->arg, rc, p);
-    op_free(o);
+    acquire_end(o, rc);
 }
 
 /* A new op, linked into l's list. */
@@ -373,7 +549,7 @@ int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *ca
         return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
     o->reply = reply;
     build(arg, &o->call);
-    op_send(o);
+    op_call(o);
     return REDSEM_OK;
 }
 
@@ -382,6 +558,7 @@ int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *ca
 /* A waiting op is woken: its wait ends now, signaled. */
 static void wake(loop_op *o)
 {
+    REDSEM__COUNT(&o->loop->ctx, wakeups, 1);
     o->s.signaled = true;
     o->wake_ns = 1;
 }
@@ -499,6 +676,7 @@ static void wait_sync(redsem__loop *l)
     l->blpop = (redsem__preq){.nreplies = 1, .done = wait_done, .arg = l};
     l->blpop.deadline_ns = until + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
     if (redsem__pipe_send(&l->wait.pipe, &l->blpop, cmd, (size_t)len) == REDSEM_OK) {
+        REDSEM__COUNT(&l->ctx, requests, 1);
         l->blpop_pending = true;
         l->poked = false;
         for (int i = 0; i < n; i++)
@@ -635,6 +813,7 @@ static void drain_reply(redsem__loop *l)
     /* NOSCRIPT (a flushed cache): once more, with the body */
     if (r->type == REDIS_REPLY_ERROR && q->nreplies == 1 && strncmp(r->str, "NOSCRIPT", 8) == 0) {
         atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], false);
+        REDSEM__COUNT(&l->ctx, noscript, 1);
         full = true;
     }
     freeReplyObject(r);
@@ -689,6 +868,11 @@ static void run_due(loop_op *o)
         return;
     }
     o->wake_ns = 0;
+    if (o->resend) { /* a pause before a copy of its call ended */
+        o->resend = false;
+        op_send(o);
+        return;
+    }
     if (o->waiting) {
         o->waiting = false;
         o->s.wait_rc = REDSEM_OK; /* s.signaled: set if a wake-up ended it */
@@ -696,9 +880,7 @@ static void run_due(loop_op *o)
         return;
     }
     o->stage = 0; /* a pause ended: its attempt */
-    o->noscript = 0;
-    o->maybe = false;
-    op_send(o);
+    op_call(o);
 }
 
 /* Run every op that is due now, in one pass over the list (what they start is seen in the
@@ -772,6 +954,7 @@ void redsem__loop_free(redsem__loop *l)
 {
     if (l == NULL)
         return;
+    redsem__stats_detach(l->c, &l->ctx); /* its counters stay in the client's */
     loop_conn *lcs[2] = {&l->req, &l->wait};
     for (int i = 0; i < 2; i++)
         if (lcs[i]->open)

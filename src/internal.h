@@ -189,6 +189,10 @@ struct redsem_client {
     uint64_t fault_epoch; /* bumped by a call that lost its connection */
     uint64_t pool_waits;
     uint64_t direct_grants; /* atomic adds (acquire.c), atomic loads */
+    /* counters of event-loop engines (redsem__stats_attach), and of those gone */
+    redsem__ctx **stats_ctx;
+    size_t nstats_ctx, stats_ctx_cap;
+    redsem_client_stats stats_gone;
     pthread_mutex_t renew_mu; /* serialises starting the renewer */
     /* The shared wait (wake.c): the threads waiting for a wake-up, one of which (the
      * leader) runs one BLPOP on all their lists and the control list wake_ctl. */
@@ -220,6 +224,11 @@ struct redsem_client {
  * (a lost connection makes the pool's other connections suspect). client.c. */
 int redsem__lane_get(redsem_client *c, bool for_wait, redsem__lane **ret);
 void redsem__lane_put(redsem_client *c, redsem__lane *l, int rc);
+/* The counters of a connection set that is not a lane (an event-loop engine, drive_loop.c):
+ * attached, they are summed into redsem_client_get_stats() with the lanes'; detached (before
+ * ctx goes), what they counted is kept in the client's. client.c, under the pool's lock. */
+void redsem__stats_attach(redsem_client *c, redsem__ctx *ctx);
+void redsem__stats_detach(redsem_client *c, redsem__ctx *ctx);
 /* Copy an error text (REDSEM__ERRMSG_LEN bytes at most). */
 void redsem__text_copy(char *dst, const char *src);
 /* wake.c: set up c's shared wait (its control list's name, the leader's key arrays).
@@ -534,6 +543,7 @@ typedef struct redsem__acq_state {
     int64_t give_up;
     char saved[REDSEM__ERRMSG_LEN];
     const atomic_bool *cancel; /* the operation's cancel flag (redsem__cancel), or NULL */
+    bool given_back; /* its driver gave back a grant short of its replicas (drive_loop.c) */
 } redsem__acq_state;
 /* acquire_step()'s "wait, then call again", and redsem__acquire_resume()'s "parked". Internal
  * codes: never returned by a public function except to the event-loop API's workers. */
@@ -560,12 +570,16 @@ int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit);
  * step is due); next is one step (its codes as acquire_step's: REDSEM__ATTEMPT, REDSEM__NAP,
  * REDSEM__WAIT, or the acquire's status); finish makes the decided acquire (next's status
  * rc) a permit in *ret_permit (a grant that must reach replicas and did not is given back
- * on the calling thread). */
+ * on the calling thread, unless s->given_back). */
 void redsem__acquire_begin(redsem__acq_state *s, const redsem__acquirer *q,
                            const redsem__kind *kind, const char *id, int64_t timeout_ms,
                            int64_t lease_ms);
 int redsem__acquire_next(redsem__acq_state *s);
 int redsem__acquire_finish(redsem__acq_state *s, int rc, redsem_permit **ret_permit);
+/* Whether a grant att did not reach the replicas c asks for (sync_replicas): it must be
+ * given back, and its acquire ends with REDSEM_EREPLICA. A driver that gives it back itself
+ * sets s->given_back before redsem__acquire_finish, which then only says so. */
+bool redsem__grant_short(const redsem_client *c, const redsem__attempt *att);
 /* A semaphore's or a lock's acquire before any I/O (sem.c, lock.c): the arguments checked
  * (as redsem_sem_acquire_as_n / redsem_lock_acquire_as: holder_id NULL for a new id;
  * ret_permit only checked not to be NULL), and the acquirer, its holder id and the permits'

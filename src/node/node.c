@@ -490,9 +490,7 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
     return REDSEM_OK;
 }
 
-/* "-LOADING Redis is loading the dataset in memory": a restarted server reading its RDB or AOF
- * file; it executes nothing until it is done. */
-static bool loading_reply(const redisReply *r)
+bool redsem__loading_reply(const redisReply *r)
 {
     return r->type == REDIS_REPLY_ERROR && r->str != NULL && strncmp(r->str, "LOADING", 7) == 0;
 }
@@ -620,7 +618,7 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
             freeReplyObject(rets[p0]); /* ASKING's +OK (an error there shows in the next) */
         redisReply *r = rets[first], *r2 = has_then ? rets[first + 1] : NULL;
         redisReply *r0 = has_pre ? rets[0] : NULL;
-        if (rc == REDSEM_OK && loading_reply(r) && (flags & REDSEM__REQ_RETRY) &&
+        if (rc == REDSEM_OK && redsem__loading_reply(r) && (flags & REDSEM__REQ_RETRY) &&
             n->retry_ms > 0) {
             /* A restarted server loading its data refuses every command, executing nothing:
              * wait for it within the retry window, on the same connection. */

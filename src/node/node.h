@@ -176,6 +176,12 @@ int redsem__node_request3(redsem__node *n, const struct redsem__args *pre,
  * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *keys_and_args,
                       int flags, redsem__req_info *info, struct redisReply **ret_reply);
+/* The replicas a WAIT reply w says acknowledged (an error reply, or one that is not a
+ * non-negative integer, counts as none, its reason in n's context errmsg). */
+int redsem__node_wait_acked(redsem__node *n, const struct redisReply *w);
+/* Whether r is "-LOADING ...": a restarted server reading its RDB or AOF file, which
+ * executes nothing until it is done (a request is resent within its retry window). */
+bool redsem__loading_reply(const struct redisReply *r);
 /* One script call of a batch (redsem__eval_many in client.c): its arguments as for
  * redsem__node_eval, and its outcome. errmsg: the calling thread's error text
  * (REDSEM__ERRMSG_LEN bytes), read for the call and written by it. */

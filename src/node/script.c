@@ -15,6 +15,20 @@ static bool error_starts(const redisReply *r, const char *word)
            strncmp(r->str, word, strlen(word)) == 0;
 }
 
+int redsem__node_wait_acked(redsem__node *n, const redisReply *w)
+{
+    /* The script ran whatever WAIT says: a refused or odd WAIT counts as no replica (the
+     * caller then gives a grant back), with the reason in errmsg. */
+    long long acked = 0;
+    if (w->type == REDIS_REPLY_ERROR)
+        (void)redsem__node_error_reply(n, w, "WAIT");
+    else if (!redsem__reply_int(w, &acked) || acked < 0) {
+        acked = 0;
+        (void)redsem__ctx_err(n->ctx, REDSEM_EPROTO, "WAIT: unexpected reply");
+    }
+    return (int)(acked > INT32_MAX ? INT32_MAX : acked);
+}
+
 /* Every script's SHA1 is known at build time (tools/embed-lua.c). A script this client has
  * not run yet on a server goes out as SCRIPT LOAD with its body followed by its EVALSHA, in
  * one write: one round trip, whose replies are SCRIPT LOAD's (the SHA1) then EVALSHA's. After
@@ -73,18 +87,10 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         int rc = redsem__node_request3(n, load ? &la : NULL, &a, sync ? &wa : NULL, flags, 0,
                                        load ? &lr : NULL, &r, sync ? &w : NULL, info);
         if (rc == REDSEM_OK && sync) {
-            /* The script ran whatever WAIT says: a refused or odd WAIT counts as no replica
-             * (the caller then gives a grant back), with the reason in errmsg. */
-            long long acked = 0;
-            if (w->type == REDIS_REPLY_ERROR)
-                (void)redsem__node_error_reply(n, w, "WAIT");
-            else if (!redsem__reply_int(w, &acked) || acked < 0) {
-                acked = 0;
-                (void)redsem__ctx_err(n->ctx, REDSEM_EPROTO, "WAIT: unexpected reply");
-            }
+            int acked = redsem__node_wait_acked(n, w);
             freeReplyObject(w);
             if (info != NULL)
-                info->replicas_acked = (int)(acked > INT32_MAX ? INT32_MAX : acked);
+                info->replicas_acked = acked;
         }
         if (info != NULL) {
             maybe_applied = maybe_applied || info->maybe_applied;
