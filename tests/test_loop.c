@@ -1,9 +1,14 @@
 /* White-box tests of the event-loop driver of acquires (src/drive_loop.c): acquires stepped by
  * a poll() loop on the test's own thread, linked with the internal archive and run against
- * the suite's private redis-server. */
+ * the suite's private redis-server (its faults and sync_replicas against servers of their
+ * own). */
 #include <dirent.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fixture.h"
 #include "internal.h"
@@ -183,4 +188,349 @@ Test(loop, a_lock_on_the_loop, .timeout = 60)
     redsem__loop_free(l);
     redsem_lock_free(k);
     redsem_client_free(c);
+}
+
+/* ---------------------------------------------------------------- faults */
+
+/* A release on the loop (as async.c runs one): its call, its outcome. */
+typedef struct loop_rel {
+    redsem_permit *p;
+    outcome o;
+} loop_rel;
+
+static void rel_call(void *arg, redsem__call *call)
+{
+    redsem_permit *p = ((loop_rel *)arg)->p;
+    p->kind->release_call(p->handle, p, call);
+}
+
+static int rel_reply(void *arg, int rc, const redisReply *r, const redsem__req_info *info)
+{
+    redsem_permit *p = ((loop_rel *)arg)->p;
+    rc = p->kind->release_reply(p->client, p->handle, p, rc, r, info);
+    return redsem__release_end(p, rc);
+}
+
+static void rel_done(void *arg, int rc, redsem_permit *p)
+{
+    on_done(&((loop_rel *)arg)->o, rc, p);
+}
+
+static void rel_start(redsem__loop *l, loop_rel *r)
+{
+    redsem_client *c = r->p->client;
+    OK(c, redsem__release_begin(r->p));
+    OK(c, redsem__loop_call(l, rel_call, rel_reply, rel_done, r));
+}
+
+/* Hold the writes of srv's clients (an EVALSHA then waits, unanswered, on the server). */
+static void pause_writes(ts_server *srv)
+{
+    char out[128] = "";
+    cr_assert_eq(ts_command(srv, out, sizeof out, "CLIENT", "PAUSE", "10000", "WRITE", NULL), 0,
+                 "%s", out);
+}
+
+/* Kill srv's clients (the engine's connections among them; not this one), then let the
+ * writes go on: the requests they held were never run. */
+static void kill_and_resume(ts_server *srv)
+{
+    char out[128] = "";
+    cr_assert_eq(ts_command(srv, out, sizeof out, "CLIENT", "KILL", "TYPE", "normal", "SKIPME",
+                            "yes", NULL),
+                 0, "%s", out);
+    cr_assert_eq(ts_command(srv, out, sizeof out, "CLIENT", "UNPAUSE", NULL), 0, "%s", out);
+}
+
+/* The permits of a limit-2 semaphore held by others: 2 - what another client can take. */
+static int held_by_others(const char *url, const char *name, redsem_strategy strategy)
+{
+    redsem_client *h = tf_client_for(url, 1000, 0);
+    redsem_sem *hs = NULL;
+    OK(h, redsem_sem_open(h, name, strategy, 2, 10000, &hs));
+    redsem_permit *p[2] = {NULL, NULL};
+    int taken = 0;
+    while (taken < 2 && redsem_sem_try_acquire(hs, &p[taken]) == REDSEM_OK)
+        taken++;
+    for (int i = 0; i < taken; i++) {
+        OK(h, redsem_permit_release(p[i]));
+        redsem_permit_free(p[i]);
+    }
+    redsem_sem_free(hs);
+    redsem_client_free(h);
+    return 2 - taken;
+}
+
+/* The engine's request connection killed while an acquire's reply is due (its EVALSHA held
+ * on the server by CLIENT PAUSE WRITE): with a retry window the acquire is sent again on a
+ * new connection and granted once (one holder on the server), the resend counted in the
+ * client's stats; with retry 0 it is not sent again, and its outcome is unknown (a written
+ * request: REDSEM_EUNKNOWN after REDSEM_ECONN, as on a lane). */
+static void killed_acquire(redsem_strategy strategy, int64_t retry_ms)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = tf_client_for(srv.url, retry_ms, 0);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "killed", strategy, 2, 10000, &s));
+    redsem_client_stats st0, st1;
+    OK(c, redsem_client_get_stats(c, &st0));
+    redsem__loop *l = NULL;
+    OK(c, redsem__loop_new(c, &l));
+    pause_writes(&srv);
+    outcome o = {0};
+    sem_start(l, s, 5000, &o, NULL);
+    for (int i = 0; i < 5; i++)
+        turn(l, 10);
+    cr_assert_not(o.done, "decided while the server held its writes");
+    kill_and_resume(&srv);
+    run_until(l, &o, 1);
+    OK(c, redsem_client_get_stats(c, &st1));
+    if (retry_ms > 0) {
+        OK(c, o.rc);
+        cr_assert(redsem_permit_held(o.permit));
+        cr_assert_eq(held_by_others(srv.url, "killed", strategy), 1,
+                     "the acquire sent again holds one permit, not two");
+        cr_assert_gt(st1.retries, st0.retries, "the resend is not in the client's stats");
+        cr_assert_geq(st1.connects - st0.connects, 2, "the engine's connects are not counted");
+        OK(c, redsem_permit_release(o.permit));
+    } else {
+        cr_assert_eq(o.rc, REDSEM_EUNKNOWN, "%s: %s", redsem_err_name(o.rc),
+                     redsem_client_errmsg(c));
+        cr_assert_eq(st1.retries, st0.retries, "sent again with retry 0");
+    }
+    redsem_permit_free(o.permit);
+    redsem__loop_free(l);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
+STRATEGY_TEST(loop, a_lost_acquire_is_sent_again_and_granted_once, .timeout = 60)
+{
+    killed_acquire(strategy, 3000);
+}
+
+Test(loop, a_lost_acquire_with_retry_0_is_not_sent_again, .timeout = 60)
+{
+    killed_acquire(REDSEM_STRATEGY_BASIC, 0);
+}
+
+/* A release in flight when the engine's connection is killed: sent again, it ends OK (with
+ * retry 0: REDSEM_ECONN, the permit still held until its lease ends). */
+static void killed_release(redsem_strategy strategy, int64_t retry_ms)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = tf_client_for(srv.url, retry_ms, 0);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "killedrel", strategy, 2, 10000, &s));
+    redsem__loop *l = NULL;
+    OK(c, redsem__loop_new(c, &l));
+    outcome o = {0};
+    sem_start(l, s, 0, &o, NULL);
+    run_until(l, &o, 1);
+    OK(c, o.rc);
+    pause_writes(&srv);
+    loop_rel r = {.p = o.permit};
+    rel_start(l, &r);
+    for (int i = 0; i < 5; i++)
+        turn(l, 10);
+    cr_assert_not(r.o.done, "released while the server held its writes");
+    kill_and_resume(&srv);
+    run_until(l, &r.o, 1);
+    if (retry_ms > 0) {
+        OK(c, r.o.rc);
+        cr_assert_not(redsem_permit_held(o.permit));
+        cr_assert_eq(held_by_others(srv.url, "killedrel", strategy), 0);
+    } else {
+        cr_assert_eq(r.o.rc, REDSEM_ECONN, "%s: %s", redsem_err_name(r.o.rc),
+                     redsem_client_errmsg(c));
+    }
+    redsem_permit_free(o.permit);
+    redsem__loop_free(l);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
+}
+
+STRATEGY_TEST(loop, a_release_cut_by_a_lost_connection_ends_ok, .timeout = 60)
+{
+    killed_release(strategy, 3000);
+}
+
+Test(loop, a_release_cut_with_retry_0_is_econn, .timeout = 60)
+{
+    killed_release(REDSEM_STRATEGY_FAIR, 0);
+}
+
+struct restarter {
+    ts_server *srv;
+    atomic_int done;
+    atomic_int restarted;
+    int rc;
+};
+
+/* Restarts the server after 300 ms, then stays alive (the server dies with its thread). */
+static void *restart_later(void *arg)
+{
+    struct restarter *r = arg;
+    usleep(300000);
+    r->rc = ts_server_restart(r->srv);
+    atomic_store(&r->restarted, 1);
+    while (!atomic_load(&r->done))
+        usleep(10000);
+    return NULL;
+}
+
+/* A server restarted and loading its AOF (key-load-delay: ~1.5 s) answers LOADING: the
+ * engine reconnects, waits on its timer and sends again within the retry window, so a try
+ * on the loop finds the permit the AOF kept (REDSEM_EBUSY) and its release ends OK. */
+Test(loop, a_server_loading_its_data_is_waited_for_on_the_loop, .timeout = 60)
+{
+    const char *args[] = {"--appendonly", "yes", "--key-load-delay", "300",
+                          "--loading-process-events-interval-bytes", "1024", NULL};
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, args, false), 0);
+    char out[64];
+    cr_assert_eq(ts_command(&srv, out, sizeof out, "EVAL",
+                            "for i=1,5000 do redis.call('SET','k'..i,'v') end return 1", "0",
+                            NULL),
+                 0, "%s", out);
+    redsem_client *c = tf_client_for(srv.url, 4000, 0);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "loading", REDSEM_STRATEGY_BASIC, 1, 10000, &s));
+    redsem__loop *l = NULL;
+    OK(c, redsem__loop_new(c, &l));
+    outcome o[2] = {{0}};
+    sem_start(l, s, 0, &o[0], NULL);
+    run_until(l, &o[0], 1);
+    OK(c, o[0].rc);
+    ts_server_kill(&srv);
+    struct restarter r = {.srv = &srv, .rc = -1};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, restart_later, &r), 0);
+    while (!atomic_load(&r.restarted)) {
+        char pong[64] = "";
+        if (ts_command(&srv, pong, sizeof pong, "PING", NULL) != 0 &&
+            strncmp(pong, "LOADING", 7) == 0)
+            break;
+        usleep(2000);
+    }
+    cr_assert_not(atomic_load(&r.restarted), "the load ended before the test could act");
+    redsem_client_stats st0, st1;
+    OK(c, redsem_client_get_stats(c, &st0));
+    sem_start(l, s, 0, &o[1], NULL);
+    run_until(l, &o[1], 1);
+    cr_assert_eq(o[1].rc, REDSEM_EBUSY, "%s: %s", redsem_err_name(o[1].rc),
+                 redsem_client_errmsg(c));
+    loop_rel rel = {.p = o[0].permit};
+    rel_start(l, &rel);
+    run_until(l, &rel.o, 1);
+    OK(c, rel.o.rc);
+    OK(c, redsem_client_get_stats(c, &st1));
+    cr_assert_gt(st1.retries, st0.retries, "no retry: the load was not seen");
+    redsem_permit_free(o[0].permit);
+    redsem__loop_free(l);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    while (!atomic_load(&r.restarted))
+        usleep(1000);
+    cr_assert_eq(r.rc, 0);
+    ts_server_stop(&srv);
+    atomic_store(&r.done, 1);
+    pthread_join(t, NULL);
+}
+
+/* ---------------------------------------------------------------- sync_replicas */
+
+static redsem_client *sync_client(const char *url, int replicas, int64_t timeout_ms)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, replicas, timeout_ms), REDSEM_OK);
+    redsem_client *c = NULL;
+    char err[512];
+    int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
+    redsem_options_free(o);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    return c;
+}
+
+static size_t holders(redsem_sem *s)
+{
+    redsem_status *st = NULL;
+    if (redsem_sem_status(s, 0, &st) != REDSEM_OK)
+        return (size_t)-1;
+    size_t n = redsem_status_holder_count(st);
+    redsem_status_free(st);
+    return n;
+}
+
+/* A client that waits for replicas, on the loop: with its one replica up, a grant reaches
+ * it (the script and WAIT in one write: 2 requests); a client that asks for 2 replicas gets
+ * REDSEM_EREPLICA once WAIT times out, and the grant is given back (no holder left), also
+ * with several acquires in flight at once (their WAITs go one at a time). */
+STRATEGY_TEST(loop, waits_for_replicas_on_the_loop, .timeout = 60)
+{
+    ts_server prim, rep;
+    cr_assert_eq(ts_server_start(&prim, NULL, true), 0);
+    char port[16];
+    snprintf(port, sizeof port, "%d", prim.port);
+    const char *rargs[] = {"--replicaof", "127.0.0.1", port, NULL};
+    cr_assert_eq(ts_server_start(&rep, rargs, false), 0);
+    char out[4096] = "";
+    int64_t end = tf_now_ms() + 10000;
+    while (ts_command(&rep, out, sizeof out, "INFO", "replication", NULL) != 0 ||
+           strstr(out, "master_link_status:up") == NULL) {
+        cr_assert_lt(tf_now_ms(), end, "the replica did not sync: %s", out);
+        usleep(20000);
+    }
+    redsem_client *one = sync_client(prim.url, 1, 1500), *two = sync_client(prim.url, 2, 300);
+    redsem_sem *s1 = NULL, *s2 = NULL;
+    OK(one, redsem_sem_open(one, "sync", strategy, 4, 10000, &s1));
+    OK(two, redsem_sem_open(two, "sync", strategy, 4, 10000, &s2));
+    redsem__loop *l1 = NULL, *l2 = NULL;
+    OK(one, redsem__loop_new(one, &l1));
+    OK(two, redsem__loop_new(two, &l2));
+    outcome w = {0}, o = {0};
+    sem_start(l1, s1, 0, &w, NULL); /* the script's first use: SCRIPT LOAD too */
+    run_until(l1, &w, 1);
+    OK(one, w.rc);
+    redsem_client_stats st0, st1;
+    OK(one, redsem_client_get_stats(one, &st0));
+    sem_start(l1, s1, 0, &o, NULL);
+    run_until(l1, &o, 1);
+    OK(one, o.rc);
+    OK(one, redsem_client_get_stats(one, &st1));
+    uint64_t asked = strategy == REDSEM_STRATEGY_LOCKED ? 3 : 2; /* locked: its guard too */
+    cr_assert_eq(st1.requests - st0.requests, asked,
+                 "a synced grant is the script and WAIT: %llu requests",
+                 (unsigned long long)(st1.requests - st0.requests));
+    cr_assert_eq(holders(s1), 2);
+    outcome f[3] = {{0}};
+    for (int i = 0; i < 3; i++) /* blocking: locked tries at once may find the guard taken */
+        sem_start(l2, s2, 5000, &f[i], NULL);
+    run_until(l2, f, 3);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(f[i].rc, REDSEM_EREPLICA, "%s: %s", redsem_err_name(f[i].rc),
+                     redsem_client_errmsg(two));
+        cr_assert_null(f[i].permit);
+    }
+    cr_assert(strstr(redsem_client_errmsg(two), "1 of the 2 replicas") != NULL, "%s",
+              redsem_client_errmsg(two));
+    cr_assert_eq(holders(s1), 2, "a grant that did not reach 2 replicas was not given back");
+    OK(one, redsem_permit_release(w.permit));
+    OK(one, redsem_permit_release(o.permit));
+    redsem_permit_free(w.permit);
+    redsem_permit_free(o.permit);
+    redsem__loop_free(l1);
+    redsem__loop_free(l2);
+    redsem_sem_free(s1);
+    redsem_sem_free(s2);
+    redsem_client_free(one);
+    redsem_client_free(two);
+    ts_server_stop(&rep);
+    ts_server_stop(&prim);
 }
