@@ -814,6 +814,42 @@ Test(async, the_loop_engine_starts_no_thread, .timeout = 120)
     env_down(&e);
 #endif
 }
+
+/* A client that waits for replicas (sync_replicas) runs on the loop engine too: its try on
+ * a server without replicas is granted, WAIT times out, the grant is given back
+ * (REDSEM_EREPLICA, no holder left), and no thread was started for it. */
+Test(async, the_loop_engine_waits_for_replicas_without_a_thread, .timeout = 120)
+{
+#if defined(TEST_LOOP_UV) || defined(TEST_LOOP_EVENT) || defined(TEST_LOOP_EV)
+    long before[256];
+    int nb = task_ids(before, 256);
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, tf_url()), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, 1, 100), REDSEM_OK);
+    redsem_client *c = NULL;
+    cr_assert_eq(redsem_client_new(o, &c), REDSEM_OK);
+    redsem_options_free(o);
+    env e;
+    env_up_with(&e, c);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, tf_name("async-sync"), REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+    got g = {.loop = &e.loop};
+    OK(c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 10000));
+    cr_assert_eq(g.rc, REDSEM_EREPLICA, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    cr_assert(strstr(g.errmsg, "0 of the 1 replicas") != NULL, "%s", g.errmsg);
+    redsem_status *st = NULL;
+    OK(c, redsem_sem_status(s, 16, &st));
+    cr_assert_eq(redsem_status_holder_count(st), 0, "the grant was not given back");
+    redsem_status_free(st);
+    long after[256];
+    cr_expect_eq(task_ids(after, 256), nb, "threads were started: %d before, %d after", nb,
+                 task_ids(after, 256));
+    redsem_sem_free(s);
+    env_down(&e);
+#endif
+}
 #endif
 
 /* More waiting acquires than workers (REDSEM_ASYNC_WORKERS_MAX - 1 may wait at once): a
