@@ -32,7 +32,9 @@ struct loop_op {
     int64_t retry_until; /* its call's retry window ends then (0: not opened) */
     int64_t backoff_ns;  /* the next pause before a resend */
     bool sync;           /* its request carries WAIT (sync_replicas) */
+    bool sync_turn;      /* ... and its turn came (queued again first if it was taken) */
     loop_op *sync_next;  /* queued behind the WAIT in flight (loop's sync_head) */
+    char err[256];       /* why its request failed (the pipe's text, kept) */
     /* a grant that did not reach the replicas: given back (the release of gb), then the
      * acquire ends with the error text why kept from its attempt */
     bool giveback;
@@ -238,8 +240,10 @@ static void push_wakeups(redsem__loop *l, const char *sigprefix, redisReply *wra
 
 static void op_done(redsem__preq *q, void *arg)
 {
-    (void)q;
-    ((loop_op *)arg)->replied = true;
+    loop_op *o = arg;
+    o->replied = true;
+    if (q->rc != REDSEM_OK) /* the pipe's text now: a new connection clears it */
+        snprintf(o->err, sizeof o->err, "%s", o->loop->req.pipe.err);
 }
 
 /* Send the call of o's current stage; a failure to send is the attempt's outcome. */
@@ -301,6 +305,7 @@ static void sync_next(redsem__loop *l)
     if (l->sync_head == NULL)
         l->sync_tail = NULL;
     n->sync_next = NULL;
+    n->sync_turn = true;
     n->resend = true;
     n->wake_ns = 1;
 }
@@ -383,7 +388,7 @@ static void op_reply(loop_op *o)
         sync_next(l);
     if (q->rc != REDSEM_OK) {
         o->maybe = o->maybe || q->written;
-        int rc = redsem__set_err(c, q->rc, "%s", l->req.pipe.err);
+        int rc = redsem__set_err(c, q->rc, "%s", o->err);
         if (rc == REDSEM_ECONN && retry_later(o))
             return; /* timeouts are not retried: the server may be stalled */
         info.maybe_applied = o->maybe;
@@ -441,13 +446,22 @@ static void op_send(loop_op *o)
     }
     o->sync = call_syncs(l, &o->call);
     if (o->sync && l->sync_busy) { /* behind the WAIT in flight (sync_next) */
-        if (l->sync_tail != NULL)
-            l->sync_tail->sync_next = o;
-        else
+        if (o->sync_turn) { /* its turn was taken by a new one: first again */
+            o->sync_next = l->sync_head;
             l->sync_head = o;
-        l->sync_tail = o;
+            if (l->sync_tail == NULL)
+                l->sync_tail = o;
+        } else {
+            if (l->sync_tail != NULL)
+                l->sync_tail->sync_next = o;
+            else
+                l->sync_head = o;
+            l->sync_tail = o;
+        }
+        o->sync_turn = false;
         return;
     }
+    o->sync_turn = false;
     o->load = !atomic_load(&l->c->scripts.sent[o->call.script]);
     o->req.done = op_done;
     o->req.arg = o;
