@@ -3,10 +3,13 @@
  * their own (node/conn.h's pipe), and its waits as one BLPOP at a time on a second one,
  * stepped by whoever calls redsem__loop_step() when the descriptors and the deadline that
  * redsem__loop_wants() names are due: an event loop. It starts no thread and never sleeps.
- * Not yet: a connect (and its handshake) blocks (redsem__node_connect); a lost connection
- * fails the requests in flight (maybe applied when written: the acquire then says
- * REDSEM_EUNKNOWN), the next request reconnecting; not for a client that waits for
- * replicas, a Sentinel or a Cluster client (docs/design.md section 16). */
+ * An op's faults are its states, as node.c's request loop has them: a request lost with its
+ * connection, or answered LOADING, is sent again after a pause (its timer: resend) within
+ * its retry window, "maybe applied" kept (retry_later); NOSCRIPT sends the body; with
+ * sync_replicas WAIT rides in the same write, one at a time (sync_busy), and a grant short
+ * of its replicas is given back by a release on the loop (giveback_start). Its counters are
+ * the client's (redsem__stats_attach). Not yet: a connect (and its handshake) blocks
+ * (redsem__node_connect); a Sentinel or a Cluster client (docs/design.md section 16). */
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>

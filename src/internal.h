@@ -591,7 +591,7 @@ int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
                          int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
                          const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE]);
 /* The event-loop driver of acquires (drive_loop.c): one connection of its own to a
- * one-server client's server (not with sync_replicas), stepped by an event loop on one
+ * one-server client's server, stepped by an event loop on one
  * thread; it starts no thread and never sleeps (a connect is still blocking). new: made,
  * not connected yet (REDSEM_EINVAL for another client). acquire: start one acquire of
  * q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare); done(arg, rc,

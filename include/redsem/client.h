@@ -482,7 +482,9 @@ REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
  */
 REDSEM_API int redsem_client_ping(redsem_client *client);
 
-/** Counters of what a client has sent, for operators and benchmarks. Since: 0.1 */
+/** Counters of what a client has sent, for operators and benchmarks: its threads' and
+ * renewer's connections, and those of its redsem_async loop engines (built with
+ * -Dasync_engine=loop; what an engine counted stays after redsem_async_free()). Since: 0.1 */
 typedef struct redsem_client_stats {
     uint64_t requests;     /* requests written to Redis (each EVALSHA, SET, BLPOP ... once;
                               the SCRIPT LOAD written with a script's first EVALSHA counts
