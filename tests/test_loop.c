@@ -297,6 +297,8 @@ static void killed_acquire(redsem_strategy strategy, int64_t retry_ms)
     } else {
         cr_assert_eq(o.rc, REDSEM_EUNKNOWN, "%s: %s", redsem_err_name(o.rc),
                      redsem_client_errmsg(c));
+        cr_assert(strstr(redsem_client_errmsg(c), "(REDSEM_ECONN)") != NULL, "%s",
+                  redsem_client_errmsg(c));
         cr_assert_eq(st1.retries, st0.retries, "sent again with retry 0");
     }
     redsem_permit_free(o.permit);
