@@ -32,6 +32,7 @@ struct loop_op {
     int64_t wake_ns; /* a pause or a wait ends then (0: none) */
     bool waiting;    /* REDSEM__WAIT (else a pause before an attempt) */
     bool resend;     /* the pause ends with its call sent again (lost connection, LOADING) */
+    bool late;       /* ... or with its request's timeout (give_up_late) */
     int64_t retry_until; /* its call's retry window ends then (0: not opened) */
     int64_t backoff_ns;  /* the next pause before a resend */
     bool sync;           /* its request carries WAIT (sync_replicas) */
@@ -297,6 +298,18 @@ static bool retry_later(loop_op *o)
     return true;
 }
 
+/* o's request, written, ended with the earliest deadline of the requests in flight on its
+ * connection (the server stalled: the pipe gives them all up then), before its own: it gives
+ * up at its own deadline (o's timer), not earlier, as client.c's give_up_at_own_deadline. Its
+ * not-after time (sent with it) was set from its own deadline, and a script that runs after
+ * the caller gave up must find it passed. */
+static void give_up_late(loop_op *o, int64_t deadline_ns)
+{
+    o->late = true;
+    o->waiting = false;
+    o->wake_ns = deadline_ns;
+}
+
 /* A request with WAIT ended: the oldest op queued behind it is due (sent by run_due). */
 static void sync_next(redsem__loop *l)
 {
@@ -394,6 +407,10 @@ static void op_reply(loop_op *o)
         int rc = redsem__set_err(c, q->rc, "%s", o->err);
         if (rc == REDSEM_ECONN && retry_later(o))
             return; /* timeouts are not retried: the server may be stalled */
+        if (rc == REDSEM_ETIMEDOUT && o->maybe && redsem__now_ns() < q->deadline_ns) {
+            give_up_late(o, q->deadline_ns);
+            return;
+        }
         info.maybe_applied = o->maybe;
         attempt_outcome(o, rc, NULL, &info);
         return;
@@ -888,6 +905,13 @@ static void run_due(loop_op *o)
     if (o->resend) { /* a pause before a copy of its call ended */
         o->resend = false;
         op_send(o);
+        return;
+    }
+    if (o->late) { /* its own deadline came: the timeout is its outcome now */
+        o->late = false;
+        redsem__req_info info = {.maybe_applied = true, .replicas_acked = -1};
+        attempt_outcome(o, redsem__set_err(o->loop->c, REDSEM_ETIMEDOUT, "%s", o->err), NULL,
+                        &info);
         return;
     }
     if (o->waiting) {

@@ -30,6 +30,7 @@ typedef struct outcome {
     bool done;
     int rc;
     redsem_permit *permit;
+    int64_t at_ms; /* when it was called back (tf_now_ms) */
 } outcome;
 
 static void on_done(void *arg, int rc, redsem_permit *p)
@@ -37,6 +38,7 @@ static void on_done(void *arg, int rc, redsem_permit *p)
     outcome *o = arg;
     cr_assert_not(o->done, "called back twice");
     o->done = true;
+    o->at_ms = tf_now_ms();
     o->rc = rc;
     o->permit = p;
 }
@@ -364,6 +366,44 @@ STRATEGY_TEST(loop, a_release_cut_by_a_lost_connection_ends_ok, .timeout = 60)
 Test(loop, a_release_cut_with_retry_0_is_econn, .timeout = 60)
 {
     killed_release(REDSEM_STRATEGY_FAIR, 0);
+}
+
+/* A stalled server (SIGSTOP): the pipe gives up every request in flight at the earliest
+ * deadline among them, but an acquire sent later gives up at its own (one command timeout
+ * after it was sent), which its not-after time was set from; both end REDSEM_EUNKNOWN. */
+Test(loop, a_request_behind_a_stalled_one_gives_up_at_its_own_deadline, .timeout = 60)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = tf_client_for(srv.url, 1000, 1000);
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, "stalled", REDSEM_STRATEGY_BASIC, 4, 10000, &s));
+    redsem__loop *l = NULL;
+    OK(c, redsem__loop_new(c, &l));
+    outcome o[3] = {{0}};
+    sem_start(l, s, 0, &o[0], NULL); /* connected, the script loaded */
+    run_until(l, &o[0], 1);
+    OK(c, o[0].rc);
+    ts_server_pause(&srv, true);
+    sem_start(l, s, 0, &o[1], NULL);
+    int64_t t1 = tf_now_ms() + 500;
+    while (tf_now_ms() < t1)
+        turn(l, 20);
+    int64_t sent = tf_now_ms();
+    sem_start(l, s, 0, &o[2], NULL);
+    run_until(l, &o[1], 2);
+    ts_server_pause(&srv, false);
+    for (int i = 1; i < 3; i++)
+        cr_assert_eq(o[i].rc, REDSEM_EUNKNOWN, "%d: %s", i, redsem_err_name(o[i].rc));
+    cr_assert_lt(o[1].at_ms, sent + 1000, "the first was not given up at its deadline");
+    cr_assert_geq(o[2].at_ms, sent + 1000, "the second gave up %lld ms after it was sent",
+                  (long long)(o[2].at_ms - sent));
+    OK(c, redsem_permit_release(o[0].permit));
+    redsem_permit_free(o[0].permit);
+    redsem__loop_free(l);
+    redsem_sem_free(s);
+    redsem_client_free(c);
+    ts_server_stop(&srv);
 }
 
 struct restarter {
