@@ -5,7 +5,8 @@
  * redsem__loop_wants() names are due: an event loop. It starts no thread and never sleeps.
  * An op's faults are its states, as node.c's request loop has them: a request lost with its
  * connection, or answered LOADING, is sent again after a pause (its timer: resend) within
- * its retry window, "maybe applied" kept (retry_later); NOSCRIPT sends the body; with
+ * its retry window, "maybe applied" kept (retry_later); one given up with an earlier
+ * request's deadline ends at its own (give_up_late); NOSCRIPT sends the body; with
  * sync_replicas WAIT rides in the same write, one at a time (sync_busy), and a grant short
  * of its replicas is given back by a release on the loop (giveback_start). Its counters are
  * the client's (redsem__stats_attach). Not yet: a connect (and its handshake) blocks
