@@ -211,8 +211,7 @@ static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call,
     redsem__free(buf);
     redisFreeCommand(pre);
     redisFreeCommand(cmd);
-    if (post != NULL)
-        redisFreeCommand(post);
+    redisFreeCommand(post);
     return rc == REDSEM_OK ? rc : redsem__set_err(l->c, rc, "the request could not be queued");
 }
 
