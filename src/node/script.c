@@ -15,6 +15,49 @@ static bool error_starts(const redisReply *r, const char *word)
            strncmp(r->str, word, strlen(word)) == 0;
 }
 
+/* The arguments of one call of script d (its nkeys keys, then its arguments, in ka): a, the
+ * EVALSHA (or, body && !load, the EVAL with the body); la, with load, the SCRIPT LOAD of the
+ * body that goes before it (else left empty). */
+static void script_args(const redsem__script_def *d, bool body, bool load, int nkeys,
+                        const redsem__args *ka, redsem__args *a, redsem__args *la)
+{
+    redsem__args_init(a);
+    redsem__args_init(la);
+    if (load) {
+        redsem__args_str(la, "SCRIPT");
+        redsem__args_str(la, "LOAD");
+        redsem__args_mem(la, d->text, d->len);
+    }
+    if (body && !load) {
+        redsem__args_str(a, "EVAL");
+        redsem__args_mem(a, d->text, d->len);
+    } else {
+        redsem__args_str(a, "EVALSHA");
+        redsem__args_mem(a, d->sha, 40);
+    }
+    redsem__args_i64(a, nkeys);
+    for (int i = 0; i < ka->n; i++)
+        redsem__args_mem(a, ka->v[i], ka->len[i]);
+}
+
+/* The reply w of the WAIT sent after a script call (freed here): how many replicas
+ * acknowledged, into info (if not NULL). The script ran whatever WAIT says: a refused or odd
+ * WAIT counts as no replica (the caller then gives a grant back), with the reason in
+ * errmsg. */
+static void note_wait(redsem__node *n, redisReply *w, redsem__req_info *info)
+{
+    long long acked = 0;
+    if (w->type == REDIS_REPLY_ERROR)
+        (void)redsem__node_error_reply(n, w, "WAIT");
+    else if (!redsem__reply_int(w, &acked) || acked < 0) {
+        acked = 0;
+        (void)redsem__ctx_err(n->ctx, REDSEM_EPROTO, "WAIT: unexpected reply");
+    }
+    freeReplyObject(w);
+    if (info != NULL)
+        info->replicas_acked = (int)(acked > INT32_MAX ? INT32_MAX : acked);
+}
+
 /* Every script's SHA1 is known at build time (tools/embed-lua.c). A script this client has
  * not run yet on a server goes out as SCRIPT LOAD with its body followed by its EVALSHA, in
  * one write: one round trip, whose replies are SCRIPT LOAD's (the SHA1) then EVALSHA's. After
@@ -43,23 +86,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         /* load: SCRIPT LOAD before the EVALSHA; else the body by EVAL (SCRIPT LOAD refused) */
         bool load = body && !atomic_load(&n->scripts->eval_body);
         redsem__args a, la;
-        redsem__args_init(&a);
-        redsem__args_init(&la);
-        if (load) {
-            redsem__args_str(&la, "SCRIPT");
-            redsem__args_str(&la, "LOAD");
-            redsem__args_mem(&la, d->text, d->len);
-        }
-        if (body && !load) {
-            redsem__args_str(&a, "EVAL");
-            redsem__args_mem(&a, d->text, d->len);
-        } else {
-            redsem__args_str(&a, "EVALSHA");
-            redsem__args_mem(&a, d->sha, 40);
-        }
-        redsem__args_i64(&a, nkeys);
-        for (int i = 0; i < ka->n; i++)
-            redsem__args_mem(&a, ka->v[i], ka->len[i]);
+        script_args(d, body, load, nkeys, ka, &a, &la);
         redisReply *r = NULL, *w = NULL, *lr = NULL;
         /* WAIT N timeout after a write that must reach the replicas: in the same write, so
          * in the same round trip; the reply says how many acknowledged (replication is
@@ -72,20 +99,8 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         redsem__args_i64(&wa, n->sync_timeout_ms);
         int rc = redsem__node_request3(n, load ? &la : NULL, &a, sync ? &wa : NULL, flags, 0,
                                        load ? &lr : NULL, &r, sync ? &w : NULL, info);
-        if (rc == REDSEM_OK && sync) {
-            /* The script ran whatever WAIT says: a refused or odd WAIT counts as no replica
-             * (the caller then gives a grant back), with the reason in errmsg. */
-            long long acked = 0;
-            if (w->type == REDIS_REPLY_ERROR)
-                (void)redsem__node_error_reply(n, w, "WAIT");
-            else if (!redsem__reply_int(w, &acked) || acked < 0) {
-                acked = 0;
-                (void)redsem__ctx_err(n->ctx, REDSEM_EPROTO, "WAIT: unexpected reply");
-            }
-            freeReplyObject(w);
-            if (info != NULL)
-                info->replicas_acked = (int)(acked > INT32_MAX ? INT32_MAX : acked);
-        }
+        if (rc == REDSEM_OK && sync)
+            note_wait(n, w, info);
         if (info != NULL) {
             maybe_applied = maybe_applied || info->maybe_applied;
             info->maybe_applied = maybe_applied;
