@@ -239,18 +239,9 @@ static void drive_read(redsem__drive *d, drive_wait *w)
  * -1 without memory. Freed with redsem__free. */
 static int drive_format(const redsem__batch_item *it, bool load, char **out)
 {
-    const redsem__script_def *d = &redsem__script_defs[it->script];
     redsem__args la, a;
-    redsem__args_init(&la);
-    redsem__args_init(&a);
-    redsem__args_str(&la, "SCRIPT");
-    redsem__args_str(&la, "LOAD");
-    redsem__args_mem(&la, d->text, d->len);
-    redsem__args_str(&a, "EVALSHA");
-    redsem__args_mem(&a, d->sha, 40);
-    redsem__args_i64(&a, it->nkeys);
-    for (int j = 0; j < it->ka->n; j++)
-        redsem__args_mem(&a, it->ka->v[j], it->ka->len[j]);
+    redsem__script_args(&redsem__script_defs[it->script], load, load, it->nkeys, it->ka, &a,
+                        &la);
     char *c0 = NULL, *c1 = NULL;
     int l0 = load ? redsem__args_format(&la, &c0) : 0;
     int l1 = l0 < 0 ? -1 : redsem__args_format(&a, &c1);

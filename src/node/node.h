@@ -174,6 +174,11 @@ int redsem__node_request3(redsem__node *n, const struct redsem__args *pre,
  * NOSCRIPT (one more round trip only then); error replies are classified
  * into codes with the text in the context's errmsg. On REDSEM_OK *ret_reply is a non-error
  * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
+/* The arguments of one call of script d (its nkeys keys, then its arguments, in ka): a, the
+ * EVALSHA (or, body && !load, the EVAL with the body); la, with load, the SCRIPT LOAD of the
+ * body that goes before it (else left empty). Both initialised here. */
+void redsem__script_args(const redsem__script_def *d, bool body, bool load, int nkeys,
+                         const redsem__args *ka, redsem__args *a, redsem__args *la);
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *keys_and_args,
                       int flags, redsem__req_info *info, struct redisReply **ret_reply);
 /* One script call of a batch (redsem__eval_many in drive_threads.c): its arguments as for

@@ -15,11 +15,8 @@ static bool error_starts(const redisReply *r, const char *word)
            strncmp(r->str, word, strlen(word)) == 0;
 }
 
-/* The arguments of one call of script d (its nkeys keys, then its arguments, in ka): a, the
- * EVALSHA (or, body && !load, the EVAL with the body); la, with load, the SCRIPT LOAD of the
- * body that goes before it (else left empty). */
-static void script_args(const redsem__script_def *d, bool body, bool load, int nkeys,
-                        const redsem__args *ka, redsem__args *a, redsem__args *la)
+void redsem__script_args(const redsem__script_def *d, bool body, bool load, int nkeys,
+                         const redsem__args *ka, redsem__args *a, redsem__args *la)
 {
     redsem__args_init(a);
     redsem__args_init(la);
@@ -86,7 +83,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         /* load: SCRIPT LOAD before the EVALSHA; else the body by EVAL (SCRIPT LOAD refused) */
         bool load = body && !atomic_load(&n->scripts->eval_body);
         redsem__args a, la;
-        script_args(d, body, load, nkeys, ka, &a, &la);
+        redsem__script_args(d, body, load, nkeys, ka, &a, &la);
         redisReply *r = NULL, *w = NULL, *lr = NULL;
         /* WAIT N timeout after a write that must reach the replicas: in the same write, so
          * in the same round trip; the reply says how many acknowledged (replication is
