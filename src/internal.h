@@ -11,8 +11,10 @@
 
 #include "topo/topo.h"
 
-/* ---------------------------------------------------------------- routed calls (client.c) */
-/* The object layer's requests, each sent to the node that serves its key (topo/topo.h). */
+/* ------------------------------------------------- routed calls (pool.c, drive_threads.c) */
+/* The object layer's requests, each sent to the node that serves its key (topo/topo.h):
+ * redsem__request and the routed calls below on a borrowed lane (pool.c), the script calls
+ * through the shared connection or alone (drive_threads.c). */
 int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t deadline_ns,
                     struct redisReply **ret_reply, redsem__req_info *info);
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *keys_and_args,
@@ -34,7 +36,7 @@ struct redsem__wake_grant; /* below, with the acquire loop's state */
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *elem,
                   int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled,
                   struct redsem__wake_grant *grant);
-/* The same on a wait lane of its own, routed to the node serving key (client.c). */
+/* The same on a wait lane of its own, routed to the node serving key (pool.c). */
 int redsem__blpop_alone(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
                         int64_t hard_deadline_ns, bool *signaled);
 /* One call on a borrowed lane (request or wait), run on the node serving key. */
@@ -123,17 +125,17 @@ typedef struct redsem__renew_ops {
 
 /* One set of connections of a client: a topology (its nodes, each with one connection) and
  * the context its layers share. Used by one thread at a time, borrowed from the client's pool
- * for one routed call (client.c). */
+ * for one routed call (pool.c). */
 typedef struct redsem__lane {
     redsem__ctx ctx;
     redsem__topo topo;
     struct redsem__lane *next_idle;
     bool for_wait;  /* a wait lane (BLPOP), not a request lane */
-    uint64_t epoch; /* the pool's fault epoch its connections have seen (client.c) */
+    uint64_t epoch; /* the pool's fault epoch its connections have seen (pool.c) */
     int64_t queued_since; /* the borrower waited for it since then (0: it did not) */
 } redsem__lane;
 
-/* The shared connection of a client with one server (client.c): the script calls of every
+/* The shared connection of a client with one server (drive_threads.c): the script calls of every
  * thread go into one pipe (node/conn.h), several batches in flight at once. It holds a request
  * lane of the pool while requests are in flight on it and gives it back when they are all
  * answered. The threads waiting for replies drive it in turn (one reads and hands the others
@@ -148,7 +150,7 @@ typedef struct redsem__drive {
     bool reading; /* a thread holds the reader role (polls the socket, steps the pipe) */
     bool retire;  /* take no more requests: give the lane back once drained */
     bool drop;    /* ... closing its connection (a fault, READONLY, a moved primary) */
-    /* the threads' wake-ups (client.c): free ones, every one made (freed with the client),
+    /* the threads' wake-ups (drive_threads.c): free ones, every one made (freed with the client),
      * and those whose calls ended in the step under way, posted once the mutex is let go */
     struct drive_waker *free_wakers, *all_wakers;
     struct drive_waker *posts[64];
@@ -173,8 +175,8 @@ struct redsem_client {
     char *prefix;
     size_t prefix_len;
     pid_t pid; /* owner process */
-    uint64_t serial; /* unique in the process: keys the per-thread error texts (client.c) */
-    /* The pool (client.c): every lane made (freed with the client), the idle ones of each
+    uint64_t serial; /* unique in the process: keys the per-thread error texts (pool.c) */
+    /* The pool (pool.c): every lane made (freed with the client), the idle ones of each
      * kind (LIFO, so one thread keeps reusing one connection), request lanes made or being
      * made. */
     pthread_mutex_t pool_mu;
@@ -221,7 +223,7 @@ struct redsem_client {
 };
 
 /* Borrow a lane (request or wait) of c's pool, and give it back; rc: the call's outcome
- * (a lost connection makes the pool's other connections suspect). client.c. */
+ * (a lost connection makes the pool's other connections suspect). pool.c. */
 int redsem__lane_get(redsem_client *c, bool for_wait, redsem__lane **ret);
 void redsem__lane_put(redsem_client *c, redsem__lane *l, int rc);
 /* The counters of a connection set that is not a lane (an event-loop engine, drive_loop.c):
@@ -229,6 +231,15 @@ void redsem__lane_put(redsem_client *c, redsem__lane *l, int rc);
  * ctx goes), what they counted is kept in the client's. client.c, under the pool's lock. */
 void redsem__stats_attach(redsem_client *c, redsem__ctx *ctx);
 void redsem__stats_detach(redsem_client *c, redsem__ctx *ctx);
+/* Make a lane of c's pool (request or wait), not connected yet: it connects on its first
+ * request, or by redsem__topo_connect (client creation). REDSEM_OK or a fault (set on c). */
+int redsem__lane_new(redsem_client *c, bool for_wait, redsem__lane **ret);
+/* A borrowed lane's caps for one call: the calling thread's own (redsem__call_cap_set), and
+ * its wait's (a wait for the lane, redsem__eval_wait_cap_set). */
+void redsem__lane_caps(const redsem_client *c, redsem__lane *l);
+/* drive_threads.c, from redsem_client_free(): free the shared connection's wake-ups and
+ * output buffer (its lane is closed with the pool). */
+void redsem__drive_free(redsem__drive *d);
 /* Copy an error text (REDSEM__ERRMSG_LEN bytes at most). */
 void redsem__text_copy(char *dst, const char *src);
 /* wake.c: set up c's shared wait (its control list's name, the leader's key arrays).
@@ -243,10 +254,16 @@ void redsem__wake_free(redsem_client *c);
  * for a connection and for replies until cap_ns (CLOCK_MONOTONIC) at most, jump the queue of
  * threads waiting for a connection, and are never batched with other threads' calls. Set
  * by the renewer around each round of renewals and by an acquire leaving a queue; reset to 0
- * after (client.c). */
+ * after (pool.c). */
 void redsem__call_cap_set(const redsem_client *c, int64_t cap_ns);
+/* The calling thread's cap on c set by redsem__call_cap_set (0: none). */
+int64_t redsem__call_cap(const redsem_client *c);
+/* The end of the command timeout of a script call of the calling thread that waited for the
+ * shared connection's lane and now goes alone (redsem__eval), 0 to clear it: it caps that
+ * call's wait for a request lane and its first attempt, not its retry window (pool.c). */
+void redsem__eval_wait_cap_set(int64_t cap_ns);
 /* The calling thread's error text for c: a buffer of REDSEM__ERRMSG_LEN bytes that the
- * thread's next call on c may overwrite (client.c). */
+ * thread's next call on c may overwrite (pool.c). */
 char *redsem__errbuf(const redsem_client *c);
 /* The renewer of c, or NULL (an atomic read: another thread may be starting it). */
 redsem__renewer *redsem__renewer_of(const redsem_client *c);

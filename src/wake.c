@@ -385,239 +385,263 @@ static void wake_id(redsem_client *c, const char *elem, size_t len, int64_t now)
     pend_add(c, elem, len, h, &g, now);
 }
 
-/* The leader's loop, with wake_mu held (released around each BLPOP), until its own wait is
- * done; then the role goes to the next waiter. */
-static void lead(redsem_client *c, redsem__waiter *me)
-{
-    int set[WAKE_SET_SIZE]; /* indexes into keys, by key hash (open addressing) */
+/* One round of the leader: the keys of its BLPOP (copies in c->wake_keys, their lengths in
+ * c->wake_lens, their hashes in khash, their indexes by hash in set: open addressing) and
+ * what the round got. */
+typedef struct lead_round {
+    int set[WAKE_SET_SIZE];
     uint64_t khash[WAKE_KEYS_MAX];
-    /* the client's: one leader at a time (wake_leading) */
-    const char **keys = c->wake_keys;
+    int nkeys;
+    size_t bell_len; /* the client's bell (the same every round) */
+    uint64_t bell_hash;
+    /* this round drains the id list instead of a BLPOP: after the bell, after a drain that
+     * came back full, after a BLPOP dropped with its connection (its bell may be lost); the
+     * client's flag, so that the next leader does it if this one stops */
+    bool drain;
+    bool with_bell;      /* this round's BLPOP watches the bell */
+    int64_t until, hard; /* the earliest wait's end, and hard deadline */
+    int which;           /* the key the BLPOP popped from (-1 none; -2 our deadline cut it) */
+    char val[WAKE_ELEM_MAX + 1]; /* what the BLPOP popped */
+    redisReply *ids;     /* a drain's */
+    bool drained;
+} lead_round;
+
+/* Under wake_mu: the round's keys, each registered list once, with the earliest wait's end
+ * and hard deadline, each entry marked watched if its list is in. REDSEM_OK or
+ * REDSEM_ENOMEM (the deadlines are still found). */
+static int round_keys(redsem_client *c, const redsem__waiter *me, lead_round *r)
+{
+    const char **keys = c->wake_keys; /* the client's: one leader at a time (wake_leading) */
     size_t *lens = c->wake_lens;
-    redsem__lane *l = NULL;
-    int last = REDSEM_OK;
-    size_t bell_len = strlen(c->wake_bell);
-    uint64_t bell_hash = key_hash(c->wake_bell, bell_len);
-    while (!me->done) {
-        /* this round drains the id list instead of a BLPOP: after the bell, after a drain
-         * that came back full, after a BLPOP dropped with its connection (its bell may be
-         * lost); the client's flag, so that the next leader does it if this one stops */
-        bool drain = c->wake_drain_due;
-        int rc = REDSEM_OK;
-        int nkeys = 0;
-        for (int i = 0; i < WAKE_SET_SIZE; i++)
-            set[i] = -1;
-        /* a cancelled wait ends now: redsem__wake_cancelled() ends the others' at once (the
-         * leader's own, by a 1 ms BLPOP) */
-        int64_t until = me->cancel != NULL && atomic_load(me->cancel) ? 0 : INT64_MAX;
-        int64_t hard = INT64_MAX;
-        for (int i = 0; i < c->wn; i++) {
-            redsem__wentry *e = &c->wv[i];
-            if (e->keylen == 0)
-                continue; /* a parked waiters' leader: nothing of its own */
-            if (e->until_ns < until)
-                until = e->until_ns;
-            if (e->hard_ns < hard)
-                hard = e->hard_ns;
-            e->watched = false;
-            if (rc != REDSEM_OK)
-                continue;
-            /* a key already in this BLPOP (the waiters of one semaphore share its list): a
-             * hash set of the keys so far, so that a round costs O(waiters) */
-            uint32_t slot = (uint32_t)e->hash & (WAKE_SET_SIZE - 1);
-            bool dup = false;
-            while (set[slot] >= 0) {
-                int k = set[slot];
-                if (khash[k] == e->hash && lens[k] == e->keylen) {
-                    dup = true;
-                    break;
-                }
-                slot = (slot + 1) & (WAKE_SET_SIZE - 1);
+    int rc = REDSEM_OK;
+    r->nkeys = 0;
+    for (int i = 0; i < WAKE_SET_SIZE; i++)
+        r->set[i] = -1;
+    /* a cancelled wait ends now: redsem__wake_cancelled() ends the others' at once (the
+     * leader's own, by a 1 ms BLPOP) */
+    r->until = me->cancel != NULL && atomic_load(me->cancel) ? 0 : INT64_MAX;
+    r->hard = INT64_MAX;
+    for (int i = 0; i < c->wn; i++) {
+        redsem__wentry *e = &c->wv[i];
+        if (e->keylen == 0)
+            continue; /* a parked waiters' leader: nothing of its own */
+        if (e->until_ns < r->until)
+            r->until = e->until_ns;
+        if (e->hard_ns < r->hard)
+            r->hard = e->hard_ns;
+        e->watched = false;
+        if (rc != REDSEM_OK)
+            continue;
+        /* a key already in this BLPOP (the waiters of one semaphore share its list): a
+         * hash set of the keys so far, so that a round costs O(waiters) */
+        uint32_t slot = (uint32_t)e->hash & (WAKE_SET_SIZE - 1);
+        bool dup = false;
+        while (r->set[slot] >= 0) {
+            int k = r->set[slot];
+            if (r->khash[k] == e->hash && lens[k] == e->keylen) {
+                dup = true;
+                break;
             }
-            /* the bell always has a place: it stands for every fair waiter of the client */
-            bool bell = e->hash == bell_hash && e->keylen == bell_len;
-            if (!dup && (nkeys < WAKE_KEYS_MAX - 2 || (bell && nkeys < WAKE_KEYS_MAX - 1))) {
-                /* a copy: a waiter that gives up (its safety net) takes its key with it */
-                char *k = redsem__memdup0(e->w->key, e->keylen);
-                if (k == NULL) {
-                    rc = REDSEM_ENOMEM;
-                    continue;
-                }
-                keys[nkeys] = k;
-                lens[nkeys] = e->keylen;
-                khash[nkeys] = e->hash;
-                set[slot] = nkeys++;
-                e->watched = true;
-            } else if (dup) {
-                e->watched = true;
-            }
+            slot = (slot + 1) & (WAKE_SET_SIZE - 1);
         }
-        bool with_bell = false; /* this round's BLPOP watches the bell */
-        for (int k = 0; k < nkeys && !with_bell; k++)
-            with_bell = khash[k] == bell_hash && lens[k] == bell_len;
-        int which = -1;
-        char val[WAKE_ELEM_MAX + 1]; /* what the BLPOP popped */
-        val[0] = '\0';
-        redisReply *ids = NULL; /* a drain's */
-        bool drained = false;
-        if (rc == REDSEM_OK) {
-            keys[nkeys] = c->wake_ctl; /* last: a wake-up's element is popped first */
-            lens[nkeys] = strlen(c->wake_ctl);
-            /* a drain does not block: a new wait needs no poke, the next BLPOP sees it */
-            c->wake_blocked = !drain;
-            c->wake_poked = false;
-            c->wake_until = until;
-            c->wake_hard = hard;
-            pthread_mutex_unlock(&c->wake_mu);
-            if (l == NULL)
-                rc = redsem__lane_get(c, true, &l);
-            if (rc == REDSEM_OK) {
-                int64_t now = redsem__now_ns();
-                int64_t wait_ms = until > now ? (until - now + REDSEM__NS_PER_MS - 1) /
-                                                    REDSEM__NS_PER_MS : 1;
-                redsem__node *n = redsem__topo_node(&l->topo, NULL, 0);
-                l->ctx.errmsg[0] = '\0';
-                /* reconnects too end by the earliest cut; a drain (which does not wait) has
-                 * its command timeout: cut, it would fail every wait and lose what it took */
-                l->ctx.deadline_cap_ns = drain ? INT64_MAX : hard;
-                l->ctx.wait_cap_ns = 0;
-                if (drain) {
-                    redsem__args ka;
-                    redsem__args_init(&ka);
-                    redsem__args_str(&ka, c->wake_ids);
-                    redsem__args_i64(&ka, WAKE_DRAIN_MAX);
-                    rc = redsem__node_eval(n, REDSEM__SCRIPT_WAKE_DRAIN, 1, &ka,
-                                           REDSEM__REQ_RETRY, NULL, &ids);
-                    if (rc == REDSEM_OK && ids->type != REDIS_REPLY_ARRAY) {
-                        freeReplyObject(ids);
-                        ids = NULL;
-                        rc = redsem__ctx_err(&l->ctx, REDSEM_EPROTO,
-                                             "wake_drain: unexpected reply");
-                    }
-                    drained = rc == REDSEM_OK;
-                } else {
-                    rc = redsem__node_blpop_many(n, keys, lens, nkeys + 1, wait_ms, hard,
-                                                 &which, val, sizeof val);
-                }
-            }
-            pthread_mutex_lock(&c->wake_mu);
-            c->wake_blocked = false;
-        }
-        last = rc;
-        int64_t now = redsem__now_ns();
-        /* Nothing popped before any wait ended: the wait was cut (UNBLOCKED from a demoted
-         * primary): every waiter goes back to its acquire loop, which tries again (on the new
-         * primary), as a lone wait would. Our own hard deadline (which == -2) ends only the
-         * waits that reached theirs. */
-        bool cut = rc == REDSEM_OK && !drained && which == -1 && now < until;
-        bool popped = rc == REDSEM_OK && which >= 0 && which < nkeys;
-        /* One element popped is one wake-up. An id (the client's id list) goes to the waiter
-         * with that id, and is kept for a while if none is registered now. Any other element
-         * goes to the longest-waiting waiter on its list, by its acquire's start (a basic
-         * waiter that woke by its deadline, or lost its permit to a barging acquire,
-         * registers anew but keeps its age; on a tie the first found); the others on the
-         * same list (basic: one list per semaphore) wait for theirs. The bell means more may
-         * be queued behind its element (a busy server grants faster than one BLPOP each):
-         * the next round drains the list, and so on while a drain comes back full. */
-        if (drained) {
-            for (size_t j = 0; j < ids->elements; j++) {
-                const redisReply *x = ids->element[j];
-                if (x->type != REDIS_REPLY_STRING)
-                    continue;
-                uint64_t h = key_hash(x->str, x->len);
-                /* the list's head may be what a bell gave already (given once, not twice) */
-                bool given = j == 0 && c->wake_skip != 0 && h == c->wake_skip;
-                c->wake_skip = 0;
-                if (given)
-                    continue;
-                c->wake_recent[c->wake_recent_next++ % WAKE_RECENT_MAX] = h;
-                wake_id(c, x->str, x->len, now);
-            }
-            c->wake_skip = 0;
-            c->wake_drain_due = ids->elements >= WAKE_DRAIN_MAX;
-            freeReplyObject(ids);
-        } else if (rc != REDSEM_OK || which == -2) {
-            /* a connection dropped with the BLPOP: a bell it popped is lost, not the ids */
-            if (with_bell || drain)
-                c->wake_drain_due = true;
-        } else if (popped && khash[which] == bell_hash && lens[which] == bell_len) {
-            /* the bell, with the element that rang it: given now (unless a drain gave it
-             * already: then it is forgotten), and the list drained next */
-            size_t vl = strlen(val);
-            uint64_t h = key_hash(val, vl);
-            bool given = false;
-            for (int k = 0; k < WAKE_RECENT_MAX && !given; k++)
-                if (c->wake_recent[k] == h) {
-                    c->wake_recent[k] = 0;
-                    given = true;
-                }
-            if (!given && vl > 0) {
-                wake_id(c, val, vl, now);
-                c->wake_skip = h;
-            }
-            c->wake_drain_due = true;
-        } else if (popped) {
-            int woken = -1;
-            for (int i = 0; i < c->wn; i++) {
-                const redsem__wentry *e = &c->wv[i];
-                if (e->keylen == lens[which] && e->hash == khash[which] && !e->woken &&
-                    (woken < 0 || e->since_ns < c->wv[woken].since_ns))
-                    woken = i;
-            }
-            if (woken >= 0)
-                c->wv[woken].woken = true;
-        }
-        for (int i = 0; i < c->wn;) {
-            const redsem__wentry *e = &c->wv[i];
-            redsem__waiter *x = e->w;
-            bool fin = false;
-            if (rc != REDSEM_OK) {
-                x->rc = rc;
-                redsem__text_copy(x->errmsg, l != NULL ? l->ctx.errmsg : me->errmsg);
-                fin = true;
-            } else if (e->woken) {
-                x->signaled = true;
-                REDSEM__COUNT(&l->ctx, wakeups, 1);
-                fin = true;
-            } else if (e->keylen == 0) {
-                /* a parked waiters' leader: until none is left, or its owner stops it */
-                fin = !any_parked(c) || (x->cancel != NULL && atomic_load(x->cancel));
-            } else if (cut || now >= e->until_ns || now >= e->hard_ns ||
-                       (x == me && x->cancel != NULL && atomic_load(x->cancel))) {
-                fin = true;
-            }
-            if (!fin) {
-                i++;
+        /* the bell always has a place: it stands for every fair waiter of the client */
+        bool bell = e->hash == r->bell_hash && e->keylen == r->bell_len;
+        if (!dup && (r->nkeys < WAKE_KEYS_MAX - 2 || (bell && r->nkeys < WAKE_KEYS_MAX - 1))) {
+            /* a copy: a waiter that gives up (its safety net) takes its key with it */
+            char *k = redsem__memdup0(e->w->key, e->keylen);
+            if (k == NULL) {
+                rc = REDSEM_ENOMEM;
                 continue;
             }
-            remove_at(c, i); /* the last entry comes to i: looked at next */
-            x->done = true;
-            if (x->on_done != NULL)
-                end_parked(x);
-            else if (x != me)
-                pthread_cond_signal(&x->cv);
-        }
-        /* each entry NULL as it is freed (and the control list's): a child forked meanwhile
-         * frees the copies it finds (redsem__wake_free), never one twice */
-        keys[nkeys] = NULL;
-        for (int i = 0; i < nkeys; i++) {
-            const char *k = keys[i];
-            keys[i] = NULL;
-            redsem__free((char *)k);
-        }
-        if (!me->done && me->key == NULL &&
-            (!any_parked(c) || (me->cancel != NULL && atomic_load(me->cancel)))) {
-            unlink_waiter(c, me);
-            me->done = true;
+            keys[r->nkeys] = k;
+            lens[r->nkeys] = e->keylen;
+            r->khash[r->nkeys] = e->hash;
+            r->set[slot] = r->nkeys++;
+            e->watched = true;
+        } else if (dup) {
+            e->watched = true;
         }
     }
+    r->with_bell = false;
+    for (int k = 0; k < r->nkeys && !r->with_bell; k++)
+        r->with_bell = r->khash[k] == r->bell_hash && lens[k] == r->bell_len;
+    return rc;
+}
+
+/* Under wake_mu (let go meanwhile): the round's BLPOP on its keys and the control list, or
+ * its drain of the id list, on the wait lane *l (borrowed first if NULL). Its status. */
+static int round_wait(redsem_client *c, lead_round *r, redsem__lane **l)
+{
+    const char **keys = c->wake_keys;
+    size_t *lens = c->wake_lens;
+    int rc = REDSEM_OK;
+    keys[r->nkeys] = c->wake_ctl; /* last: a wake-up's element is popped first */
+    lens[r->nkeys] = strlen(c->wake_ctl);
+    /* a drain does not block: a new wait needs no poke, the next BLPOP sees it */
+    c->wake_blocked = !r->drain;
+    c->wake_poked = false;
+    c->wake_until = r->until;
+    c->wake_hard = r->hard;
+    pthread_mutex_unlock(&c->wake_mu);
+    if (*l == NULL)
+        rc = redsem__lane_get(c, true, l);
+    if (rc == REDSEM_OK) {
+        int64_t now = redsem__now_ns();
+        int64_t wait_ms = r->until > now ? (r->until - now + REDSEM__NS_PER_MS - 1) /
+                                               REDSEM__NS_PER_MS : 1;
+        redsem__node *n = redsem__topo_node(&(*l)->topo, NULL, 0);
+        (*l)->ctx.errmsg[0] = '\0';
+        /* reconnects too end by the earliest cut; a drain (which does not wait) has
+         * its command timeout: cut, it would fail every wait and lose what it took */
+        (*l)->ctx.deadline_cap_ns = r->drain ? INT64_MAX : r->hard;
+        (*l)->ctx.wait_cap_ns = 0;
+        if (r->drain) {
+            redsem__args ka;
+            redsem__args_init(&ka);
+            redsem__args_str(&ka, c->wake_ids);
+            redsem__args_i64(&ka, WAKE_DRAIN_MAX);
+            rc = redsem__node_eval(n, REDSEM__SCRIPT_WAKE_DRAIN, 1, &ka,
+                                   REDSEM__REQ_RETRY, NULL, &r->ids);
+            if (rc == REDSEM_OK && r->ids->type != REDIS_REPLY_ARRAY) {
+                freeReplyObject(r->ids);
+                r->ids = NULL;
+                rc = redsem__ctx_err(&(*l)->ctx, REDSEM_EPROTO, "wake_drain: unexpected reply");
+            }
+            r->drained = rc == REDSEM_OK;
+        } else {
+            rc = redsem__node_blpop_many(n, keys, lens, r->nkeys + 1, wait_ms, r->hard,
+                                         &r->which, r->val, sizeof r->val);
+        }
+    }
+    pthread_mutex_lock(&c->wake_mu);
+    c->wake_blocked = false;
+    return rc;
+}
+
+/* Under wake_mu: give what the round got (rc: its status). One element popped is one
+ * wake-up. An id (the client's id list) goes to the waiter with that id, and is kept for a
+ * while if none is registered now. Any other element goes to the longest-waiting waiter on
+ * its list, by its acquire's start (a basic waiter that woke by its deadline, or lost its
+ * permit to a barging acquire, registers anew but keeps its age; on a tie the first found);
+ * the others on the same list (basic: one list per semaphore) wait for theirs. The bell means
+ * more may be queued behind its element (a busy server grants faster than one BLPOP each):
+ * the next round drains the list, and so on while a drain comes back full. */
+static void round_give(redsem_client *c, lead_round *r, int rc, int64_t now)
+{
+    const size_t *lens = c->wake_lens;
+    bool popped = rc == REDSEM_OK && r->which >= 0 && r->which < r->nkeys;
+    if (r->drained) {
+        for (size_t j = 0; j < r->ids->elements; j++) {
+            const redisReply *x = r->ids->element[j];
+            if (x->type != REDIS_REPLY_STRING)
+                continue;
+            uint64_t h = key_hash(x->str, x->len);
+            /* the list's head may be what a bell gave already (given once, not twice) */
+            bool given = j == 0 && c->wake_skip != 0 && h == c->wake_skip;
+            c->wake_skip = 0;
+            if (given)
+                continue;
+            c->wake_recent[c->wake_recent_next++ % WAKE_RECENT_MAX] = h;
+            wake_id(c, x->str, x->len, now);
+        }
+        c->wake_skip = 0;
+        c->wake_drain_due = r->ids->elements >= WAKE_DRAIN_MAX;
+        freeReplyObject(r->ids);
+    } else if (rc != REDSEM_OK || r->which == -2) {
+        /* a connection dropped with the BLPOP: a bell it popped is lost, not the ids */
+        if (r->with_bell || r->drain)
+            c->wake_drain_due = true;
+    } else if (popped && r->khash[r->which] == r->bell_hash && lens[r->which] == r->bell_len) {
+        /* the bell, with the element that rang it: given now (unless a drain gave it
+         * already: then it is forgotten), and the list drained next */
+        size_t vl = strlen(r->val);
+        uint64_t h = key_hash(r->val, vl);
+        bool given = false;
+        for (int k = 0; k < WAKE_RECENT_MAX && !given; k++)
+            if (c->wake_recent[k] == h) {
+                c->wake_recent[k] = 0;
+                given = true;
+            }
+        if (!given && vl > 0) {
+            wake_id(c, r->val, vl, now);
+            c->wake_skip = h;
+        }
+        c->wake_drain_due = true;
+    } else if (popped) {
+        int woken = -1;
+        for (int i = 0; i < c->wn; i++) {
+            const redsem__wentry *e = &c->wv[i];
+            if (e->keylen == lens[r->which] && e->hash == r->khash[r->which] && !e->woken &&
+                (woken < 0 || e->since_ns < c->wv[woken].since_ns))
+                woken = i;
+        }
+        if (woken >= 0)
+            c->wv[woken].woken = true;
+    }
+}
+
+/* Under wake_mu: end the waits the round ended (rc: its status; l: the wait lane, NULL if
+ * none was had; cut: the BLPOP was cut before any wait ended): each is unregistered, told
+ * (its thread signaled, or a parked wait's callback run), its outcome and error text set. */
+static void round_end(redsem_client *c, redsem__waiter *me, redsem__lane *l, int rc, bool cut,
+                      int64_t now)
+{
+    for (int i = 0; i < c->wn;) {
+        const redsem__wentry *e = &c->wv[i];
+        redsem__waiter *x = e->w;
+        bool fin = false;
+        if (rc != REDSEM_OK) {
+            x->rc = rc;
+            redsem__text_copy(x->errmsg, l != NULL ? l->ctx.errmsg : me->errmsg);
+            fin = true;
+        } else if (e->woken) {
+            x->signaled = true;
+            REDSEM__COUNT(&l->ctx, wakeups, 1);
+            fin = true;
+        } else if (e->keylen == 0) {
+            /* a parked waiters' leader: until none is left, or its owner stops it */
+            fin = !any_parked(c) || (x->cancel != NULL && atomic_load(x->cancel));
+        } else if (cut || now >= e->until_ns || now >= e->hard_ns ||
+                   (x == me && x->cancel != NULL && atomic_load(x->cancel))) {
+            fin = true;
+        }
+        if (!fin) {
+            i++;
+            continue;
+        }
+        remove_at(c, i); /* the last entry comes to i: looked at next */
+        x->done = true;
+        if (x->on_done != NULL)
+            end_parked(x);
+        else if (x != me)
+            pthread_cond_signal(&x->cv);
+    }
+}
+
+/* Under wake_mu: free the copies of a round's nkeys keys, each entry NULL as it is freed (and
+ * the control list's): a child forked meanwhile frees the copies it finds
+ * (redsem__wake_free), never one twice. */
+static void round_free_keys(redsem_client *c, int nkeys)
+{
+    const char **keys = c->wake_keys;
+    keys[nkeys] = NULL;
+    for (int i = 0; i < nkeys; i++) {
+        const char *k = keys[i];
+        keys[i] = NULL;
+        redsem__free((char *)k);
+    }
+}
+
+/* Under wake_mu (let go meanwhile), the leader's own wait done: give its wait lane l back
+ * (last: the last round's status), and the role to a waiting thread; parked waiters alone
+ * ask their owner for a thread (redsem__wake_park's need_lead). */
+static void pass_lead(redsem_client *c, redsem__lane *l, int last)
+{
     if (l != NULL) {
         pthread_mutex_unlock(&c->wake_mu);
         redsem__lane_put(c, l, last);
         pthread_mutex_lock(&c->wake_mu);
     }
-    /* the role goes to a waiting thread; parked waiters alone ask their owner for a thread
-     * (redsem__wake_park's need_lead) */
     redsem__waiter *next = NULL;
     for (int i = 0; i < c->wn && next == NULL; i++)
         if (!c->wv[i].parked)
@@ -632,6 +656,43 @@ static void lead(redsem_client *c, redsem__waiter *me)
             if (c->wv[i].w->need_lead(c->wv[i].w->arg))
                 break;
     }
+}
+
+/* The leader's loop, with wake_mu held (released around each BLPOP), until its own wait is
+ * done; then the role goes to the next waiter. */
+static void lead(redsem_client *c, redsem__waiter *me)
+{
+    lead_round r;
+    redsem__lane *l = NULL;
+    int last = REDSEM_OK;
+    r.bell_len = strlen(c->wake_bell);
+    r.bell_hash = key_hash(c->wake_bell, r.bell_len);
+    while (!me->done) {
+        r.drain = c->wake_drain_due;
+        int rc = round_keys(c, me, &r);
+        r.which = -1;
+        r.val[0] = '\0';
+        r.ids = NULL;
+        r.drained = false;
+        if (rc == REDSEM_OK)
+            rc = round_wait(c, &r, &l);
+        last = rc;
+        int64_t now = redsem__now_ns();
+        /* Nothing popped before any wait ended: the wait was cut (UNBLOCKED from a demoted
+         * primary): every waiter goes back to its acquire loop, which tries again (on the new
+         * primary), as a lone wait would. Our own hard deadline (which == -2) ends only the
+         * waits that reached theirs. */
+        bool cut = rc == REDSEM_OK && !r.drained && r.which == -1 && now < r.until;
+        round_give(c, &r, rc, now);
+        round_end(c, me, l, rc, cut, now);
+        round_free_keys(c, r.nkeys);
+        if (!me->done && me->key == NULL &&
+            (!any_parked(c) || (me->cancel != NULL && atomic_load(me->cancel)))) {
+            unlink_waiter(c, me);
+            me->done = true;
+        }
+    }
+    pass_lead(c, l, last);
 }
 
 /* Under wake_mu, with the role taken (wake_leading set by the caller): lead on this thread,

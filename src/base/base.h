@@ -49,7 +49,7 @@ int redsem__new_id(char out[REDSEM_ID_BUFSIZE]);
 /* ---------------------------------------------------------------- per-client context */
 #define REDSEM__ERRMSG_LEN 512
 /* What the layers below the client share for one of its connection sets (a pool lane,
- * client.c): the text of the last error, the counters, and a cap on how long any request may
+ * pool.c): the text of the last error, the counters, and a cap on how long any request may
  * run. The lane owns it; each node of the lane points to it; one thread at a time uses it. */
 typedef struct redsem__ctx {
     char errmsg[REDSEM__ERRMSG_LEN];

@@ -557,6 +557,75 @@ static int format_requests(const redsem__node *n, const redsem__args *pre, const
     return all == NULL ? -1 : len0 + (int)ask + len + len2;
 }
 
+/* Before a request's attempt: connect n if it is not, and give up a connection to a primary
+ * the Sentinels announced they moved away from (nothing sent). REDSEM_OK: send; else the
+ * fault (set on n's context), *retry: it may be retried within the window. */
+static int send_ready(redsem__node *n, bool *retry, char *err, size_t errlen)
+{
+    bool retryable = true;
+    *retry = false;
+    if (!n->connected) {
+        int rc = redsem__node_connect(n, &retryable, err, errlen);
+        if (rc != REDSEM_OK) {
+            redsem__ctx_err(n->ctx, rc, "%s", err);
+            /* a cluster node that cannot be reached: the topology asks the cluster
+             * where its slots went before it retries */
+            *retry = rc == REDSEM_ECONN && retryable && !n->cluster;
+            return rc;
+        }
+    }
+    if (primary_moved(n, err, errlen)) {
+        /* Sentinel switched the primary, the old one still accepts writes: nothing was
+         * sent; resolve again and resend, as after READONLY below */
+        redsem__ctx_err(n->ctx, REDSEM_ECONN, "%s", err);
+        *retry = true;
+        return REDSEM_ECONN;
+    }
+    return REDSEM_OK;
+}
+
+/* Free the replies of an attempt that is made again: a's (r), then's (r2) and pre's (r0),
+ * the last two if any. */
+static void free_replies(redisReply *r, redisReply *r2, redisReply *r0)
+{
+    freeReplyObject(r);
+    if (r2 != NULL)
+        freeReplyObject(r2);
+    if (r0 != NULL)
+        freeReplyObject(r0);
+}
+
+/* Hand out the replies of a request that succeeded: a's to *ret_reply, then's (r2) and pre's
+ * (r0) where asked for, else freed. */
+static void hand_out(redisReply *r, redisReply *r2, redisReply *r0, redisReply **ret_pre,
+                     redisReply **ret_reply, redisReply **ret_then)
+{
+    *ret_reply = r;
+    if (ret_then != NULL)
+        *ret_then = r2;
+    else if (r2 != NULL)
+        freeReplyObject(r2);
+    if (ret_pre != NULL)
+        *ret_pre = r0;
+    else if (r0 != NULL)
+        freeReplyObject(r0);
+}
+
+/* After a lost connection: whether the request may be sent again (flags' REDSEM__REQ_RETRY,
+ * within n's retry window, which starts at the first loss: *retry_until), after a nap. */
+static bool retry_after_nap(redsem__node *n, int flags, int64_t *retry_until, int64_t *backoff)
+{
+    if (!(flags & REDSEM__REQ_RETRY) || n->retry_ms == 0)
+        return false;
+    int64_t now = redsem__now_ns();
+    if (*retry_until == 0)
+        *retry_until = retry_deadline(n, now);
+    if (now >= *retry_until)
+        return false;
+    nap_before_retry(n, backoff, *retry_until);
+    return true;
+}
+
 /* The request loop of node_request3 on bytes already formatted (cmd: [pre] [ASKING] a
  * [then]): connect, write, read, reconnect and resend within the retry window. The replies
  * judged (LOADING, READONLY) are a's: pre's is returned as it came. */
@@ -580,25 +649,12 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
     int rc;
     char err[256];
     for (;;) {
-        bool retryable = true;
-        if (!n->connected) {
-            rc = redsem__node_connect(n, &retryable, err, sizeof err);
-            if (rc != REDSEM_OK) {
-                redsem__ctx_err(n->ctx, rc, "%s", err);
-                /* a cluster node that cannot be reached: the topology asks the cluster
-                 * where its slots went before it retries */
-                if (rc == REDSEM_ECONN && retryable && !n->cluster)
-                    goto retry;
-                break;
-            }
-        }
-        if (primary_moved(n, err, sizeof err)) {
-            /* Sentinel switched the primary, the old one still accepts writes: nothing was
-             * sent; resolve again and resend, as after READONLY below */
-            redsem__ctx_err(n->ctx, REDSEM_ECONN, "%s", err);
-            rc = REDSEM_ECONN;
+        bool may_retry = false;
+        rc = send_ready(n, &may_retry, err, sizeof err);
+        if (rc != REDSEM_OK && may_retry)
             goto retry;
-        }
+        if (rc != REDSEM_OK)
+            break;
         int64_t sent = redsem__now_ns();
         /* 0: an ordinary request, bounded by the socket's timeout (the command timeout) */
         int64_t dl = deadline_ns, cap = redsem__ctx_cap(n->ctx);
@@ -626,11 +682,7 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
             if (retry_until == 0)
                 retry_until = retry_deadline(n, now);
             if (now < retry_until) {
-                freeReplyObject(r);
-                if (r2 != NULL)
-                    freeReplyObject(r2);
-                if (r0 != NULL)
-                    freeReplyObject(r0);
+                free_replies(r, r2, r0);
                 nap_before_retry(n, &backoff, retry_until);
                 continue;
             }
@@ -641,11 +693,7 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
              * refused before anything was written. Resolve the primary again and resend. */
             snprintf(err, sizeof err, "%s:%d became a replica (READONLY)", n->ep.host,
                      n->ep.port);
-            freeReplyObject(r);
-            if (r2 != NULL)
-                freeReplyObject(r2);
-            if (r0 != NULL)
-                freeReplyObject(r0);
+            free_replies(r, r2, r0);
             drop_connection(n);
             redsem__ctx_err(n->ctx, REDSEM_ECONN, "%s", err);
             rc = REDSEM_ECONN;
@@ -654,15 +702,7 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
         if (rc == REDSEM_OK) {
             info->sent_ns = sent;
             info->recv_ns = redsem__now_ns();
-            *ret_reply = r;
-            if (ret_then != NULL)
-                *ret_then = r2;
-            else if (r2 != NULL)
-                freeReplyObject(r2);
-            if (ret_pre != NULL)
-                *ret_pre = r0;
-            else if (r0 != NULL)
-                freeReplyObject(r0);
+            hand_out(r, r2, r0, ret_pre, ret_reply, ret_then);
             break;
         }
         drop_connection(n);
@@ -672,18 +712,10 @@ static int send_formatted(redsem__node *n, const char *cmd, size_t len, bool has
         if (rc != REDSEM_ECONN)
             break; /* timeouts are not retried: the server may be stalled */
     retry:
-        if (!(flags & REDSEM__REQ_RETRY) || n->retry_ms == 0) {
+        if (!retry_after_nap(n, flags, &retry_until, &backoff)) {
             rc = REDSEM_ECONN;
             break;
         }
-        int64_t now = redsem__now_ns();
-        if (retry_until == 0)
-            retry_until = retry_deadline(n, now);
-        if (now >= retry_until) {
-            rc = REDSEM_ECONN;
-            break;
-        }
-        nap_before_retry(n, &backoff, retry_until);
     }
     return rc;
 }

@@ -47,7 +47,7 @@ typedef struct redsem__redirect {
 /* The server's clock (TIME, us) minus our CLOCK_MONOTONIC (us), as last measured: from TIME
  * at connect, then from every acquire reply; INT64_MIN while unknown. Used only to tell the
  * server until when an acquire may still run (its "not after"), never to judge a lease.
- * Atomic: the lanes of one client that reach one server share one (client.c). */
+ * Atomic: the lanes of one client that reach one server share one (pool.c). */
 typedef struct redsem__clock {
     _Atomic int64_t offset_us;
 } redsem__clock;
@@ -62,7 +62,7 @@ int64_t redsem__clock_not_after_us(const redsem__clock *k, int64_t command_timeo
 /* The scripts a server is known to hold in its cache: loaded there (SCRIPT LOAD, or EVAL
  * with the body where SCRIPT LOAD is refused) and not reported missing since (NOSCRIPT). A
  * node's own, or one that its client shares among the lanes that reach the same server
- * (client.c, as the clock), so that a new lane does not send every body again. eval_body:
+ * (pool.c, as the clock), so that a new lane does not send every body again. eval_body:
  * the server refused SCRIPT LOAD (an ACL without script|load, a renamed command): bodies go
  * by EVAL. Atomic: lanes of one client run in parallel. */
 typedef struct redsem__script_cache {
@@ -174,6 +174,11 @@ int redsem__node_request3(redsem__node *n, const struct redsem__args *pre,
  * NOSCRIPT (one more round trip only then); error replies are classified
  * into codes with the text in the context's errmsg. On REDSEM_OK *ret_reply is a non-error
  * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
+/* The arguments of one call of script d (its nkeys keys, then its arguments, in ka): a, the
+ * EVALSHA (or, body && !load, the EVAL with the body); la, with load, the SCRIPT LOAD of the
+ * body that goes before it (else left empty). Both initialised here. */
+void redsem__script_args(const redsem__script_def *d, bool body, bool load, int nkeys,
+                         const redsem__args *ka, redsem__args *a, redsem__args *la);
 int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *keys_and_args,
                       int flags, redsem__req_info *info, struct redisReply **ret_reply);
 /* The replicas a WAIT reply w says acknowledged (an error reply, or one that is not a
@@ -182,7 +187,7 @@ int redsem__node_wait_acked(redsem__node *n, const struct redisReply *w);
 /* Whether r is "-LOADING ...": a restarted server reading its RDB or AOF file, which
  * executes nothing until it is done (a request is resent within its retry window). */
 bool redsem__loading_reply(const struct redisReply *r);
-/* One script call of a batch (redsem__eval_many in client.c): its arguments as for
+/* One script call of a batch (redsem__eval_many in drive_threads.c): its arguments as for
  * redsem__node_eval, and its outcome. errmsg: the calling thread's error text
  * (REDSEM__ERRMSG_LEN bytes), read for the call and written by it. */
 typedef struct redsem__batch_item {

@@ -15,6 +15,28 @@ static bool error_starts(const redisReply *r, const char *word)
            strncmp(r->str, word, strlen(word)) == 0;
 }
 
+void redsem__script_args(const redsem__script_def *d, bool body, bool load, int nkeys,
+                         const redsem__args *ka, redsem__args *a, redsem__args *la)
+{
+    redsem__args_init(a);
+    redsem__args_init(la);
+    if (load) {
+        redsem__args_str(la, "SCRIPT");
+        redsem__args_str(la, "LOAD");
+        redsem__args_mem(la, d->text, d->len);
+    }
+    if (body && !load) {
+        redsem__args_str(a, "EVAL");
+        redsem__args_mem(a, d->text, d->len);
+    } else {
+        redsem__args_str(a, "EVALSHA");
+        redsem__args_mem(a, d->sha, 40);
+    }
+    redsem__args_i64(a, nkeys);
+    for (int i = 0; i < ka->n; i++)
+        redsem__args_mem(a, ka->v[i], ka->len[i]);
+}
+
 int redsem__node_wait_acked(redsem__node *n, const redisReply *w)
 {
     /* The script ran whatever WAIT says: a refused or odd WAIT counts as no replica (the
@@ -57,23 +79,7 @@ int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args
         /* load: SCRIPT LOAD before the EVALSHA; else the body by EVAL (SCRIPT LOAD refused) */
         bool load = body && !atomic_load(&n->scripts->eval_body);
         redsem__args a, la;
-        redsem__args_init(&a);
-        redsem__args_init(&la);
-        if (load) {
-            redsem__args_str(&la, "SCRIPT");
-            redsem__args_str(&la, "LOAD");
-            redsem__args_mem(&la, d->text, d->len);
-        }
-        if (body && !load) {
-            redsem__args_str(&a, "EVAL");
-            redsem__args_mem(&a, d->text, d->len);
-        } else {
-            redsem__args_str(&a, "EVALSHA");
-            redsem__args_mem(&a, d->sha, 40);
-        }
-        redsem__args_i64(&a, nkeys);
-        for (int i = 0; i < ka->n; i++)
-            redsem__args_mem(&a, ka->v[i], ka->len[i]);
+        redsem__script_args(d, body, load, nkeys, ka, &a, &la);
         redisReply *r = NULL, *w = NULL, *lr = NULL;
         /* WAIT N timeout after a write that must reach the replicas: in the same write, so
          * in the same round trip; the reply says how many acknowledged (replication is

@@ -48,7 +48,7 @@ typedef struct redsem__topo {
     int64_t swept_ns;     /* when nodes out of the map were last dropped */
     /* the index in given.hosts of the seed that last gave a lane of the client the map: a
      * lane without a map yet asks it first (a seed that hangs costs one lane only); shared
-     * by the client's lanes (client.c), NULL: none */
+     * by the client's lanes (pool.c), NULL: none */
     _Atomic size_t *seed_first;
     bool sweep_due;       /* a node was added or the map changed since */
 } redsem__topo;
