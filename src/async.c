@@ -1048,8 +1048,9 @@ static void loop_start(redsem_async *a, op *o)
     loop_sync(a);
 }
 
-/* Start the operations submitted outside the loop's report (submit), in their order: those queued when it began (one that other threads keep
- * queuing does not hold the loop; the rest have rung the pipe). The loop's thread. */
+/* Start the operations submitted outside the loop's report (submit), in their order: those
+ * queued when it began (one that other threads keep queuing does not hold the loop; the
+ * later ones have rung the pipe). The loop's thread. */
 static void loop_take(redsem_async *a)
 {
     pthread_mutex_lock(&a->mu);
