@@ -1256,10 +1256,11 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
     if (id == 0) /* ids start at 1; 0 is the internal wake-up job's */
         return redsem__set_err(a->c, REDSEM_EINVAL, "no pending operation 0");
     pthread_mutex_lock(&a->mu);
+    int rc = 1;
 #if REDSEM_ASYNC_LOOP
-    int rc = loop_cancel(a, id);
-    if (rc == 1) /* not one of the engine's */
+    rc = loop_cancel(a, id); /* 1: not one of the engine's */
 #endif
+    if (rc == 1)
         rc = worker_cancel(a, id);
     pthread_mutex_unlock(&a->mu);
     if (rc == REDSEM_ESTATE)
