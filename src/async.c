@@ -1012,6 +1012,15 @@ static void loop_start(redsem_async *a, op *o)
         loop_start_call(a, o);
         return;
     }
+    pthread_mutex_lock(&a->mu);
+    bool cancelled = atomic_load(&o->cancel); /* since loop_take took it: nothing sent */
+    if (cancelled) {
+        list_remove(&a->looping, o);
+        drop(a, o, "cancelled before it started");
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (cancelled)
+        return;
     redsem__acquirer q;
     const redsem__kind *kind = NULL;
     char id[REDSEM_ID_BUFSIZE];
