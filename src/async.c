@@ -1087,9 +1087,9 @@ static int loop_action(redsem_async *a, int fd)
 {
     redsem_async *outer = acting;
     acting = a;
+    loop_take(a);
     if (fd == -1)
         a->timer_ns = 0; /* it fired: the next sync asks again */
-    loop_take(a);
     struct epoll_event ev[4];
     struct pollfd ready[4];
     int n = epoll_wait(a->epfd, ev, 4, 0), k = 0;
