@@ -32,6 +32,7 @@ int bench_kind_acquire_trips(int kind);
 /* ---------------------------------------------------------------- options */
 #define BENCH_MAX_LIST 16
 #define BENCH_NWORKLOADS_MAX 15
+#define BENCH_LOOP_THREADS_MAX 16 /* --loop-threads */
 
 enum { AFF_SPLIT = 0, AFF_SAME = 1, AFF_NONE = 2 };
 
@@ -71,6 +72,7 @@ typedef struct bench_opts {
     int loops;          /* loops: acquire-hold-release loops on one libuv loop */
     int loop_sems;      /* loops: semaphores they share */
     double loop_hold_min_ms, loop_hold_max_ms; /* loops: hold time */
+    int loop_threads;   /* loops: threads that start the releases (0: the loop's) */
     int target_reps;    /* targets: repetitions (medians over them) */
     bool no_slowlog; /* scale, contended: leave the server's SLOWLOG settings alone */
     bool quiet; /* no progress on stderr */

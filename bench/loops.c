@@ -7,7 +7,10 @@
  * default 1000), loop i on semaphore i mod M. Each loop: redsem_sem_acquire_async (timeout
  * 10 s) -> on its grant callback hold for --loop-hold ms (a uv timer; default 0: released from
  * the grant callback) -> redsem_permit_release_async -> on its callback the next acquire, until
- * --duration seconds have passed. Measured:
+ * --duration seconds have passed. With --loop-threads N the releases are started by N threads
+ * of the bench instead (handed over through a queue): operations started off the loop's
+ * thread, as async.h allows (for ThreadSanitizer runs; the callbacks stay on the loop).
+ * Measured:
  *   grants/s    grants from the start to the last completion;
  *   max held    per semaphore, a permit counted as held from its grant callback until its
  *               release is requested; above L is a SAFETY VIOLATION (exit status 2);
@@ -29,6 +32,7 @@
  *   direct      the share of grants that a wake-up carried (fair and locked direct grants,
  *               redsem_client_stats.direct_grants), taken with no attempt after it.
  * Without libuv at build time the workload says so and measures nothing. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +78,12 @@ typedef struct lrun {
     int active;
     long grants, errors, violations;
     bench_samples handoff, acq;
+    /* --loop-threads: loops whose release the threads start (a ring of nloops) */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    lloop **q;
+    size_t qhead, qlen, qcap;
+    bool qstop;
 } lrun;
 
 /* The threads of this process now (Threads: of /proc/self/status; 0 if unknown). */
@@ -130,6 +140,13 @@ static void release_now(lloop *l)
         s->free_t[(s->head + s->count) % s->cap] = bench_now_ns();
         s->count++;
     }
+    if (r->q != NULL) { /* a thread of the bench starts it */
+        pthread_mutex_lock(&r->qmu);
+        r->q[(r->qhead + r->qlen++) % r->qcap] = l;
+        pthread_cond_signal(&r->qcv);
+        pthread_mutex_unlock(&r->qmu);
+        return;
+    }
     int rc = redsem_permit_release_async(r->a, l->permit, released, l, NULL);
     if (rc != REDSEM_OK) {
         fprintf(stderr, "loops: release not started: %s\n", redsem_err_name(rc));
@@ -138,6 +155,29 @@ static void release_now(lloop *l)
         r->errors++;
         r->active--;
     }
+}
+
+/* --loop-threads: start the releases handed over, until told to stop. */
+static void *release_thread(void *arg)
+{
+    lrun *r = arg;
+    pthread_mutex_lock(&r->qmu);
+    for (;;) {
+        while (r->qlen == 0 && !r->qstop)
+            pthread_cond_wait(&r->qcv, &r->qmu);
+        if (r->qlen == 0)
+            break;
+        lloop *l = r->q[r->qhead];
+        r->qhead = (r->qhead + 1) % r->qcap;
+        r->qlen--;
+        pthread_mutex_unlock(&r->qmu);
+        int rc = redsem_permit_release_async(r->a, l->permit, released, l, NULL);
+        if (rc != REDSEM_OK)
+            bench_die("loops: release not started from a thread: %s", redsem_err_name(rc));
+        pthread_mutex_lock(&r->qmu);
+    }
+    pthread_mutex_unlock(&r->qmu);
+    return NULL;
 }
 
 static void hold_done(uv_timer_t *t)
@@ -265,10 +305,33 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     int64_t t0 = bench_now_ns();
     r.stop_ns = t0 + (int64_t)(o->duration * 1e9);
     r.active = nloops;
+    pthread_t threads[BENCH_LOOP_THREADS_MAX];
+    if (o->loop_threads > 0) {
+        pthread_mutex_init(&r.qmu, NULL);
+        pthread_cond_init(&r.qcv, NULL);
+        r.qcap = (size_t)nloops;
+        r.q = calloc(r.qcap, sizeof *r.q);
+        if (r.q == NULL)
+            bench_die("loops: out of memory");
+        for (int i = 0; i < o->loop_threads; i++)
+            if (pthread_create(&threads[i], NULL, release_thread, &r) != 0)
+                bench_die("loops: pthread_create failed");
+    }
     for (int i = 0; i < nloops; i++)
         loop_start(&r.loops[i]);
     while (r.active > 0)
         uv_run(&uv, UV_RUN_ONCE);
+    if (r.q != NULL) {
+        pthread_mutex_lock(&r.qmu);
+        r.qstop = true;
+        pthread_cond_broadcast(&r.qcv);
+        pthread_mutex_unlock(&r.qmu);
+        for (int i = 0; i < o->loop_threads; i++)
+            pthread_join(threads[i], NULL);
+        free(r.q);
+        pthread_cond_destroy(&r.qcv);
+        pthread_mutex_destroy(&r.qmu);
+    }
     double secs = (double)(r.last_done_ns - t0) / 1e9;
     redsem_client_stats st;
     check(redsem_client_get_stats(c, &st), c, "stats");
@@ -331,9 +394,10 @@ void bench_run_loops(bench_ctx *ctx)
     json_object_set_new(ctx->json, "loops", json_pack("{s:b}", "built", 0));
 #else
     printf("\n== loops: one thread running libuv drives %d acquire-hold-release loops on %d "
-           "semaphores of limit %u (hold %g-%g ms), one client, %.1f s per strategy\n",
+           "semaphores of limit %u (hold %g-%g ms; releases started by %d other threads), one "
+           "client, %.1f s per strategy\n",
            o->loops, o->loop_sems, o->limit, o->loop_hold_min_ms, o->loop_hold_max_ms,
-           o->duration);
+           o->loop_threads, o->duration);
     printf("  %-8s %9s %7s %5s %7s %9s %9s %9s %9s %8s %9s %10s %7s %7s\n", "strategy",
            "grants/s", "errors", "held", "hand n", "hand p50", "p99 ms", "acq p50", "p99 ms",
            "gap ms", "connects", "pool waits", "direct", "threads");

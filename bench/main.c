@@ -112,6 +112,8 @@ static void usage(FILE *out)
         "  --loop-sems N        loops: semaphores the loops share (default 100)\n"
         "  --loop-hold MS|MIN-MAX  loops: hold time, fixed or uniform random (default 0:\n"
         "                       released from the grant callback)\n"
+        "  --loop-threads N     loops: the releases are started by N other threads, 0..16\n"
+        "                       (default 0: on the loop's thread)\n"
         "  --target-reps N      targets: repetitions, 1..15 (default 3)\n"
         "  --sync-pairs N       sync: pairs per strategy and WAIT setting, in rotating\n"
         "                       batches of 250 (default 5000)\n"
@@ -237,6 +239,7 @@ enum {
     OPT_LOOPS,
     OPT_LOOP_SEMS,
     OPT_LOOP_HOLD,
+    OPT_LOOP_THREADS,
     OPT_TARGET_REPS,
     OPT_JSON,
     OPT_NO_SLOWLOG,
@@ -295,6 +298,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
         {"loops", required_argument, NULL, OPT_LOOPS},
         {"loop-sems", required_argument, NULL, OPT_LOOP_SEMS},
         {"loop-hold", required_argument, NULL, OPT_LOOP_HOLD},
+        {"loop-threads", required_argument, NULL, OPT_LOOP_THREADS},
         {"target-reps", required_argument, NULL, OPT_TARGET_REPS},
         {"json", required_argument, NULL, OPT_JSON},
         {"no-slowlog", no_argument, NULL, OPT_NO_SLOWLOG},
@@ -419,6 +423,10 @@ static void parse_args(int argc, char **argv, bench_opts *o)
             break;
         case OPT_LOOPS:
             o->loops = (int)parse_long(optarg, "--loops", 1, 100000);
+            break;
+        case OPT_LOOP_THREADS:
+            o->loop_threads =
+                (int)parse_long(optarg, "--loop-threads", 0, BENCH_LOOP_THREADS_MAX);
             break;
         case OPT_TARGET_REPS:
             o->target_reps = (int)parse_long(optarg, "--target-reps", 1, 15);
@@ -1067,6 +1075,7 @@ int main(int argc, char **argv)
     json_object_set_new(params, "loop_sems", json_integer(o.loop_sems));
     json_object_set_new(params, "loop_hold_min_ms", json_real(o.loop_hold_min_ms));
     json_object_set_new(params, "loop_hold_max_ms", json_real(o.loop_hold_max_ms));
+    json_object_set_new(params, "loop_threads", json_integer(o.loop_threads));
     json_object_set_new(params, "target_reps", json_integer(o.target_reps));
     json_t *machine = json_pack(
         "{s:i, s:i, s:s, s:s, s:s, s:s, s:[f,f,f]}", "cores_online", (int)online, "cpus_allowed",

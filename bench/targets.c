@@ -157,6 +157,7 @@ static json_t *one_rep(bench_ctx *ctx, tset *s)
     o.loops = 1000;
     o.loop_sems = 100;
     o.loop_hold_min_ms = o.loop_hold_max_ms = 0;
+    o.loop_threads = 0;
     json_t *th = json_array(), *lp = json_array();
     for (int k = BENCH_BASIC; k <= BENCH_LOCKED; k++) {
         only(&o, k, -1, -1);

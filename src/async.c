@@ -170,8 +170,17 @@ struct redsem_async {
     unsigned loop_gen;    /* the engine's connections' generation they are of */
     int64_t timer_ns;     /* the timer asked for (0: none, or it fired) */
     op_list looping;      /* acquires on the engine */
+    /* submitted outside a callback of redsem_async_action() (another thread, or the loop's
+     * own between two reports): started by the loop's next report (loop_take), in order */
+    op_list incoming;
 #endif
 };
+
+#if REDSEM_ASYNC_LOOP
+/* The redsem_async whose redsem_async_action() runs on this thread (NULL: none): an
+ * operation started from one of its callbacks starts on the engine at once. */
+static _Thread_local redsem_async *acting;
+#endif
 
 static void list_push(op_list *l, op *o)
 {
@@ -221,6 +230,26 @@ static op *list_find(const op_list *l, uint64_t id)
     return NULL;
 }
 
+/* One byte on the pipe: the loop reports (a full pipe, EAGAIN, is fine: it has one). */
+static void ring(redsem_async *a)
+{
+    char b = 1;
+    ssize_t w;
+    do
+        w = write(a->pipefd[1], &b, 1);
+    while (w < 0 && errno == EINTR);
+}
+
+/* Under mu: ring, unless the loop was told since its last report (redsem_async_action()
+ * then looks at the done list, and the incoming one, before it returns). */
+static void notify(redsem_async *a)
+{
+    if (!a->notified) {
+        a->notified = true;
+        ring(a);
+    }
+}
+
 /* Under mu: o is done; tell the loop if the done list was empty. */
 static void finish(redsem_async *a, op *o)
 {
@@ -230,15 +259,23 @@ static void finish(redsem_async *a, op *o)
         return;
     }
     list_push(&a->done, o);
-    if (!a->notified) {
-        a->notified = true;
-        char b = 1;
-        ssize_t w;
-        do
-            w = write(a->pipefd[1], &b, 1);
-        while (w < 0 && errno == EINTR);
-        /* a full pipe (EAGAIN) is fine: the loop has a byte to read already */
-    }
+    notify(a);
+}
+
+/* Under mu: o, not started (or given up), ends with REDSEM_ECANCELED. */
+static void drop(redsem_async *a, op *o, const char *why)
+{
+    atomic_store(&o->cancel, true);
+    o->rc = REDSEM_ECANCELED;
+    redsem__text_copy(o->errmsg, why);
+    finish(a, o);
+}
+
+/* What is left of o's timeout (o->deadline_ns set), in ms: 0 at or after its deadline. */
+static int64_t time_left_ms(const op *o)
+{
+    int64_t left = o->deadline_ns - redsem__now_ns();
+    return left <= 0 ? 0 : (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
 }
 
 /* The blocking twin of o, on this worker thread. */
@@ -261,10 +298,8 @@ static void run(redsem_async *a, op *o)
     if (o->deadline_ns > 0) {
         /* the timeout counts from the submission: what is left of it (an acquire started
          * at its deadline makes one attempt, as a try-acquire) */
-        int64_t left = o->deadline_ns - redsem__now_ns();
-        if (left <= 0)
-            o->late = true;
-        timeout_ms = left <= 0 ? 0 : (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
+        timeout_ms = time_left_ms(o);
+        o->late = timeout_ms == 0;
     }
     switch (o->kind) {
     case OP_SEM_ACQUIRE:
@@ -718,6 +753,15 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
         return redsem__set_err(async->c, REDSEM_EFORKED,
                                "this redsem_async was created by process %ld (after fork)",
                                (long)async->pid);
+#if REDSEM_ASYNC_LOOP
+    /* the engine takes the acquires of a one-server client when the loop gives a timer; made
+     * before the loop is published, since other threads may submit from then on */
+    redsem_client *c = async->c;
+    redsem__loop *engine = NULL;
+    if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
+        redsem__loop_new(c, &engine) != REDSEM_OK)
+        engine = NULL;
+#endif
     pthread_mutex_lock(&async->mu);
     bool was = async->loop_set;
     if (!was) {
@@ -725,16 +769,18 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
         async->timer_fn = timer_fn;
         async->loop_data = loop_data;
         async->loop_set = true;
+#if REDSEM_ASYNC_LOOP
+        async->loop = engine;
+        engine = NULL;
+#endif
     }
     pthread_mutex_unlock(&async->mu);
+#if REDSEM_ASYNC_LOOP
+    redsem__loop_free(engine);
+#endif
     if (was)
         return redsem__set_err(async->c, REDSEM_ESTATE, "a loop is set already");
 #if REDSEM_ASYNC_LOOP
-    /* the engine takes the acquires of a one-server client when the loop gives a timer */
-    redsem_client *c = async->c;
-    if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
-        redsem__loop_new(c, &async->loop) != REDSEM_OK)
-        async->loop = NULL;
     socket_fn(async, async->epfd, REDSEM_WATCH_IN, loop_data);
 #else
     socket_fn(async, async->pipefd[0], REDSEM_WATCH_IN, loop_data);
@@ -829,7 +875,35 @@ static void loop_sync(redsem_async *a)
     }
 }
 
-/* An acquire on the engine is decided: its callback is queued as a worker's would be. */
+/* o, on the engine, ends: its callback is queued as a worker's would be. */
+static void loop_end(op *o)
+{
+    redsem_async *a = o->async;
+    pthread_mutex_lock(&a->mu);
+    list_remove(&a->looping, o);
+    finish(a, o);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void loop_release_call(void *arg, redsem__call *call);
+static int loop_release_reply(void *arg, int rc, const struct redisReply *r,
+                              const redsem__req_info *info);
+
+/* The permit of a cancelled acquire is given back: it reports REDSEM_ECANCELED. */
+static void loop_given_back(void *arg, int rc, redsem_permit *unused)
+{
+    (void)rc;
+    (void)unused;
+    op *o = arg;
+    redsem_permit_free(o->permit);
+    o->permit = NULL;
+    loop_end(o);
+}
+
+/* An operation on the engine is decided. An acquire cancelled meanwhile reports
+ * REDSEM_ECANCELED (an unknown outcome stays REDSEM_EUNKNOWN), and a permit granted to it
+ * at the last moment (leaving its queue) is first released on the engine, as a worker
+ * releases it. */
 static void loop_done(void *arg, int rc, redsem_permit *p)
 {
     op *o = arg;
@@ -840,9 +914,24 @@ static void loop_done(void *arg, int rc, redsem_permit *p)
         redsem__text_copy(o->errmsg, redsem__errbuf(a->c));
     pthread_mutex_lock(&a->mu);
     o->loop_cancel = NULL;
-    list_remove(&a->looping, o);
-    finish(a, o);
+    bool cancelled = o->waits && o->state != ST_DONE && atomic_load(&o->cancel) &&
+                     rc != REDSEM_EUNKNOWN;
+    o->state = ST_DONE; /* past cancelling */
     pthread_mutex_unlock(&a->mu);
+    if (cancelled) {
+        o->rc = REDSEM_ECANCELED;
+        redsem__text_copy(o->errmsg, "cancelled");
+        if (p != NULL) {
+            o->handle = p; /* for loop_release_call */
+            if (redsem__release_begin(p) == REDSEM_OK &&
+                redsem__loop_call(a->loop, loop_release_call, loop_release_reply,
+                                  loop_given_back, o) == REDSEM_OK)
+                return;
+            loop_given_back(o, REDSEM_OK, NULL); /* its lease lapses */
+            return;
+        }
+    }
+    loop_end(o);
 }
 
 /* A release on the engine: its permit's call, and its outcome. */
@@ -923,32 +1012,82 @@ static void loop_start(redsem_async *a, op *o)
         loop_start_call(a, o);
         return;
     }
+    pthread_mutex_lock(&a->mu);
+    bool cancelled = atomic_load(&o->cancel); /* since loop_take took it: nothing sent */
+    if (cancelled) {
+        list_remove(&a->looping, o);
+        drop(a, o, "cancelled before it started");
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (cancelled)
+        return;
     redsem__acquirer q;
     const redsem__kind *kind = NULL;
     char id[REDSEM_ID_BUFSIZE];
     redsem_permit *unused = NULL;
-    int64_t lease_ms;
+    int64_t lease_ms, timeout_ms = o->timeout_ms;
     int rc;
+    if (o->deadline_ns > 0 && (timeout_ms = time_left_ms(o)) == 0) {
+        pthread_mutex_lock(&a->mu);
+        o->waits = false; /* started at its deadline: one try, past cancelling */
+        pthread_mutex_unlock(&a->mu);
+    }
     if (o->kind == OP_SEM_ACQUIRE) {
         redsem_sem *s = o->handle;
         lease_ms = s->lease_ms;
-        rc = redsem__sem_prepare(s, NULL, false, o->n, o->timeout_ms, &unused, &q, &kind, id);
+        rc = redsem__sem_prepare(s, NULL, false, o->n, timeout_ms, &unused, &q, &kind, id);
     } else {
         redsem_lock *l = o->handle;
         lease_ms = l->lease_ms;
-        rc = redsem__lock_prepare(l, NULL, false, o->timeout_ms, &unused, &q, &kind, id);
+        rc = redsem__lock_prepare(l, NULL, false, timeout_ms, &unused, &q, &kind, id);
     }
+    atomic_bool *cancel = NULL;
     if (rc == REDSEM_OK)
-        rc = redsem__loop_acquire(a->loop, &q, kind, id, o->timeout_ms, lease_ms, loop_done,
-                                  o, &o->loop_cancel);
+        rc = redsem__loop_acquire(a->loop, &q, kind, id, timeout_ms, lease_ms, loop_done, o,
+                                  &cancel);
     if (rc != REDSEM_OK)
         loop_done(o, rc, NULL);
+    pthread_mutex_lock(&a->mu);
+    if (o->state != ST_DONE) { /* under way: a cancel reaches it through the engine's flag */
+        o->loop_cancel = cancel;
+        if (atomic_load(&o->cancel))
+            atomic_store(cancel, true);
+    }
+    pthread_mutex_unlock(&a->mu);
     loop_sync(a);
 }
 
-/* The loop's report on epfd or its timer: step the engine, then run the callbacks. */
+/* Start the operations submitted outside the loop's report (submit), in their order: those
+ * queued when it began (one that other threads keep queuing does not hold the loop; the
+ * later ones have rung the pipe). The loop's thread. */
+static void loop_take(redsem_async *a)
+{
+    pthread_mutex_lock(&a->mu);
+    size_t n = 0;
+    for (const op *x = a->incoming.head; x != NULL; x = x->next)
+        n++;
+    pthread_mutex_unlock(&a->mu);
+    for (; n > 0; n--) {
+        pthread_mutex_lock(&a->mu);
+        op *o = list_pop(&a->incoming); /* NULL: cancelled meanwhile */
+        if (o != NULL) {
+            o->state = ST_RUNNING;
+            list_push(&a->looping, o);
+        }
+        pthread_mutex_unlock(&a->mu);
+        if (o == NULL)
+            break;
+        loop_start(a, o);
+    }
+}
+
+/* The loop's report on epfd or its timer: start what was queued, step the engine, then run
+ * the callbacks (what they start begins at once). */
 static int loop_action(redsem_async *a, int fd)
 {
+    redsem_async *outer = acting;
+    acting = a;
+    loop_take(a);
     if (fd == -1)
         a->timer_ns = 0; /* it fired: the next sync asks again */
     struct epoll_event ev[4];
@@ -963,18 +1102,51 @@ static int loop_action(redsem_async *a, int fd)
                                    (ev[i].events & (EPOLLHUP | EPOLLERR) ? POLLERR : 0))};
     redsem__loop_step(a->loop, ready, k);
     loop_sync(a);
-    return run_callbacks(a);
+    int done = run_callbacks(a);
+    loop_take(a); /* queued meanwhile: run_callbacks() may have read their byte */
+    acting = outer;
+    return done;
 }
 
-/* redsem_async_free(): the acquires on the engine are cancelled and stepped until they end
- * (one leaves its queue first), for two command timeouts at most; those still under way
+/* Under mu: cancel operation id if it is the engine's (1 if not). One not started yet is
+ * dropped (nothing sent); a waiting acquire under way gets its flag (its next step sees it:
+ * a wait ends at once) and the pipe's byte makes the loop report soon; a call (release,
+ * refresh, status), a try-acquire and a decided acquire are past cancelling. */
+static int loop_cancel(redsem_async *a, uint64_t id)
+{
+    op *o = list_find(&a->incoming, id);
+    if (o != NULL) {
+        list_remove(&a->incoming, o);
+        drop(a, o, "cancelled before it started");
+        return REDSEM_OK;
+    }
+    if ((o = list_find(&a->looping, id)) == NULL)
+        return 1;
+    if (!o->waits || o->state == ST_DONE)
+        return REDSEM_ESTATE;
+    atomic_store(&o->cancel, true);
+    if (o->loop_cancel != NULL) /* NULL: being started; loop_start passes the flag on */
+        atomic_store(o->loop_cancel, true);
+    ring(a);
+    return REDSEM_OK;
+}
+
+/* redsem_async_free(): no more operations are taken (REDSEM_ESTATE), those not started are
+ * dropped, the waiting acquires on the engine are cancelled, and all are stepped until they
+ * end (one leaves its queue first), for two command timeouts at most; those still under way
  * then end with REDSEM_ECANCELED. */
 static void loop_stop(redsem_async *a)
 {
     pthread_mutex_lock(&a->mu);
+    a->closing = true;
+    for (op *o; (o = list_pop(&a->incoming)) != NULL;)
+        drop(a, o, "cancelled: the redsem_async was freed");
     for (op *o = a->looping.head; o != NULL; o = o->next)
-        if (o->loop_cancel != NULL) /* a release goes on */
-            atomic_store(o->loop_cancel, true);
+        if (o->waits && o->state != ST_DONE) { /* a release goes on, and a try */
+            atomic_store(&o->cancel, true);
+            if (o->loop_cancel != NULL)
+                atomic_store(o->loop_cancel, true);
+        }
     pthread_mutex_unlock(&a->mu);
     int64_t end = redsem__now_ns() + 2 * a->c->command_timeout_ms * REDSEM__NS_PER_MS;
     while (a->looping.head != NULL && redsem__now_ns() < end) {
@@ -987,13 +1159,18 @@ static void loop_stop(redsem_async *a)
         int k = poll(p, (nfds_t)n, 10);
         redsem__loop_step(a->loop, p, k > 0 ? n : 0);
     }
-    redsem__loop_free(a->loop); /* the acquires left end without their engine callbacks */
+    pthread_mutex_lock(&a->mu);
+    redsem__loop *engine = a->loop;
     a->loop = NULL;
+    for (op *o = a->looping.head; o != NULL; o = o->next)
+        o->loop_cancel = NULL; /* before their engine goes (a cancel may come meanwhile) */
+    pthread_mutex_unlock(&a->mu);
+    redsem__loop_free(engine); /* the acquires left end without their engine callbacks */
     pthread_mutex_lock(&a->mu);
     for (op *o; (o = list_pop(&a->looping)) != NULL;) {
-        o->rc = REDSEM_ECANCELED;
-        redsem__text_copy(o->errmsg, "cancelled: the redsem_async was freed");
-        finish(a, o);
+        redsem_permit_free(o->permit); /* one being given back: its lease lapses */
+        o->permit = NULL;
+        drop(a, o, "cancelled: the redsem_async was freed");
     }
     pthread_mutex_unlock(&a->mu);
     for (int j = 0; j < 2; j++)
@@ -1044,35 +1221,11 @@ static void queue_wake_cancelled(redsem_async *a)
     maybe_spawn(a);
 }
 
-int redsem_async_cancel(redsem_async *async, uint64_t id)
+/* Under mu: cancel operation id of the workers (as redsem_async_cancel() returns). */
+static int worker_cancel(redsem_async *a, uint64_t id)
 {
-    if (async == NULL)
-        return REDSEM_EINVAL;
-    redsem_async *a = async;
-    if (a->pid != getpid())
-        return redsem__set_err(a->c, REDSEM_EFORKED,
-                               "this redsem_async was created by process %ld (after fork)",
-                               (long)a->pid);
-    if (id == 0) /* ids start at 1; 0 is the internal wake-up job's */
-        return redsem__set_err(a->c, REDSEM_EINVAL, "no pending operation 0");
     int rc;
-    pthread_mutex_lock(&a->mu);
     op *o;
-#if REDSEM_ASYNC_LOOP
-    if ((o = list_find(&a->looping, id)) != NULL && o->loop_cancel != NULL) {
-        /* on the engine: its next step sees the flag (a wait ends at once); the pipe's byte
-         * makes the loop report soon (a release there is past cancelling, as a running
-         * one) */
-        atomic_store(o->loop_cancel, true);
-        char b = 1;
-        ssize_t w;
-        do
-            w = write(a->pipefd[1], &b, 1);
-        while (w < 0 && errno == EINTR);
-        pthread_mutex_unlock(&a->mu);
-        return REDSEM_OK;
-    }
-#endif
     if ((o = list_find(&a->parked, id)) != NULL || (o = list_find(&a->resume, id)) != NULL) {
         /* a waiting acquire between two attempts: registered on the server, so its loop
          * must run once more to leave (the leader ends its wait at once) */
@@ -1082,15 +1235,8 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
     } else if ((o = list_find(&a->quick, id)) != NULL ||
                (o = list_find(&a->waiting, id)) != NULL) {
         list_remove(o->waits ? &a->waiting : &a->quick, o);
-        atomic_store(&o->cancel, true);
-        o->rc = REDSEM_ECANCELED;
-        redsem__text_copy(o->errmsg, "cancelled before it started");
-        finish(a, o);
+        drop(a, o, "cancelled before it started");
         rc = REDSEM_OK;
-#if REDSEM_ASYNC_LOOP
-    } else if (list_find(&a->looping, id) != NULL) {
-        rc = REDSEM_ESTATE; /* a release, refresh or status on the engine */
-#endif
     } else if ((o = list_find(&a->running, id)) != NULL) {
         if (o->waits) {
             atomic_store(&o->cancel, true);
@@ -1104,6 +1250,27 @@ int redsem_async_cancel(redsem_async *async, uint64_t id)
                  ? REDSEM_ESTATE
                  : REDSEM_EINVAL;
     }
+    return rc;
+}
+
+int redsem_async_cancel(redsem_async *async, uint64_t id)
+{
+    if (async == NULL)
+        return REDSEM_EINVAL;
+    redsem_async *a = async;
+    if (a->pid != getpid())
+        return redsem__set_err(a->c, REDSEM_EFORKED,
+                               "this redsem_async was created by process %ld (after fork)",
+                               (long)a->pid);
+    if (id == 0) /* ids start at 1; 0 is the internal wake-up job's */
+        return redsem__set_err(a->c, REDSEM_EINVAL, "no pending operation 0");
+    pthread_mutex_lock(&a->mu);
+    int rc = 1;
+#if REDSEM_ASYNC_LOOP
+    rc = loop_cancel(a, id); /* 1: not one of the engine's */
+#endif
+    if (rc == 1)
+        rc = worker_cancel(a, id);
     pthread_mutex_unlock(&a->mu);
     if (rc == REDSEM_ESTATE)
         return redsem__set_err(a->c, rc, "operation %llu is past cancelling",
@@ -1123,12 +1290,18 @@ void redsem_async_free(redsem_async *async)
         close(a->pipefd[0]);
         close(a->pipefd[1]);
 #if REDSEM_ASYNC_LOOP
+        /* the engine: its memory, and this process's copies of its descriptors (closing
+         * them sends nothing: no TLS close_notify, and the parent's stay open); the epoll
+         * set is the parent's too, so it is left as it is */
+        redsem__loop_free(a->loop);
         close(a->epfd);
         for (op *o; (o = list_pop(&a->looping)) != NULL;)
             redsem__free(o);
+        for (op *o; (o = list_pop(&a->incoming)) != NULL;)
+            redsem__free(o);
 #endif
-        op_list *lists[] = {&a->quick,  &a->waiting, &a->running,
-                            &a->done,   &a->parked,  &a->resume};
+        op_list *lists[] = {&a->quick,  &a->waiting, &a->running, &a->done,
+                            &a->delivering, &a->parked,  &a->resume};
         for (size_t i = 0; i < sizeof lists / sizeof *lists; i++)
             for (op *o; (o = list_pop(lists[i])) != NULL;)
                 if (lists[i] != &a->running) {
@@ -1253,10 +1426,20 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
     atomic_fetch_add(&a->pending, 1);
 #if REDSEM_ASYNC_LOOP
     if (a->loop != NULL && kind != OP_WAKE_CANCELLED && kind != OP_LEAD) {
-        list_push(&a->looping, o);
+        /* from a callback of the loop's report: on its thread, at once; else queued, and
+         * the loop's next report starts it (the pipe's byte makes it report) */
+        bool now = acting == a;
+        if (now) {
+            o->state = ST_RUNNING;
+            list_push(&a->looping, o);
+        } else {
+            list_push(&a->incoming, o);
+            notify(a);
+        }
         uint64_t lid = o->id;
         pthread_mutex_unlock(&a->mu);
-        loop_start(a, o); /* o may be done (not freed: its callback runs from the loop) */
+        if (now)
+            loop_start(a, o); /* o may be done (not freed: its callback runs from the loop) */
         if (ret_op != NULL)
             *ret_op = lid;
         return REDSEM_OK;

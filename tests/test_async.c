@@ -1376,3 +1376,456 @@ Test(async, steady_work_keeps_its_workers, .timeout = 120)
 }
 
 #endif
+
+/* ---------------------------------------------------------------- other threads */
+
+/* An operation of another thread: its callback's count, result and thread. */
+typedef struct xt_op {
+    struct xt_run *x;
+    atomic_int calls;
+    int kind; /* 0 acquire, 1 release, 2 status */
+    int rc;
+    uint64_t id;
+    redsem_permit *permit;
+} xt_op;
+
+enum { XT_THREADS = 4, XT_ROUNDS = 12, XT_LIMIT = 2 };
+
+typedef struct xt_thread {
+    struct xt_run *x;
+    pthread_t t;
+    int bad; /* a step that failed (read once joined) */
+    xt_op ops[XT_ROUNDS][3];
+} xt_thread;
+
+typedef struct xt_run {
+    env *e;
+    redsem_sem *s;
+    pthread_t loop_thread;
+    atomic_int holders, max_holders, off_loop, over_status, done_threads;
+    xt_thread th[XT_THREADS];
+} xt_run;
+
+/* Every callback: once per operation, on the loop's thread; an acquire's permit counts as
+ * held from its callback until its thread asks for its release; a status names at most the
+ * limit's holders. */
+static void xt_done(redsem_async *a, const redsem_result *r, void *user)
+{
+    (void)a;
+    xt_op *o = user;
+    xt_run *x = o->x;
+    if (!pthread_equal(pthread_self(), x->loop_thread))
+        atomic_fetch_add(&x->off_loop, 1);
+    o->rc = r->rc;
+    o->permit = r->permit;
+    if (o->kind == 0 && r->rc == REDSEM_OK) {
+        int h = atomic_fetch_add(&x->holders, 1) + 1;
+        if (h > atomic_load(&x->max_holders))
+            atomic_store(&x->max_holders, h);
+    }
+    if (o->kind == 2 && r->rc == REDSEM_OK) {
+        if (redsem_status_holder_count(r->status) > XT_LIMIT)
+            atomic_fetch_add(&x->over_status, 1);
+        redsem_status_free(r->status);
+    }
+    atomic_fetch_add(&o->calls, 1); /* last: the submitting thread may go on */
+}
+
+/* Wait (another thread) until o's callback ran; false after 60 s. */
+static bool xt_wait(const xt_op *o)
+{
+    int64_t end = tf_now_ms() + 60000;
+    while (atomic_load(&o->calls) == 0 && tf_now_ms() < end)
+        tf_sleep_ms(1);
+    return atomic_load(&o->calls) > 0;
+}
+
+/* Rounds of: a waiting acquire, a status, and the permit's release, each started from this
+ * thread while the loop runs on the test's. */
+static void *xt_main(void *arg)
+{
+    xt_thread *t = arg;
+    xt_run *x = t->x;
+    redsem_async *a = x->e->a;
+    for (int i = 0; i < XT_ROUNDS && t->bad == 0; i++) {
+        xt_op *acq = &t->ops[i][0], *rel = &t->ops[i][1], *st = &t->ops[i][2];
+        if (redsem_sem_acquire_async(a, x->s, 1, 60000, xt_done, acq, &acq->id) != REDSEM_OK ||
+            redsem_sem_status_async(a, x->s, 8, xt_done, st, &st->id) != REDSEM_OK) {
+            t->bad = 1;
+            break;
+        }
+        if (!xt_wait(acq) || acq->rc != REDSEM_OK) {
+            t->bad = 2;
+            break;
+        }
+        atomic_fetch_sub(&x->holders, 1); /* given up from now on */
+        if (redsem_permit_release_async(a, acq->permit, xt_done, rel, &rel->id) != REDSEM_OK ||
+            !xt_wait(rel) || rel->rc != REDSEM_OK)
+            t->bad = 3;
+        redsem_permit_free(acq->permit);
+        if (!xt_wait(st))
+            t->bad = 4;
+    }
+    atomic_fetch_add(&x->done_threads, 1);
+    return NULL;
+}
+
+/* Acquires, releases and statuses started from four other threads while the loop runs on
+ * the test's thread (async.h: any thread may start them): each callback once, on the loop's
+ * thread, each with its own id, never more than the limit held (by the callbacks, nor by the
+ * server's status). The loop engine first started them on the calling thread, stepping the
+ * engine beside the loop (a ThreadSanitizer report; lost or doubled replies). */
+Test(async, operations_from_other_threads, .timeout = 240)
+{
+    env e;
+    env_up(&e);
+    static xt_run x;
+    memset(&x, 0, sizeof x);
+    x.e = &e;
+    x.loop_thread = pthread_self();
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-xthread"), REDSEM_STRATEGY_FAIR, XT_LIMIT,
+                            10000, &x.s));
+    for (int i = 0; i < XT_THREADS; i++) {
+        x.th[i].x = &x;
+        for (int j = 0; j < XT_ROUNDS; j++)
+            for (int k = 0; k < 3; k++)
+                x.th[i].ops[j][k] = (xt_op){.x = &x, .kind = k};
+        cr_assert_eq(pthread_create(&x.th[i].t, NULL, xt_main, &x.th[i]), 0);
+    }
+    int64_t end = tf_now_ms() + 180000;
+    while ((atomic_load(&x.done_threads) < XT_THREADS || redsem_async_pending(e.a) > 0) &&
+           tf_now_ms() < end)
+        loop_once(&e.loop);
+    uint64_t ids[XT_THREADS * XT_ROUNDS * 3];
+    size_t nids = 0;
+    for (int i = 0; i < XT_THREADS; i++) {
+        cr_assert_eq(pthread_join(x.th[i].t, NULL), 0);
+        cr_expect_eq(x.th[i].bad, 0, "thread %d: step %d failed", i, x.th[i].bad);
+        for (int j = 0; j < XT_ROUNDS; j++)
+            for (int k = 0; k < 3; k++) {
+                const xt_op *o = &x.th[i].ops[j][k];
+                cr_expect_leq(atomic_load(&o->calls), 1, "a callback ran %d times",
+                              atomic_load(&o->calls));
+                if (o->id != 0)
+                    ids[nids++] = o->id;
+            }
+    }
+    for (size_t i = 0; i < nids; i++)
+        for (size_t j = i + 1; j < nids; j++)
+            cr_expect_neq(ids[i], ids[j], "id %llu given twice", (unsigned long long)ids[i]);
+    cr_expect_eq(nids, XT_THREADS * XT_ROUNDS * 3, "%zu operations started", nids);
+    cr_expect_eq(atomic_load(&x.off_loop), 0, "%d callbacks off the loop's thread",
+                 atomic_load(&x.off_loop));
+    cr_expect_leq(atomic_load(&x.max_holders), XT_LIMIT, "%d held at once (limit %d)",
+                  atomic_load(&x.max_holders), XT_LIMIT);
+    cr_expect_eq(atomic_load(&x.over_status), 0);
+    cr_expect_eq(redsem_async_pending(e.a), 0);
+    cr_expect_eq(tf_waiters(x.s), 0);
+    redsem_sem_free(x.s);
+    env_down(&e);
+}
+
+/* A waiting acquire started and cancelled from another thread; and one cancelled by that
+ * thread at once (before the loop reports: on the loop engine, not started yet). */
+typedef struct xc_run {
+    redsem_async *a;
+    redsem_sem *s;
+    got g1, g2;
+    uint64_t op1;
+    atomic_int stage; /* 1: op1 started; 2: the test saw it wait on the server; 3: done */
+    int rc_cancel1, rc_cancel2, rc_submit;
+} xc_run;
+
+static void *xc_main(void *arg)
+{
+    xc_run *c = arg;
+    c->rc_submit = redsem_sem_acquire_async(c->a, c->s, 1, REDSEM_WAIT_FOREVER, on_done, &c->g1,
+                                            &c->op1);
+    uint64_t op2 = 0;
+    if (c->rc_submit == REDSEM_OK)
+        c->rc_submit = redsem_sem_acquire_async(c->a, c->s, 1, REDSEM_WAIT_FOREVER, on_done,
+                                                &c->g2, &op2);
+    if (c->rc_submit == REDSEM_OK)
+        c->rc_cancel2 = redsem_async_cancel(c->a, op2);
+    atomic_store(&c->stage, 1);
+    int64_t end = tf_now_ms() + 60000;
+    while (atomic_load(&c->stage) < 2 && tf_now_ms() < end)
+        tf_sleep_ms(1);
+    c->rc_cancel1 = redsem_async_cancel(c->a, c->op1);
+    atomic_store(&c->stage, 3);
+    return NULL;
+}
+
+Test(async, cancel_from_another_thread, .timeout = 120)
+{
+    env e;
+    env_up(&e);
+    static xc_run c;
+    memset(&c, 0, sizeof c);
+    c.a = e.a;
+    redsem_permit *held = full_sem(&e, "async-xcancel", REDSEM_STRATEGY_BASIC, 10000, &c.s);
+    c.g1.loop = c.g2.loop = &e.loop;
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, xc_main, &c), 0);
+    int64_t end = tf_now_ms() + 60000;
+    while (atomic_load(&c.stage) < 1 && tf_now_ms() < end)
+        tf_sleep_ms(1);
+    /* the second ended (on the workers it may have been queued on the server, and left),
+     * the first waits there */
+    while ((!c.g2.done || tf_waiters(c.s) != 1) && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_expect_eq(tf_waiters(c.s), 1, "the first acquire waits on the server, alone");
+    atomic_store(&c.stage, 2);
+    while (atomic_load(&c.stage) < 3 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    while ((!c.g1.done || !c.g2.done) && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_assert_eq(pthread_join(t, NULL), 0);
+    cr_expect_eq(c.rc_submit, REDSEM_OK);
+    cr_expect_eq(c.rc_cancel1, REDSEM_OK, "%s", redsem_err_name(c.rc_cancel1));
+    cr_expect_eq(c.rc_cancel2, REDSEM_OK, "%s", redsem_err_name(c.rc_cancel2));
+    cr_expect_eq(c.g1.calls, 1);
+    cr_expect_eq(c.g2.calls, 1);
+    cr_expect_eq(c.g1.rc, REDSEM_ECANCELED, "%s", redsem_err_name(c.g1.rc));
+    cr_expect_eq(c.g2.rc, REDSEM_ECANCELED, "%s", redsem_err_name(c.g2.rc));
+    cr_expect_eq(tf_waiters(c.s), 0, "a cancelled acquire is still queued on the server");
+    cr_expect_eq(redsem_async_pending(e.a), 0);
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_sem_free(c.s);
+    env_down(&e);
+}
+
+/* Sockets open in this process (/proc/self/fd). */
+static int sockets_open(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        char path[300], link[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", de->d_name);
+        ssize_t k = readlink(path, link, sizeof link - 1);
+        if (k > 0) {
+            link[k] = '\0';
+            n += strncmp(link, "socket:", 7) == 0;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* fork() while an acquire waits on the server: the child gets REDSEM_EFORKED from every
+ * call and its redsem_async_free() frees memory only (on the loop engine: the engine too,
+ * whose connections' copies it closes, without a byte to the server); the parent's acquire
+ * goes on on the same connections and is granted. */
+Test(async, a_forked_child_leaves_the_loop_alone, .timeout = 120)
+{
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    redsem_permit *held = full_sem(&e, "async-forkloop", REDSEM_STRATEGY_FAIR, 10000, &s);
+    got g = {.loop = &e.loop};
+    uint64_t op = 0;
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 60000, on_done, &g, &op));
+    int64_t end = tf_now_ms() + 30000;
+    while (tf_waiters(s) < 1 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_assert_eq(tf_waiters(s), 1);
+    end = tf_now_ms() + 200; /* its reply taken, and its wait begun */
+    while (tf_now_ms() < end)
+        loop_once(&e.loop);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        got h = {0};
+        int before = sockets_open();
+        int bad = 0;
+        bad |= redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &h, NULL) != REDSEM_EFORKED;
+        bad |= (redsem_async_cancel(e.a, op) != REDSEM_EFORKED) << 1;
+        bad |= (redsem_async_action(e.a, -1, 0) != REDSEM_EFORKED) << 2;
+        bad |= (redsem_async_pending(e.a) != 1) << 3;
+        redsem_async_free(e.a);
+        int closed = before - sockets_open();
+#if REDSEM_ASYNC_LOOP && !defined(TEST_LOOP_POLL)
+        bad |= (closed < 2) << 4; /* the engine's request and wait connections */
+#else
+        bad |= (closed != 0) << 4;
+#endif
+        bad |= (h.calls != 0) << 5;
+        _exit(bad);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's checks failed: %#x",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    OK(e.c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    cr_assert(run_until(&e.loop, &g.done, 30000), "the parent's acquire never completed");
+    cr_expect_eq(g.rc, REDSEM_OK, "%s (%s)", redsem_err_name(g.rc), g.errmsg);
+    if (g.rc == REDSEM_OK) {
+        OK(e.c, redsem_permit_release(g.permit));
+        redsem_permit_free(g.permit);
+    }
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+#if defined(TEST_LOOP_POLL)
+/* A poll() loop with a timer (on the loop engine's build the engine takes its operations),
+ * whose REDSEM_WATCH_REMOVE, redsem_async_free()'s last call to it, waits for the
+ * submitting threads to have stopped. */
+typedef struct xf_run {
+    redsem_async *a;
+    int fd;
+    int64_t timer_at; /* ms, -1: none */
+    redsem_sem *s, *full;
+    pthread_t loop_thread;
+    atomic_int stopped, off_loop, removed_early, callbacks, refused;
+    atomic_bool removing;
+    int started[XT_THREADS];
+    atomic_int *calls[XT_THREADS]; /* per operation started (index = its order) */
+} xf_run;
+
+enum { XF_OPS_MAX = 3000 };
+
+static void xf_socket(redsem_async *a, int fd, int what, void *data)
+{
+    (void)a;
+    xf_run *x = data;
+    if (!(what & REDSEM_WATCH_REMOVE)) {
+        x->fd = fd;
+        return;
+    }
+    x->fd = -1;
+    atomic_store(&x->removing, true);
+    int64_t end = tf_now_ms() + 60000;
+    while (atomic_load(&x->stopped) < XT_THREADS && tf_now_ms() < end)
+        tf_sleep_ms(1);
+    if (atomic_load(&x->stopped) < XT_THREADS)
+        atomic_fetch_add(&x->removed_early, 1);
+}
+
+static void xf_timer(redsem_async *a, int64_t ms, void *data)
+{
+    (void)a;
+    xf_run *x = data;
+    x->timer_at = ms < 0 ? -1 : tf_now_ms() + ms;
+}
+
+static void xf_once(xf_run *x)
+{
+    int64_t wait = 5;
+    if (x->timer_at >= 0 && x->timer_at - tf_now_ms() < wait)
+        wait = x->timer_at - tf_now_ms();
+    struct pollfd p = {x->fd, POLLIN, 0};
+    int n = poll(&p, x->fd >= 0 ? 1 : 0, wait > 0 ? (int)wait : 0);
+    if (n > 0 && (p.revents & POLLIN))
+        (void)redsem_async_action(x->a, x->fd, REDSEM_WATCH_IN);
+    if (x->timer_at >= 0 && tf_now_ms() >= x->timer_at) {
+        x->timer_at = -1;
+        (void)redsem_async_action(x->a, -1, 0);
+    }
+}
+
+typedef struct xf_arg {
+    xf_run *x;
+    int i;
+} xf_arg;
+
+static xf_run xf_the_run;
+
+static void xf_done(redsem_async *a, const redsem_result *r, void *user)
+{
+    (void)a;
+    atomic_int *calls = user;
+    xf_run *x = &xf_the_run;
+    if (!pthread_equal(pthread_self(), x->loop_thread))
+        atomic_fetch_add(&x->off_loop, 1);
+    redsem_permit_free(r->permit); /* its lease lapses (a semaphore of this test) */
+    redsem_status_free(r->status);
+    atomic_fetch_add(calls, 1);
+    atomic_fetch_add(&x->callbacks, 1);
+}
+
+/* Operations started until the redsem_async refuses them (REDSEM_ESTATE: being freed). */
+static void *xf_main(void *arg)
+{
+    xf_arg *xa = arg;
+    xf_run *x = xa->x;
+    redsem_async *a = x->a;
+    int n = 0;
+    for (int rc = REDSEM_OK; rc == REDSEM_OK && n + 3 <= XF_OPS_MAX; tf_sleep_ms(1)) {
+        atomic_int *c = x->calls[xa->i];
+        rc = redsem_sem_acquire_async(a, x->s, 1, 0, xf_done, &c[n], NULL);
+        n += rc == REDSEM_OK;
+        if (rc == REDSEM_OK)
+            rc = redsem_sem_status_async(a, x->s, 4, xf_done, &c[n], NULL);
+        n += rc == REDSEM_OK;
+        if (rc == REDSEM_OK)
+            rc = redsem_sem_acquire_async(a, x->full, 1, 30000, xf_done, &c[n], NULL);
+        n += rc == REDSEM_OK;
+        if (rc != REDSEM_OK && rc != REDSEM_ESTATE)
+            atomic_fetch_add(&x->refused, 1);
+    }
+    x->started[xa->i] = n;
+    atomic_fetch_add(&x->stopped, 1);
+    return NULL;
+}
+
+/* redsem_async_free() while four threads keep starting operations (a try-acquire, a status
+ * and a waiting acquire in turn): each one started (REDSEM_OK) is called back exactly once,
+ * on the freeing thread at the latest, the rest are refused with REDSEM_ESTATE, and the
+ * waiting ones leave the server's queue. The loop engine's free first stepped the engine
+ * while those threads started operations on it (a ThreadSanitizer report). */
+Test(async, free_while_other_threads_submit, .timeout = 180)
+{
+    redsem_client *c = tf_client();
+    xf_run *x = &xf_the_run;
+    memset(x, 0, sizeof *x);
+    x->fd = -1;
+    x->timer_at = -1;
+    x->loop_thread = pthread_self();
+    OK(c, redsem_async_new(c, &x->a));
+    OK(c, redsem_async_set_loop(x->a, xf_socket, xf_timer, x));
+    OK(c, redsem_sem_open(c, tf_name("async-xfree"), REDSEM_STRATEGY_BASIC, 1000, 2000, &x->s));
+    OK(c, redsem_sem_open(c, tf_name("async-xfull"), REDSEM_STRATEGY_FAIR, 1, 10000, &x->full));
+    redsem_permit *held = NULL;
+    OK(c, redsem_sem_try_acquire(x->full, &held));
+    pthread_t t[XT_THREADS];
+    xf_arg args[XT_THREADS];
+    for (int i = 0; i < XT_THREADS; i++) {
+        x->calls[i] = calloc(XF_OPS_MAX, sizeof(atomic_int));
+        cr_assert_not_null(x->calls[i]);
+        args[i] = (xf_arg){x, i};
+        cr_assert_eq(pthread_create(&t[i], NULL, xf_main, &args[i]), 0);
+    }
+    int64_t end = tf_now_ms() + 300;
+    while (tf_now_ms() < end)
+        xf_once(x);
+    redsem_async_free(x->a);
+    int total = 0;
+    for (int i = 0; i < XT_THREADS; i++) {
+        cr_assert_eq(pthread_join(t[i], NULL), 0);
+        total += x->started[i];
+        for (int j = 0; j < XF_OPS_MAX; j++)
+            cr_expect_eq(atomic_load(&x->calls[i][j]), j < x->started[i] ? 1 : 0,
+                         "thread %d, operation %d: %d callbacks", i, j,
+                         atomic_load(&x->calls[i][j]));
+        free(x->calls[i]);
+    }
+    cr_expect_gt(total, 0);
+    cr_expect_eq(atomic_load(&x->callbacks), total, "%d callbacks for %d operations",
+                 atomic_load(&x->callbacks), total);
+    cr_expect_eq(atomic_load(&x->off_loop), 0);
+    cr_expect_eq(atomic_load(&x->removed_early), 0, "threads still started operations");
+    cr_expect_eq(atomic_load(&x->refused), 0, "an operation refused with another code");
+    cr_expect_eq(tf_waiters(x->full), 0, "a cancelled acquire is still queued on the server");
+    OK(c, redsem_permit_release(held));
+    redsem_permit_free(held);
+    redsem_sem_free(x->s);
+    redsem_sem_free(x->full);
+    redsem_client_free(c);
+}
+#endif
