@@ -170,6 +170,7 @@ struct redsem_async {
     unsigned loop_gen;    /* the engine's connections' generation they are of */
     int64_t timer_ns;     /* the timer asked for (0: none, or it fired) */
     op_list looping;      /* acquires on the engine */
+    redsem__renewer *renewer; /* renews the permits granted on the engine (renew.c) */
 #endif
 };
 
@@ -735,6 +736,11 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
     if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
         c->sync_replicas == 0 && redsem__loop_new(c, &async->loop) != REDSEM_OK)
         async->loop = NULL;
+    if (async->loop != NULL &&
+        redsem__renew_loop_new(c, async->pipefd[1], &async->renewer) != REDSEM_OK) {
+        redsem__loop_free(async->loop);
+        async->loop = NULL;
+    }
     socket_fn(async, async->epfd, REDSEM_WATCH_IN, loop_data);
 #else
     socket_fn(async, async->pipefd[0], REDSEM_WATCH_IN, loop_data);
@@ -791,6 +797,9 @@ static void loop_sync(redsem_async *a)
     redsem__loop_watch w[2];
     int64_t deadline = REDSEM__FOREVER;
     int n = redsem__loop_wants(a->loop, w, &deadline);
+    int64_t renew_at = redsem__renew_loop_next(a->renewer, NULL);
+    if (renew_at < deadline)
+        deadline = renew_at;
     unsigned gen = redsem__loop_generation(a->loop);
     for (int j = 0; j < 2; j++) { /* a registration no longer wanted, or of an old socket */
         bool wanted = false;
@@ -836,6 +845,8 @@ static void loop_done(void *arg, int rc, redsem_permit *p)
     redsem_async *a = o->async;
     o->rc = rc;
     o->permit = p;
+    if (p != NULL) /* granted here: renewed here */
+        redsem__renew_loop_adopt(a->renewer, p);
     if (rc != REDSEM_OK)
         redsem__text_copy(o->errmsg, redsem__errbuf(a->c));
     pthread_mutex_lock(&a->mu);
@@ -961,6 +972,7 @@ static int loop_action(redsem_async *a, int fd)
                 .revents = (short)((ev[i].events & EPOLLIN ? POLLIN : 0) |
                                    (ev[i].events & EPOLLOUT ? POLLOUT : 0) |
                                    (ev[i].events & (EPOLLHUP | EPOLLERR) ? POLLERR : 0))};
+    redsem__renew_loop_run(a->renewer, a->loop); /* the renewals due, written by the step */
     redsem__loop_step(a->loop, ready, k);
     loop_sync(a);
     return run_callbacks(a);
@@ -971,13 +983,16 @@ static int loop_action(redsem_async *a, int fd)
  * then end with REDSEM_ECANCELED. */
 static void loop_stop(redsem_async *a)
 {
+    redsem__renew_loop_close(a->renewer); /* renewals in flight end below */
     pthread_mutex_lock(&a->mu);
     for (op *o = a->looping.head; o != NULL; o = o->next)
         if (o->loop_cancel != NULL) /* a release goes on */
             atomic_store(o->loop_cancel, true);
     pthread_mutex_unlock(&a->mu);
     int64_t end = redsem__now_ns() + 2 * a->c->command_timeout_ms * REDSEM__NS_PER_MS;
-    while (a->looping.head != NULL && redsem__now_ns() < end) {
+    bool busy; /* renewals in flight */
+    (void)redsem__renew_loop_next(a->renewer, &busy);
+    while ((a->looping.head != NULL || busy) && redsem__now_ns() < end) {
         redsem__loop_watch w[2];
         int64_t deadline;
         struct pollfd p[2];
@@ -986,9 +1001,12 @@ static void loop_stop(redsem_async *a)
             p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
         int k = poll(p, (nfds_t)n, 10);
         redsem__loop_step(a->loop, p, k > 0 ? n : 0);
+        (void)redsem__renew_loop_next(a->renewer, &busy);
     }
     redsem__loop_free(a->loop); /* the acquires left end without their engine callbacks */
     a->loop = NULL;
+    redsem__renew_loop_put(a->renewer);
+    a->renewer = NULL;
     pthread_mutex_lock(&a->mu);
     for (op *o; (o = list_pop(&a->looping)) != NULL;) {
         o->rc = REDSEM_ECANCELED;
