@@ -350,10 +350,25 @@ static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
  * most this: harmless, a lease is extended from when its refresh is sent). */
 #define RENEW_TOGETHER_NS (10 * REDSEM__NS_PER_MS)
 
+/* The moment a renewal must end by (with the lock held), lost being the first lost time of
+ * its round. Never past the moment the first holder must be told: of this round, or, on the
+ * thread, of the permits left in the queue, whose lost notices wait for this round's end
+ * (found by review: a 30 s lease's renewal to a stalled server held a 3 s lease's notice 3 s
+ * past its validity; a loop's queue does not wait for its renewals in flight); and never
+ * past one command timeout (a renewal that fails is retried after a short backoff). */
+static int64_t round_cap(redsem__renewer *r, int64_t lost)
+{
+    renew_entry *first_lost = r->loop ? NULL : heap_top(&r->lq);
+    if (first_lost != NULL && first_lost->lost_key < lost)
+        lost = first_lost->lost_key;
+    int64_t ct = redsem__now_ns() + r->owner->command_timeout_ms * REDSEM__NS_PER_MS;
+    return ct < lost ? ct : lost;
+}
+
 /* Take a round (with the lock held, something due): every entry due now, and those due
  * within RENEW_TOGETHER_NS, up to a batch, into batch, each dequeued and in flight; one past
  * its lost time is declared lost instead (which may unlock for its callback). Returns how
- * many are to be sent, and in *cap the moment the round must end by. */
+ * many are to be sent, and in *cap the moment the round must end by (round_cap). */
 static int take_due(redsem__renewer *r, renew_entry **batch, int64_t *cap)
 {
     int k = 0;
@@ -388,17 +403,7 @@ static int take_due(redsem__renewer *r, renew_entry **batch, int64_t *cap)
         else
             batch[kept++] = batch[i];
     }
-    /* Never wait for a connection or a reply past the moment the first holder must be
-     * told: of this round, or of the permits left in the queue, whose lost notices wait
-     * for this round's end (found by review: a 30 s lease's renewal to a stalled server
-     * held a 3 s lease's notice 3 s past its validity); and never past one command
-     * timeout (a renewal that fails is retried after a short backoff). */
-    renew_entry *first_lost = heap_top(&r->lq);
-    if (first_lost != NULL && first_lost->lost_key < *cap)
-        *cap = first_lost->lost_key;
-    int64_t ct = redsem__now_ns() + r->owner->command_timeout_ms * REDSEM__NS_PER_MS;
-    if (ct < *cap)
-        *cap = ct;
+    *cap = round_cap(r, *cap);
     if (kept == 0)
         pthread_cond_broadcast(&r->idle);
     return kept;
@@ -632,7 +637,9 @@ static void renewal_forget(redsem_client *c, const void *handle)
 
 /* ------------------------------------------------------------------ an event loop's renewer */
 
-/* Its reply is judged under the lock, which the loop's thread holds already when the request
+/* A renewal of a loop's is one request on the loop's pipe (its renewals due together go out
+ * in one write), built by the same call as the thread's and ended by the same judgement.
+ * Its reply is judged under the lock, which the loop's thread holds already when the request
  * failed as it was sent (r->sending). */
 static int loop_judge(void *arg, int rc, const struct redisReply *reply,
                       const redsem__req_info *info)
@@ -715,7 +722,7 @@ void redsem__renew_loop_run(redsem__renewer *r, redsem__loop *l)
 {
     pthread_mutex_lock(&r->mu);
     renew_entry *batch[REDSEM__BATCH_MAX];
-    int64_t cap;
+    int64_t cap; /* the thread's: each renewal here has a cap of its own */
     int k;
     while ((k = take_due(r, batch, &cap)) > 0) {
         for (int i = 0; i < k; i++) {
@@ -724,7 +731,7 @@ void redsem__renew_loop_run(redsem__renewer *r, redsem__loop *l)
                 settle(r, e);
                 continue;
             }
-            e->cap_ns = cap;
+            e->cap_ns = round_cap(r, lost_at(e)); /* its own: each is a request of its own */
             r->nflight++;
             r->sending = true;
             int rc = redsem__loop_call(l, loop_build, loop_judge, loop_sent, e);
