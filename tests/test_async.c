@@ -820,13 +820,15 @@ Test(async, the_loop_engine_starts_no_thread, .timeout = 120)
 typedef struct loop_lost {
     atomic_int calls, reason;
     pthread_t thread;
+    int64_t at_ms, deadline_ms; /* when, and the validity deadline the permit had then */
 } loop_lost;
 
 static void loop_on_lost(redsem_permit *p, redsem_lost_reason why, void *user)
 {
-    (void)p;
     loop_lost *l = user;
     l->thread = pthread_self();
+    l->at_ms = redsem_monotonic_ms();
+    l->deadline_ms = redsem_permit_deadline_ms(p);
     atomic_store(&l->reason, (int)why);
     atomic_fetch_add(&l->calls, 1);
 }
@@ -960,6 +962,40 @@ Test(async, a_lost_lease_on_the_loop_is_told_on_the_loop_thread, .timeout = 120)
     redsem_permit_free(r2.g.permit);
     redsem_permit_free(r4.g.permit);
     redsem_sem_free(s);
+}
+
+/* The server stops answering (SIGSTOP) while a permit is renewed on the loop: the renewal
+ * in flight gives up at the permit's lost time, and the holder is told REDSEM_LOST_DEADLINE
+ * before its validity ends, on the loop's thread, with no thread started. */
+Test(async, a_stalled_server_is_told_on_the_loop_before_validity_ends, .timeout = 120)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    long ids[256];
+    int nb = task_ids(ids, 256);
+    env e;
+    env_up_with(&e, tf_client_for(srv.url, 1000, 2000));
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, "loop-stall", REDSEM_STRATEGY_BASIC, 1, 600, &s));
+    renewed_grant rg;
+    grant_renewed(&e, s, &rg);
+    int never = 0;
+    run_until(&e.loop, &never, 300); /* renewals go through */
+    ts_server_pause(&srv, true);
+    int64_t end = tf_now_ms() + 5000;
+    while (atomic_load(&rg.lost.calls) == 0 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_assert_eq(atomic_load(&rg.lost.calls), 1, "lost never told");
+    cr_expect_eq(atomic_load(&rg.lost.reason), REDSEM_LOST_DEADLINE);
+    cr_expect_lt(rg.lost.at_ms, rg.lost.deadline_ms, "told at %lld, validity ended at %lld",
+                 (long long)rg.lost.at_ms, (long long)rg.lost.deadline_ms);
+    cr_expect(pthread_equal(rg.lost.thread, pthread_self()), "told on another thread");
+    cr_expect_eq(task_ids(ids, 256), nb, "threads were started");
+    ts_server_pause(&srv, false);
+    redsem_permit_free(rg.g.permit);
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_server_stop(&srv);
 }
 #endif
 #endif
