@@ -650,7 +650,6 @@ static int loop_judge(void *arg, int rc, const struct redisReply *reply,
     if (lock)
         pthread_mutex_lock(&r->mu);
     r->nflight--;
-    r->stats.round_trips++;
     if (e->detached) {
         settle(r, e); /* let go of meanwhile: its permit may be gone */
     } else {
@@ -725,6 +724,7 @@ void redsem__renew_loop_run(redsem__renewer *r, redsem__loop *l)
     int64_t cap; /* the thread's: each renewal here has a cap of its own */
     int k;
     while ((k = take_due(r, batch, &cap)) > 0) {
+        r->stats.round_trips++; /* its requests go out in one write */
         for (int i = 0; i < k; i++) {
             renew_entry *e = batch[i];
             if (e->detached) { /* by a lost callback of a renewal sent before it */
