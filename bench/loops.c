@@ -31,6 +31,9 @@
  *               connects and pool waits are redsem_client_get_stats(), cumulative;
  *   direct      the share of grants that a wake-up carried (fair and locked direct grants,
  *               redsem_client_stats.direct_grants), taken with no attempt after it.
+ * With --renew every permit goes under automatic renewal in its grant callback, renewed every
+ * LOOPS_RENEW_MS (so that holds of a few ms have renewals in flight at their release); the
+ * renewer's counters are printed (on the loop engine, renewals run on the loop itself).
  * Without libuv at build time the workload says so and measures nothing. */
 #include <pthread.h>
 #include <stdio.h>
@@ -46,6 +49,7 @@
 
 #define LOOPS_LEASE_MS 10000
 #define LOOPS_WAIT_MS 10000
+#define LOOPS_RENEW_MS 5
 
 struct lrun;
 
@@ -71,6 +75,7 @@ typedef struct lrun {
     lloop *loops;
     uint32_t limit;
     double hold_min, hold_max;
+    bool renew;
     uint64_t rng;
     int64_t stop_ns, last_cb_ns, max_gap_ns, last_done_ns;
     int64_t threads_ns; /* threads last sampled then */
@@ -215,6 +220,9 @@ static void acquired(redsem_async *a, const redsem_result *res, void *user)
     }
     samples_add(&r->acq, now - l->started_ns);
     l->permit = res->permit;
+    int rc = r->renew ? redsem_permit_auto_renew(l->permit, LOOPS_RENEW_MS, NULL, NULL) : 0;
+    if (rc != REDSEM_OK && r->errors++ < 3)
+        fprintf(stderr, "loops: auto_renew: %s\n", redsem_err_name(rc));
     double ms = r->hold_min;
     if (r->hold_max > r->hold_min)
         ms += (r->hold_max - r->hold_min) * (double)(bench_rand(&r->rng) % 1000001) / 1e6;
@@ -267,7 +275,7 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     if (uv_loop_init(&uv) != 0)
         bench_die("loops: uv_loop_init failed");
     lrun r = {.limit = o->limit, .hold_min = o->loop_hold_min_ms,
-              .hold_max = o->loop_hold_max_ms, .rng = bench_seed()};
+              .hold_max = o->loop_hold_max_ms, .renew = o->renew, .rng = bench_seed()};
     samples_init(&r.handoff);
     samples_init(&r.acq);
     check(redsem_async_new(c, &r.a), c, "redsem_async_new");
@@ -335,6 +343,8 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
     double secs = (double)(r.last_done_ns - t0) / 1e9;
     redsem_client_stats st;
     check(redsem_client_get_stats(c, &st), c, "stats");
+    redsem_renew_stats rs; /* before the free: a loop's renewer counts while its loop runs */
+    check(redsem_client_renew_stats(c, &rs), c, "renew stats");
 
     redsem_async_free(r.a);
     for (int i = 0; i < nloops; i++)
@@ -362,6 +372,10 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
            (unsigned long long)(st.connects - st0.connects),
            (unsigned long long)(st.pool_waits - st0.pool_waits),
            r.grants > 0 ? 100.0 * (double)direct / (double)r.grants : 0.0, r.max_threads);
+    if (r.renew)
+        printf("  %-8s renewals %llu, failed %llu, lost %llu\n", bench_kind_name(kind),
+               (unsigned long long)rs.renewals, (unsigned long long)rs.failures,
+               (unsigned long long)(rs.lost_expired + rs.lost_deadline));
     if (r.violations)
         ctx->exit_code = 2;
     json_t *row = json_pack(
@@ -374,6 +388,8 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
         (double)r.max_gap_ns / 1e6, "connects", (json_int_t)(st.connects - st0.connects),
         "pool_waits", (json_int_t)(st.pool_waits - st0.pool_waits), "direct_grants",
         (json_int_t)direct, "threads", r.max_threads);
+    if (r.renew)
+        json_object_set_new(row, "renewals", json_integer((json_int_t)rs.renewals));
     samples_free(&r.handoff);
     samples_free(&r.acq);
     free(r.loops);

@@ -173,6 +173,7 @@ struct redsem_async {
     /* submitted outside a callback of redsem_async_action() (another thread, or the loop's
      * own between two reports): started by the loop's next report (loop_take), in order */
     op_list incoming;
+    redsem__renewer *renewer; /* renews the permits granted on the engine (renew.c) */
 #endif
 };
 
@@ -758,9 +759,14 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
      * before the loop is published, since other threads may submit from then on */
     redsem_client *c = async->c;
     redsem__loop *engine = NULL;
+    redsem__renewer *renewer = NULL;
     if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
         redsem__loop_new(c, &engine) != REDSEM_OK)
         engine = NULL;
+    if (engine != NULL && redsem__renew_loop_new(c, async->pipefd[1], &renewer) != REDSEM_OK) {
+        redsem__loop_free(engine);
+        engine = NULL;
+    }
 #endif
     pthread_mutex_lock(&async->mu);
     bool was = async->loop_set;
@@ -771,12 +777,16 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
         async->loop_set = true;
 #if REDSEM_ASYNC_LOOP
         async->loop = engine;
+        async->renewer = renewer;
         engine = NULL;
+        renewer = NULL;
 #endif
     }
     pthread_mutex_unlock(&async->mu);
 #if REDSEM_ASYNC_LOOP
     redsem__loop_free(engine);
+    if (renewer != NULL)
+        redsem__renew_loop_put(renewer);
 #endif
     if (was)
         return redsem__set_err(async->c, REDSEM_ESTATE, "a loop is set already");
@@ -837,6 +847,9 @@ static void loop_sync(redsem_async *a)
     redsem__loop_watch w[2];
     int64_t deadline = REDSEM__FOREVER;
     int n = redsem__loop_wants(a->loop, w, &deadline);
+    int64_t renew_at = redsem__renew_loop_next(a->renewer, NULL);
+    if (renew_at < deadline)
+        deadline = renew_at;
     unsigned gen = redsem__loop_generation(a->loop);
     for (int j = 0; j < 2; j++) { /* a registration no longer wanted, or of an old socket */
         bool wanted = false;
@@ -910,6 +923,8 @@ static void loop_done(void *arg, int rc, redsem_permit *p)
     redsem_async *a = o->async;
     o->rc = rc;
     o->permit = p;
+    if (p != NULL) /* granted here: renewed here */
+        redsem__renew_loop_adopt(a->renewer, p);
     if (rc != REDSEM_OK)
         redsem__text_copy(o->errmsg, redsem__errbuf(a->c));
     pthread_mutex_lock(&a->mu);
@@ -1100,6 +1115,7 @@ static int loop_action(redsem_async *a, int fd)
                 .revents = (short)((ev[i].events & EPOLLIN ? POLLIN : 0) |
                                    (ev[i].events & EPOLLOUT ? POLLOUT : 0) |
                                    (ev[i].events & (EPOLLHUP | EPOLLERR) ? POLLERR : 0))};
+    redsem__renew_loop_run(a->renewer, a->loop); /* the renewals due, written by the step */
     redsem__loop_step(a->loop, ready, k);
     loop_sync(a);
     int done = run_callbacks(a);
@@ -1137,6 +1153,7 @@ static int loop_cancel(redsem_async *a, uint64_t id)
  * then end with REDSEM_ECANCELED. */
 static void loop_stop(redsem_async *a)
 {
+    redsem__renew_loop_close(a->renewer); /* renewals in flight end below */
     pthread_mutex_lock(&a->mu);
     a->closing = true;
     for (op *o; (o = list_pop(&a->incoming)) != NULL;)
@@ -1149,7 +1166,9 @@ static void loop_stop(redsem_async *a)
         }
     pthread_mutex_unlock(&a->mu);
     int64_t end = redsem__now_ns() + 2 * a->c->command_timeout_ms * REDSEM__NS_PER_MS;
-    while (a->looping.head != NULL && redsem__now_ns() < end) {
+    bool busy; /* renewals in flight */
+    (void)redsem__renew_loop_next(a->renewer, &busy);
+    while ((a->looping.head != NULL || busy) && redsem__now_ns() < end) {
         redsem__loop_watch w[2];
         int64_t deadline;
         struct pollfd p[2];
@@ -1158,6 +1177,7 @@ static void loop_stop(redsem_async *a)
             p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
         int k = poll(p, (nfds_t)n, 10);
         redsem__loop_step(a->loop, p, k > 0 ? n : 0);
+        (void)redsem__renew_loop_next(a->renewer, &busy);
     }
     pthread_mutex_lock(&a->mu);
     redsem__loop *engine = a->loop;
@@ -1166,6 +1186,8 @@ static void loop_stop(redsem_async *a)
         o->loop_cancel = NULL; /* before their engine goes (a cancel may come meanwhile) */
     pthread_mutex_unlock(&a->mu);
     redsem__loop_free(engine); /* the acquires left end without their engine callbacks */
+    redsem__renew_loop_put(a->renewer);
+    a->renewer = NULL;
     pthread_mutex_lock(&a->mu);
     for (op *o; (o = list_pop(&a->looping)) != NULL;) {
         redsem_permit_free(o->permit); /* one being given back: its lease lapses */

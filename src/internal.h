@@ -121,6 +121,12 @@ typedef struct redsem__renew_ops {
     /* stop renewing the permits of a semaphore or lock handle (sem_free, lock_free) */
     void (*forget)(redsem_client *c, const void *handle);
 } redsem__renew_ops;
+/* What a permit granted on an event loop points to: that loop's renewer (renew.c), which
+ * renews it; a reference, let go of by redsem_permit_free (unref) without calling up into
+ * renew.c. */
+typedef struct redsem__home {
+    void (*unref)(struct redsem__home *h);
+} redsem__home;
 
 
 /* One set of connections of a client: a topology (its nodes, each with one connection) and
@@ -218,7 +224,8 @@ struct redsem_client {
     const char **wake_keys;
     size_t *wake_lens;
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled (atomic access) */
-    const redsem__renew_ops *renew_ops; /* set with renewer */
+    const redsem__renew_ops *renew_ops; /* set with renewer, or with a loop's renewer */
+    redsem__renewer *loop_renewers; /* the running event loops' renewers (under renew_mu) */
     struct redsem__metrics *metrics; /* what it recorded (record.c) */
 };
 
@@ -643,6 +650,23 @@ void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n);
 unsigned redsem__loop_generation(const redsem__loop *l);
 size_t redsem__loop_pending(const redsem__loop *l);
 void redsem__loop_free(redsem__loop *l);
+
+/* The renewer of the permits granted on one event loop (renew.c): the client's renewer's
+ * queues, rounds and judgement without a thread, on the loop's thread. new: registered in
+ * c (the lost callbacks of auto_renew run on the loop's thread; poke_fd is written to when
+ * a renewal falls due earlier than next said); adopt: p, just granted there, is renewed by
+ * it (a reference, until p is freed); next: when run must be called (REDSEM__FOREVER:
+ * never), and in *busy (may be NULL) whether renewals are in flight; run: send the
+ * renewals due on l, whose replies redsem__loop_step judges; close: the loop ends, its permits' renewal stops (as by
+ * redsem_permit_stop_renewal) and their auto_renew goes to the client's thread from now
+ * on; put, once l is freed: the loop's reference is let go of. All on the loop's thread
+ * (adopt: any, before p is handed out). */
+int redsem__renew_loop_new(redsem_client *c, int poke_fd, redsem__renewer **ret);
+void redsem__renew_loop_adopt(redsem__renewer *r, redsem_permit *p);
+int64_t redsem__renew_loop_next(redsem__renewer *r, bool *busy);
+void redsem__renew_loop_run(redsem__renewer *r, redsem__loop *l);
+void redsem__renew_loop_close(redsem__renewer *r);
+void redsem__renew_loop_put(redsem__renewer *r);
 /* Before any I/O: the fork check, ret_permit, the timeout, and the holder id (given_id
  * validated and copied, or a new random one; NULL is EINVAL when id_required). */
 int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,
@@ -670,6 +694,10 @@ struct redsem_permit {
                     * renewer's lock) */
     redsem__mslot *metrics; /* its name's figures (NULL: none, e.g. adopted) */
     int64_t granted_ns;     /* when its acquire returned (our clock): the hold's start */
+    /* granted on an event loop's engine: that loop's renewer, which auto_renew then uses
+     * while the loop runs (set before the permit is handed out, never changed); NULL: the
+     * client's renewer thread */
+    redsem__home *home;
 };
 
 /* Refresh p on the server through client c (the renewer passes its own), without touching

@@ -223,6 +223,8 @@ void redsem_permit_free(redsem_permit *p)
      * touched (it may be gone). */
     if (__atomic_load_n(&p->renewal, __ATOMIC_ACQUIRE) != NULL)
         p->client->renew_ops->detach(p);
+    if (p->home != NULL)
+        p->home->unref(p->home);
     redsem__free(p);
 }
 

@@ -850,6 +850,189 @@ Test(async, the_loop_engine_waits_for_replicas_without_a_thread, .timeout = 120)
     env_down(&e);
 #endif
 }
+#if defined(TEST_LOOP_UV) || defined(TEST_LOOP_EVENT) || defined(TEST_LOOP_EV)
+/* What a permit's lost callback saw: how often, why, and on which thread. */
+typedef struct loop_lost {
+    atomic_int calls, reason;
+    pthread_t thread;
+    int64_t at_ms, deadline_ms; /* when, and the validity deadline the permit had then */
+} loop_lost;
+
+static void loop_on_lost(redsem_permit *p, redsem_lost_reason why, void *user)
+{
+    loop_lost *l = user;
+    l->thread = pthread_self();
+    l->at_ms = redsem_monotonic_ms();
+    l->deadline_ms = redsem_permit_deadline_ms(p);
+    atomic_store(&l->reason, (int)why);
+    atomic_fetch_add(&l->calls, 1);
+}
+
+typedef struct renewed_grant {
+    got g;
+    loop_lost lost;
+    int renew_rc;
+} renewed_grant;
+
+/* A grant's callback that puts its permit under automatic renewal (every 60 ms). */
+static void grant_and_renew(redsem_async *a, const redsem_result *r, void *user)
+{
+    renewed_grant *rg = user;
+    on_done(a, r, &rg->g);
+    if (r->rc == REDSEM_OK)
+        rg->renew_rc = redsem_permit_auto_renew(r->permit, 60, loop_on_lost, &rg->lost);
+}
+
+/* A permit granted on the loop engine, renewed on the loop: acquire, and run the loop. */
+static void grant_renewed(env *e, redsem_sem *s, renewed_grant *rg)
+{
+    memset(rg, 0, sizeof *rg);
+    rg->g.loop = &e->loop;
+    OK(e->c, redsem_sem_acquire_async(e->a, s, 1, 5000, grant_and_renew, rg, NULL));
+    cr_assert(run_until(&e->loop, &rg->g.done, 10000));
+    cr_assert_eq(rg->g.rc, REDSEM_OK, "%s", rg->g.errmsg);
+    cr_assert_eq(rg->renew_rc, REDSEM_OK);
+}
+
+static void *release_elsewhere(void *arg)
+{
+    redsem_permit *p = arg;
+    return (void *)(intptr_t)redsem_permit_release(p);
+}
+
+/* The loop engine renews the permits granted there itself (0.4.6: the client's renewer
+ * thread did): a 300 ms lease held for 1.5 s (five leases) by renewals every 60 ms, with
+ * no thread started; the permit is then released by the blocking API from another thread
+ * while the loop runs on (its renewal stops there; no lease is extended after). */
+Test(async, renewal_on_the_loop_starts_no_thread, .timeout = 120)
+{
+    long ids[256];
+    int nb = task_ids(ids, 256);
+    env e;
+    env_up(&e);
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-loop-renew"), REDSEM_STRATEGY_BASIC, 1, 300, &s));
+    renewed_grant rg;
+    grant_renewed(&e, s, &rg);
+    int never = 0;
+    run_until(&e.loop, &never, 1500);
+    cr_expect_eq(task_ids(ids, 256), nb, "threads were started: %d before, %d after", nb,
+                 task_ids(ids, 256));
+    cr_expect_eq(atomic_load(&rg.lost.calls), 0, "lost: reason %d", atomic_load(&rg.lost.reason));
+    cr_assert(redsem_permit_held(rg.g.permit));
+    got rf = {.loop = &e.loop};
+    OK(e.c, redsem_permit_refresh_async(e.a, rg.g.permit, on_done, &rf, NULL));
+    cr_assert(run_until(&e.loop, &rf.done, 10000));
+    cr_expect_eq(rf.rc, REDSEM_OK, "the permit was lost: %s", redsem_err_name(rf.rc));
+    redsem_renew_stats rs;
+    OK(e.c, redsem_client_renew_stats(e.c, &rs));
+    cr_expect_geq(rs.renewals, 5, "%llu renewals", (unsigned long long)rs.renewals);
+    /* released from another thread while the loop runs its renewals */
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, release_elsewhere, rg.g.permit), 0);
+    run_until(&e.loop, &never, 200);
+    void *rc = NULL;
+    pthread_join(t, &rc);
+    cr_expect_eq((int)(intptr_t)rc, REDSEM_OK);
+    run_until(&e.loop, &never, 200);
+    cr_expect_not(redsem_permit_held(rg.g.permit));
+    cr_expect_eq(atomic_load(&rg.lost.calls), 0);
+    redsem_permit *again = NULL; /* the permit is free: nothing extended its lease */
+    OK(e.c, redsem_sem_try_acquire(s, &again));
+    OK(e.c, redsem_permit_release(again));
+    redsem_permit_free(again);
+    redsem_permit_free(rg.g.permit);
+    redsem_sem_free(s);
+    env_down(&e);
+}
+
+/* A renewal on the loop finds the lease gone (the holder's entry deleted behind its back):
+ * the lost callback runs once, REDSEM_LOST_EXPIRED, on the loop's thread. Then a permit
+ * still renewed when its semaphore handle is freed, and one when the redsem_async is: their
+ * renewal stops there (no callback, nothing touched after). */
+Test(async, a_lost_lease_on_the_loop_is_told_on_the_loop_thread, .timeout = 120)
+{
+    long ids[256];
+    int nb = task_ids(ids, 256);
+    env e;
+    env_up(&e);
+    const char *name = tf_name("async-loop-lost");
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, name, REDSEM_STRATEGY_BASIC, 2, 300, &s));
+    renewed_grant rg;
+    grant_renewed(&e, s, &rg);
+    char key[256], field[64];
+    snprintf(key, sizeof key, "redsem:{%s}:meta", name);
+    snprintf(field, sizeof field, "t:%s", redsem_permit_id(rg.g.permit));
+    cr_assert_eq(ts_command(tf_server(), NULL, 0, "HDEL", key, field, NULL), 0);
+    int64_t end = tf_now_ms() + 5000;
+    while (atomic_load(&rg.lost.calls) == 0 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_assert_eq(atomic_load(&rg.lost.calls), 1, "lost never told");
+    cr_expect_eq(atomic_load(&rg.lost.reason), REDSEM_LOST_EXPIRED);
+    cr_expect(pthread_equal(rg.lost.thread, pthread_self()), "told on another thread");
+    cr_expect_not(redsem_permit_held(rg.g.permit));
+    cr_expect_eq(task_ids(ids, 256), nb, "threads were started");
+    redsem_renew_stats rs;
+    OK(e.c, redsem_client_renew_stats(e.c, &rs));
+    cr_expect_eq(rs.lost_expired, 1);
+    redsem_permit_free(rg.g.permit);
+    /* a handle freed while its permit is renewed on the loop */
+    renewed_grant r2, r3;
+    grant_renewed(&e, s, &r2);
+    grant_renewed(&e, s, &r3);
+    int never = 0;
+    run_until(&e.loop, &never, 200);
+    OK(e.c, redsem_permit_release(r3.g.permit)); /* on the loop's thread: no wait */
+    redsem_permit_free(r3.g.permit);
+    redsem_sem_free(s);
+    run_until(&e.loop, &never, 400);
+    cr_expect_eq(atomic_load(&r2.lost.calls), 0);
+    OK(e.c, redsem_sem_open(e.c, name, REDSEM_STRATEGY_BASIC, 2, 300, &s));
+    renewed_grant r4;
+    grant_renewed(&e, s, &r4);
+    run_until(&e.loop, &never, 200);
+    env_down(&e); /* r4 still renewed: its renewal stops */
+    cr_expect_eq(atomic_load(&r4.lost.calls), 0);
+    redsem_permit_free(r2.g.permit);
+    redsem_permit_free(r4.g.permit);
+    redsem_sem_free(s);
+}
+
+/* The server stops answering (SIGSTOP) while a permit is renewed on the loop: the renewal
+ * in flight gives up at the permit's lost time, and the holder is told REDSEM_LOST_DEADLINE
+ * before its validity ends, on the loop's thread, with no thread started. */
+Test(async, a_stalled_server_is_told_on_the_loop_before_validity_ends, .timeout = 120)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    long ids[256];
+    int nb = task_ids(ids, 256);
+    env e;
+    env_up_with(&e, tf_client_for(srv.url, 1000, 2000));
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, "loop-stall", REDSEM_STRATEGY_BASIC, 1, 600, &s));
+    renewed_grant rg;
+    grant_renewed(&e, s, &rg);
+    int never = 0;
+    run_until(&e.loop, &never, 300); /* renewals go through */
+    ts_server_pause(&srv, true);
+    int64_t end = tf_now_ms() + 5000;
+    while (atomic_load(&rg.lost.calls) == 0 && tf_now_ms() < end)
+        loop_once(&e.loop);
+    cr_assert_eq(atomic_load(&rg.lost.calls), 1, "lost never told");
+    cr_expect_eq(atomic_load(&rg.lost.reason), REDSEM_LOST_DEADLINE);
+    cr_expect_lt(rg.lost.at_ms, rg.lost.deadline_ms, "told at %lld, validity ended at %lld",
+                 (long long)rg.lost.at_ms, (long long)rg.lost.deadline_ms);
+    cr_expect(pthread_equal(rg.lost.thread, pthread_self()), "told on another thread");
+    cr_expect_eq(task_ids(ids, 256), nb, "threads were started");
+    ts_server_pause(&srv, false);
+    redsem_permit_free(rg.g.permit);
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_server_stop(&srv);
+}
+#endif
 #endif
 
 /* More waiting acquires than workers (REDSEM_ASYNC_WORKERS_MAX - 1 may wait at once): a

@@ -41,7 +41,8 @@ extern "C" {
  * redsem starts background threads only for two things: the renewer of a client, started by
  * the first redsem_permit_auto_renew() (renew.h; its renewals use the client's
  * request connections, ahead of other threads' calls), and the workers of a redsem_async (async.h), which run the event-loop
- * operations on the client's pool.
+ * operations on the client's pool. The experimental loop engine (-Dasync_engine=loop) starts
+ * neither for what it runs: the permits it grants are renewed on their loop (renew.h).
  *
  * ERRORS. Every call that sends to the server may also return REDSEM_ENOMEM (no memory for a
  * new pooled connection, or to format a request) and, over TLS (rediss://), REDSEM_ETLS (a

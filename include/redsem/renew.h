@@ -28,6 +28,17 @@ extern "C" {
  * lease that expired or was released. A failed renewal (Redis unreachable, slow, restarting)
  * is retried with a short backoff until the permit's validity deadline.
  *
+ * ON AN EVENT LOOP (async.h, built with -Dasync_engine=loop, where the loop engine runs): a
+ * permit granted by a redsem_async there is renewed by that loop instead, with no thread:
+ * its renewals are requests on the loop engine's connection, its next renewal is part of the
+ * loop's timer, and its lost callback runs on the loop's thread (inside
+ * redsem_async_action()), under the same rules, schedule and deadlines as below. Release,
+ * free and stop_renewal of such a permit never wait for its renewal in flight (the caller may
+ * be the loop's thread): its outcome is ignored, and a refresh cannot bring back a lease
+ * released meanwhile. redsem_async_free() stops the renewal of the permits it still renews
+ * (as redsem_permit_stop_renewal(), no callback; auto_renew later renews them on the
+ * client's renewer thread). Its lost callback must not free its redsem_async or client.
+ *
  * LOST-LEASE NOTIFICATION. The permit is declared lost, and the callback fires once, on the
  * renewer thread, as soon as either
  *   - a renewal finds the lease gone (REDSEM_LOST_EXPIRED: it expired or was taken over), or
@@ -67,7 +78,8 @@ typedef enum redsem_lost_reason {
 } redsem_lost_reason;
 
 /**
- * Lost-lease callback; runs on the renewer thread (see the rules above).
+ * Lost-lease callback; runs on the renewer thread, or on the loop's thread for a permit
+ * renewed on an event loop (see the rules above).
  * @permit     view; the permit that was lost (still valid: the caller frees it).
  * @reason     why.
  * @user_data  the pointer given to redsem_permit_auto_renew().
@@ -94,7 +106,8 @@ typedef void (*redsem_lost_fn)(redsem_permit *permit, redsem_lost_reason reason,
  *          here, so no fault code.
  * Server: nothing now; later one EVALSHA of refresh.lua / lock_extend.lua per renewal, on
  *         the client's request connections (renewals due together share one round trip on one
- *         server without sync replicas; one by one in a Redis Cluster or with sync replicas).
+ *         server without sync replicas; one by one in a Redis Cluster or with sync replicas);
+ *         for a permit renewed on an event loop, on its loop engine's connection.
  * Thread safety: any thread, at the same time as others (see "Threads" in
  * redsem/client.h). Since: 0.1
  */
