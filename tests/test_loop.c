@@ -40,7 +40,7 @@ static void on_done(void *arg, int rc, redsem_permit *p)
  * then step it. */
 static void turn(redsem__loop *l, int64_t max_ms)
 {
-    redsem__loop_watch w[2];
+    redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX];
     int64_t deadline;
     int n = redsem__loop_wants(l, w, &deadline);
     int64_t now = redsem__now_ns();
@@ -51,7 +51,7 @@ static void turn(redsem__loop *l, int64_t max_ms)
         ms = max_ms;
     if (ms < 0)
         ms = 0;
-    struct pollfd p[2];
+    struct pollfd p[REDSEM__LOOP_WATCH_MAX];
     for (int i = 0; i < n; i++)
         p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
     int k = poll(p, (nfds_t)n, (int)ms);
