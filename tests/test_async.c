@@ -1340,3 +1340,119 @@ Test(async, steady_work_keeps_its_workers, .timeout = 120)
 }
 
 #endif
+
+/* ---------------------------------------------------------------- connects */
+
+/* A client of srv (started with a TCP port) reached by the host name "localhost" (resolved
+ * on the loop by the loop engine: c-ares), auth ("user:password@" or ""), with
+ * command_timeout_ms and no retry. */
+static redsem_client *localhost_client(ts_server *srv, const char *auth, int64_t cmd_timeout_ms)
+{
+    char url[200];
+    snprintf(url, sizeof url, "redis://%slocalhost:%d", auth, srv->port);
+    return tf_client_for(url, 0, cmd_timeout_ms);
+}
+
+static void tcp_server(ts_server *srv)
+{
+    cr_assert_eq(ts_server_start(srv, NULL, true), 0, "redis-server with a TCP port failed");
+}
+
+/* A host name is resolved, connected to and handshaken with on the loop: an acquire, a
+ * status and a release work on a TCP server named "localhost". */
+Test(async, a_host_name_is_reached_on_the_loop, .timeout = 60)
+{
+    ts_server srv;
+    env e;
+    tcp_server(&srv);
+    env_up_with(&e, localhost_client(&srv, "", 2000));
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-host"), REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+    got g = {.loop = &e.loop}, st = {.loop = &e.loop}, rl = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 10000), "no callback on the %s loop", LOOP_NAME);
+    cr_assert_eq(g.rc, REDSEM_OK, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    OK(e.c, redsem_sem_status_async(e.a, s, 16, on_done, &st, NULL));
+    cr_assert(run_until(&e.loop, &st.done, 10000));
+    cr_assert_eq(st.rc, REDSEM_OK, "%s", st.errmsg);
+    cr_expect_eq(redsem_status_holder_count(st.status), 1);
+    redsem_status_free(st.status);
+    OK(e.c, redsem_permit_release_async(e.a, g.permit, on_done, &rl, NULL));
+    cr_assert(run_until(&e.loop, &rl.done, 10000));
+    cr_expect_eq(rl.rc, REDSEM_OK, "%s", rl.errmsg);
+    redsem_permit_free(g.permit);
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_server_stop(&srv);
+}
+
+/* A connect to a server that accepts but never answers (SIGSTOPped: the kernel completes the
+ * TCP handshake, the redis handshake gets no reply) lets the loop run: its timer keeps
+ * ticking until the deadline ends the acquire with ETIMEDOUT or ECONN, nothing granted. (The
+ * loop engine's connect blocked the loop here: no tick until the callback.) */
+Test(async, a_connect_lets_the_loop_run, .timeout = 60)
+{
+    ts_server srv;
+    env e;
+    tcp_server(&srv);
+    env_up_with(&e, localhost_client(&srv, "", 1000));
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-stopped"), REDSEM_STRATEGY_BASIC, 1, 5000, &s));
+    ts_server_pause(&srv, true);
+    got g = {.loop = &e.loop};
+    int before = e.loop.ticks;
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    bool done = run_until(&e.loop, &g.done, 20000);
+    ts_server_pause(&srv, false);
+    cr_assert(done, "no callback on the %s loop", LOOP_NAME);
+    cr_expect(g.rc == REDSEM_ETIMEDOUT || g.rc == REDSEM_ECONN, "%s: %s",
+              redsem_err_name(g.rc), g.errmsg);
+    /* 1 s at a tick each 5 ms: about 200; blocked, at most the one overdue */
+    cr_expect_geq(g.ticks_at - before, 10, "the loop ticked %d times during the connect",
+                  g.ticks_at - before);
+    redsem_status *st = NULL;
+    OK(e.c, redsem_sem_status(s, 16, &st)); /* on the client's lanes */
+    cr_expect_eq(redsem_status_holder_count(st), 0);
+    redsem_status_free(st);
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_server_stop(&srv);
+}
+
+/* A refused AUTH on a connect of the loop: the code and text of the blocking connect. The
+ * client's user loses its password after the client connected; a new blocking client then
+ * says why it cannot connect, and the loop's acquire says the same. */
+Test(async, a_refused_auth_reads_as_on_a_blocking_connect, .timeout = 60)
+{
+    ts_server srv;
+    env e;
+    tcp_server(&srv);
+    cr_assert_eq(ts_command(&srv, NULL, 0, "ACL", "SETUSER", "u", "on", ">pw", "~*", "&*",
+                            "+@all", NULL), 0);
+    env_up_with(&e, localhost_client(&srv, "u:pw@", 2000));
+    redsem_sem *s = NULL;
+    OK(e.c, redsem_sem_open(e.c, tf_name("async-auth"), REDSEM_STRATEGY_BASIC, 1, 5000, &s));
+    cr_assert_eq(ts_command(&srv, NULL, 0, "ACL", "SETUSER", "u", "resetpass", ">other", NULL), 0);
+    char url[200], err[512] = "";
+    snprintf(url, sizeof url, "redis://u:pw@localhost:%d", srv.port);
+    int want = REDSEM_OK;
+    redsem_client *blocking = tf_client_try(url, 0, &want, err, sizeof err);
+    cr_assert_null(blocking);
+    cr_assert_eq(want, REDSEM_EPERM, "%s: %s", redsem_err_name(want), err);
+    got g = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 10000), "no callback on the %s loop", LOOP_NAME);
+#if REDSEM_ASYNC_LOOP && (defined(TEST_LOOP_UV) || defined(TEST_LOOP_EVENT) || defined(TEST_LOOP_EV))
+    /* the workers run on the client's lanes, connected before: only the engine connects */
+    cr_expect_eq(g.rc, want, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    cr_expect(g.errmsg[0] != '\0' && strstr(err, g.errmsg) != NULL,
+              "the loop says '%s', the blocking connect '%s'", g.errmsg, err);
+#endif
+    if (g.rc == REDSEM_OK) {
+        OK(e.c, redsem_permit_release(g.permit));
+        redsem_permit_free(g.permit);
+    }
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_server_stop(&srv);
+}
