@@ -3,8 +3,11 @@
  * their own (node/conn.h's pipe), and its waits as one BLPOP at a time on a second one,
  * stepped by whoever calls redsem__loop_step() when the descriptors and the deadline that
  * redsem__loop_wants() names are due: an event loop. It starts no thread and never sleeps.
- * Not yet: a connect (and its handshake) blocks (redsem__node_connect); a lost connection
- * fails the requests in flight (maybe applied when written: the acquire then says
+ * A connection opens without blocking either (conn_open: closed, resolving, connecting, tls
+ * through net/dial.c; then its handshake as one request on its pipe, judged by node.c's
+ * redsem__handshake_judge; open): the requests sent meanwhile wait behind it in the pipe
+ * (held) and end with the connect's code, never written, if it fails.
+ * Not yet: a lost connection fails the requests in flight (maybe applied when written: the acquire then says
  * REDSEM_EUNKNOWN), the next request reconnecting; not for a client that waits for
  * replicas, a Sentinel or a Cluster client (docs/design.md section 16). */
 #include <poll.h>

@@ -1,7 +1,8 @@
 /* redsem - the transport: one socket, hiredis' protocol reader, per-call deadlines.
  *
- * The socket is connected non-blocking (connect is bounded by poll), then switched to
- * blocking mode with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout. A call has one
+ * The socket is connected non-blocking (connect is bounded by poll; the pieces a dial of the
+ * event loop shares, net/dial.c, are here: sock_connect, connect_error, conn_ready), then
+ * switched to blocking mode with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout. A call has one
  * deadline, set by its write (the caller's, or the write's start + the command timeout) and
  * kept in the connection for its reads. An ordinary request's reply is read with one
  * blocking recv, whose SO_RCVTIMEO ends at that deadline (within REDSEM__RECV_SLACK_MS);
