@@ -1350,19 +1350,24 @@ Test(async, steady_work_keeps_its_workers, .timeout = 120)
 #define ON_ENGINE 0
 #endif
 
-/* A client of srv (started with a TCP port) reached by the host name "localhost" (resolved
- * on the loop by the loop engine: c-ares), auth ("user:password@" or ""), with
- * command_timeout_ms and no retry. */
-static redsem_client *localhost_client(ts_server *srv, const char *auth, int64_t cmd_timeout_ms)
-{
-    char url[200];
-    snprintf(url, sizeof url, "redis://%slocalhost:%d", auth, srv->port);
-    return tf_client_for(url, 0, cmd_timeout_ms);
-}
-
-static void tcp_server(ts_server *srv)
+/* e on a client of a new TCP server srv, reached by the host name "localhost" (resolved on
+ * the loop by the loop engine: c-ares) with command_timeout_ms and no retry, as user u with
+ * the password "pw" (made first, allowed everything) unless u is NULL; and a semaphore of
+ * limit 1 named base (returned). */
+static redsem_sem *localhost_env(env *e, ts_server *srv, const char *u, int64_t cmd_timeout_ms,
+                                 const char *base, redsem_strategy strategy)
 {
     cr_assert_eq(ts_server_start(srv, NULL, true), 0, "redis-server with a TCP port failed");
+    if (u != NULL)
+        cr_assert_eq(ts_command(srv, NULL, 0, "ACL", "SETUSER", u, "on", ">pw", "~*", "&*",
+                                "+@all", NULL), 0);
+    char url[200];
+    snprintf(url, sizeof url, "redis://%s%slocalhost:%d", u ? u : "", u ? ":pw@" : "",
+             srv->port);
+    env_up_with(e, tf_client_for(url, 0, cmd_timeout_ms));
+    redsem_sem *s = NULL;
+    OK(e->c, redsem_sem_open(e->c, tf_name(base), strategy, 1, 5000, &s));
+    return s;
 }
 
 /* A host name is resolved, connected to and handshaken with on the loop: an acquire, a
@@ -1371,10 +1376,7 @@ Test(async, a_host_name_is_reached_on_the_loop, .timeout = 60)
 {
     ts_server srv;
     env e;
-    tcp_server(&srv);
-    env_up_with(&e, localhost_client(&srv, "", 2000));
-    redsem_sem *s = NULL;
-    OK(e.c, redsem_sem_open(e.c, tf_name("async-host"), REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+    redsem_sem *s = localhost_env(&e, &srv, NULL, 2000, "async-host", REDSEM_STRATEGY_FAIR);
     got g = {.loop = &e.loop}, st = {.loop = &e.loop}, rl = {.loop = &e.loop};
     OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
     cr_assert(run_until(&e.loop, &g.done, 10000), "no callback on the %s loop", LOOP_NAME);
@@ -1401,10 +1403,7 @@ Test(async, a_connect_lets_the_loop_run, .timeout = 60)
 {
     ts_server srv;
     env e;
-    tcp_server(&srv);
-    env_up_with(&e, localhost_client(&srv, "", 1000));
-    redsem_sem *s = NULL;
-    OK(e.c, redsem_sem_open(e.c, tf_name("async-stopped"), REDSEM_STRATEGY_BASIC, 1, 5000, &s));
+    redsem_sem *s = localhost_env(&e, &srv, NULL, 1000, "async-stopped", REDSEM_STRATEGY_BASIC);
     ts_server_pause(&srv, true);
     got g = {.loop = &e.loop};
     int before = e.loop.ticks;
@@ -1435,12 +1434,7 @@ Test(async, a_refused_auth_reads_as_on_a_blocking_connect, .timeout = 60)
 {
     ts_server srv;
     env e;
-    tcp_server(&srv);
-    cr_assert_eq(ts_command(&srv, NULL, 0, "ACL", "SETUSER", "u", "on", ">pw", "~*", "&*",
-                            "+@all", NULL), 0);
-    env_up_with(&e, localhost_client(&srv, "u:pw@", 2000));
-    redsem_sem *s = NULL;
-    OK(e.c, redsem_sem_open(e.c, tf_name("async-auth"), REDSEM_STRATEGY_BASIC, 1, 5000, &s));
+    redsem_sem *s = localhost_env(&e, &srv, "u", 2000, "async-auth", REDSEM_STRATEGY_BASIC);
     cr_assert_eq(ts_command(&srv, NULL, 0, "ACL", "SETUSER", "u", "resetpass", ">other", NULL), 0);
     char url[200], err[512] = "";
     snprintf(url, sizeof url, "redis://u:pw@localhost:%d", srv.port);
