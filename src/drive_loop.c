@@ -909,12 +909,10 @@ static void dial_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready
  * else its pipe (then its handshake's outcome, when it came). */
 static void conn_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready, int n)
 {
-    if (lc->state == LC_CLOSED)
+    if (lc->state != LC_OPEN && lc->state != LC_HANDSHAKE && lc->state != LC_CLOSED)
+        dial_step(l, lc, ready, n); /* done: its first write may have failed (hs_replied) */
+    if (lc->state != LC_OPEN && lc->state != LC_HANDSHAKE)
         return;
-    if (lc->state != LC_OPEN && lc->state != LC_HANDSHAKE) {
-        dial_step(l, lc, ready, n);
-        return;
-    }
     bool r = false, w = false;
     for (int i = 0; i < n; i++)
         if (ready[i].fd == redsem__pipe_fd(&lc->pipe)) {
