@@ -184,3 +184,25 @@ Test(loop, a_lock_on_the_loop, .timeout = 60)
     redsem_lock_free(k);
     redsem_client_free(c);
 }
+
+/* Acquires started while the connection opens wait behind its handshake and go once it is
+ * open: both granted. */
+Test(loop, requests_sent_while_it_opens_go_once_it_is_open, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, tf_name("loopo"), REDSEM_STRATEGY_BASIC, 2, 10000, &s));
+    redsem__loop *l = NULL;
+    OK(c, redsem__loop_new(c, &l));
+    outcome o[2] = {{0}};
+    sem_start(l, s, 0, &o[0], NULL);
+    sem_start(l, s, 0, &o[1], NULL);
+    cr_assert(!o[0].done && !o[1].done, "decided before the loop turned");
+    run_until(l, o, 2);
+    OK(c, o[0].rc);
+    OK(c, o[1].rc);
+    for (int i = 0; i < 2; i++)
+        OK(c, redsem_permit_release(o[i].permit));
+    redsem_permit_free(o[0].permit);
+    finish(l, s, o[1].permit);
+}
