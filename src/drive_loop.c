@@ -7,9 +7,9 @@
  * through net/dial.c; then its handshake as one request on its pipe, judged by node.c's
  * redsem__handshake_judge; open): the requests sent meanwhile wait behind it in the pipe
  * (held) and end with the connect's code, never written, if it fails.
- * Not yet: a lost connection fails the requests in flight (maybe applied when written: the acquire then says
- * REDSEM_EUNKNOWN), the next request reconnecting; not for a client that waits for
- * replicas, a Sentinel or a Cluster client (docs/design.md section 16). */
+ * Not yet: a lost connection fails the requests in flight (maybe applied when written: the
+ * acquire then says REDSEM_EUNKNOWN), the next request reconnecting; not for a client that
+ * waits for replicas, a Sentinel or a Cluster client (docs/design.md section 16). */
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -152,7 +152,7 @@ static void hs_done(redsem__preq *q, void *arg)
 }
 
 /* Queue lc's handshake (its steps in one write) on its pipe, and hold what comes after. */
-static int hs_queue(redsem__loop *l, loop_conn *lc)
+static int hs_queue(loop_conn *lc)
 {
     redsem__handshake_plan(&lc->node, false, &lc->hs);
     size_t total = 0;
@@ -175,7 +175,6 @@ static int hs_queue(redsem__loop *l, loop_conn *lc)
         redsem__handshake_free(cmd[i], len[i]);
     redsem__handshake_free(all, (int)total);
     redsem__pipe_hold(&lc->pipe);
-    (void)l;
     return rc;
 }
 
@@ -256,7 +255,7 @@ static int conn_open(redsem__loop *l, loop_conn *lc)
     lc->hs_replied = false;
     char err[REDSEM__ERRMSG_LEN] = "";
     redsem__conn_tls tls = {lc->node.tls_ctx, lc->node.tls_server_name};
-    int rc = hs_queue(l, lc);
+    int rc = hs_queue(lc);
     if (rc == REDSEM_OK)
         rc = redsem__dial_start(&lc->dial, &lc->node.conn, &lc->node.ep, &tls,
                                 l->c->command_timeout_ms, err, sizeof err);
