@@ -60,6 +60,7 @@ typedef struct loop_conn {
     int64_t open_by;      /* the open's deadline: now + the connect timeout at its start */
     redsem__handshake hs; /* its steps, sent as one request: */
     redsem__preq hsq;
+    size_t hs_len;        /* its bytes */
     bool hs_replied;      /* ... which has ended, judged: */
     int hs_rc;
     char hs_err[256];
@@ -143,6 +144,8 @@ static void hs_done(redsem__preq *q, void *arg)
     }
     for (int i = 0; q->rc == REDSEM_OK && i < lc->hs.n; i++)
         freeReplyObject(q->replies[i]);
+    if (q->written) /* AUTH's password */
+        redsem__pipe_wipe(&lc->pipe, q, lc->hs_len);
     if (rc != REDSEM_OK)
         (void)redsem__handshake_failed(&lc->node, rc, lc->hs_err, sizeof lc->hs_err);
     if (q->rc != REDSEM_OK)
@@ -170,6 +173,7 @@ static int hs_queue(loop_conn *lc)
         lc->hsq = (redsem__preq){.nreplies = lc->hs.n, .done = hs_done, .arg = lc};
         lc->hsq.deadline_ns = lc->open_by;
         rc = all == NULL ? REDSEM_ENOMEM : redsem__pipe_send(&lc->pipe, &lc->hsq, all, total);
+        lc->hs_len = total;
     }
     for (int i = 0; i < lc->hs.n; i++)
         redsem__handshake_free(cmd[i], len[i]);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include <hiredis/hiredis.h>
+#include <sodium.h>
 
 #include "node/node.h"
 
@@ -118,6 +119,15 @@ void redsem__pipe_unhold(redsem__pipe *p)
 bool redsem__pipe_held(const redsem__pipe *p, const redsem__preq *q)
 {
     return p->held && q->end > p->hold_end;
+}
+
+void redsem__pipe_wipe(redsem__pipe *p, const redsem__preq *q, size_t len)
+{
+    /* q's bytes: [end - len, end) of the stream, still in out if not overwritten since */
+    uint64_t from = q->end - len > p->out_base ? q->end - len : p->out_base;
+    uint64_t to = q->end < p->out_base + p->out_off ? q->end : p->out_base + p->out_off;
+    if (to > from)
+        sodium_memzero(p->out + (from - p->out_base), (size_t)(to - from));
 }
 
 /* The end of the bytes that may be written now (an index of out). */

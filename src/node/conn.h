@@ -102,6 +102,9 @@ int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now
  * go once the handshake was judged (a failed one fails them as never written). */
 void redsem__pipe_hold(redsem__pipe *p);
 void redsem__pipe_unhold(redsem__pipe *p);
+/* Zero what is left in p's buffer of q's bytes (written: q has a reply), as AUTH's password
+ * is wiped from every other buffer it was in. */
+void redsem__pipe_wipe(redsem__pipe *p, const redsem__preq *q, size_t len);
 /* Whether q (queued on p) is held back. */
 bool redsem__pipe_held(const redsem__pipe *p, const redsem__preq *q);
 /* End every request in flight with rc (written ones "maybe applied") and refuse new ones. */
