@@ -1427,15 +1427,28 @@ Test(async, a_connect_lets_the_loop_run, .timeout = 60)
     ts_server_stop(&srv);
 }
 
-/* A refused AUTH on a connect of the loop: the code and text of the blocking connect. The
- * client's user loses its password after the client connected; a new blocking client then
- * says why it cannot connect, and the loop's acquire says the same. */
+/* AUTH on a connect of the loop: accepted, then refused with the code and text of the
+ * blocking connect. The client's user loses its password after the client connected; a new
+ * blocking client then says why it cannot connect, and a new redsem_async's acquire says the
+ * same. */
 Test(async, a_refused_auth_reads_as_on_a_blocking_connect, .timeout = 60)
 {
     ts_server srv;
     env e;
     redsem_sem *s = localhost_env(&e, &srv, "u", 2000, "async-auth", REDSEM_STRATEGY_BASIC);
+    got ok = {.loop = &e.loop}; /* first with the password the user has */
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &ok, NULL));
+    cr_assert(run_until(&e.loop, &ok.done, 10000), "no callback on the %s loop", LOOP_NAME);
+    cr_assert_eq(ok.rc, REDSEM_OK, "%s: %s", redsem_err_name(ok.rc), ok.errmsg);
+    OK(e.c, redsem_permit_release(ok.permit));
+    redsem_permit_free(ok.permit);
     cr_assert_eq(ts_command(&srv, NULL, 0, "ACL", "SETUSER", "u", "resetpass", ">other", NULL), 0);
+    redsem_async_free(e.a); /* a new one connects anew */
+#if defined(TEST_LOOP_UV)
+    uv_run(&e.loop.uv, UV_RUN_NOWAIT); /* the adapter's close callbacks */
+#endif
+    OK(e.c, redsem_async_new(e.c, &e.a));
+    cr_assert_eq(loop_attach(&e.loop, e.a), REDSEM_OK);
     char url[200], err[512] = "";
     snprintf(url, sizeof url, "redis://u:pw@localhost:%d", srv.port);
     int want = REDSEM_OK;
