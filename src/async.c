@@ -161,12 +161,13 @@ struct redsem_async {
     atomic_size_t pending;
 #if REDSEM_ASYNC_LOOP
     /* The loop engine (drive_loop.c): the loop watches epfd, an epoll set of the pipe and
-     * the engine's connection (one descriptor, as 0.4's adapters watch), and its timer is
-     * the engine's deadline. loop NULL: every operation on the workers. */
+     * the engine's descriptors (its connections, and while one opens c-ares' sockets: one
+     * descriptor for the loop, as 0.4's adapters watch), and its timer is the engine's
+     * deadline. loop NULL: every operation on the workers. */
     int epfd;
     redsem__loop *loop;
-    int loop_fd[2];       /* the connections in the set (-1: none) */
-    uint32_t loop_ev[2];  /* and their epoll events */
+    int loop_fd[REDSEM__LOOP_WATCH_MAX];      /* the descriptors in the set (-1: none) */
+    uint32_t loop_ev[REDSEM__LOOP_WATCH_MAX]; /* and their epoll events */
     unsigned loop_gen;    /* the engine's connections' generation they are of */
     int64_t timer_ns;     /* the timer asked for (0: none, or it fired) */
     op_list looping;      /* acquires on the engine */
@@ -721,7 +722,8 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
         redsem__free(a);
         return redsem__set_err(client, REDSEM_ECONN, "epoll: %s", strerror(e));
     }
-    a->loop_fd[0] = a->loop_fd[1] = -1;
+    for (int j = 0; j < REDSEM__LOOP_WATCH_MAX; j++)
+        a->loop_fd[j] = -1;
 #endif
     a->c = client;
     a->pid = getpid();
@@ -840,18 +842,18 @@ static int run_callbacks(redsem_async *a)
 #if REDSEM_ASYNC_LOOP
 /* ---------------------------------------------------------------- the loop engine */
 
-/* Tell the loop what the engine wants now: its connections in the epoll set with the events
+/* Tell the loop what the engine wants now: its descriptors in the epoll set with the events
  * they wait for, and its earliest deadline as the loop's one timer. The loop's thread. */
 static void loop_sync(redsem_async *a)
 {
-    redsem__loop_watch w[2];
+    redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX];
     int64_t deadline = REDSEM__FOREVER;
     int n = redsem__loop_wants(a->loop, w, &deadline);
     int64_t renew_at = redsem__renew_loop_next(a->renewer, NULL);
     if (renew_at < deadline)
         deadline = renew_at;
     unsigned gen = redsem__loop_generation(a->loop);
-    for (int j = 0; j < 2; j++) { /* a registration no longer wanted, or of an old socket */
+    for (int j = 0; j < REDSEM__LOOP_WATCH_MAX; j++) { /* a registration no longer wanted, or of an old socket */
         bool wanted = false;
         for (int i = 0; i < n; i++)
             wanted = wanted || w[i].fd == a->loop_fd[j];
@@ -865,10 +867,11 @@ static void loop_sync(redsem_async *a)
     for (int i = 0; i < n; i++) {
         uint32_t want = (w[i].events & POLLIN ? EPOLLIN : 0u) |
                         (w[i].events & POLLOUT ? EPOLLOUT : 0u);
-        int j = a->loop_fd[0] == w[i].fd ? 0 : a->loop_fd[1] == w[i].fd ? 1
-                : a->loop_fd[0] < 0      ? 0
-                                         : 1;
-        if (a->loop_fd[j] == w[i].fd && a->loop_ev[j] == want)
+        int j = -1; /* its slot, else a free one (every slot taken is wanted: one is) */
+        for (int k = 0; k < REDSEM__LOOP_WATCH_MAX && (j < 0 || a->loop_fd[j] != w[i].fd); k++)
+            if (a->loop_fd[k] == w[i].fd || (j < 0 && a->loop_fd[k] < 0))
+                j = k;
+        if (j < 0 || (a->loop_fd[j] == w[i].fd && a->loop_ev[j] == want))
             continue;
         struct epoll_event e = {.events = want, .data.fd = w[i].fd};
         if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, w[i].fd, &e) != 0 && errno == EEXIST)
@@ -1105,9 +1108,9 @@ static int loop_action(redsem_async *a, int fd)
     loop_take(a);
     if (fd == -1)
         a->timer_ns = 0; /* it fired: the next sync asks again */
-    struct epoll_event ev[4];
-    struct pollfd ready[4];
-    int n = epoll_wait(a->epfd, ev, 4, 0), k = 0;
+    struct epoll_event ev[REDSEM__LOOP_WATCH_MAX + 1];
+    struct pollfd ready[REDSEM__LOOP_WATCH_MAX + 1];
+    int n = epoll_wait(a->epfd, ev, REDSEM__LOOP_WATCH_MAX + 1, 0), k = 0;
     for (int i = 0; i < n; i++)
         if (ev[i].data.fd != a->pipefd[0])
             ready[k++] = (struct pollfd){
@@ -1169,9 +1172,9 @@ static void loop_stop(redsem_async *a)
     bool busy; /* renewals in flight */
     (void)redsem__renew_loop_next(a->renewer, &busy);
     while ((a->looping.head != NULL || busy) && redsem__now_ns() < end) {
-        redsem__loop_watch w[2];
+        redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX];
         int64_t deadline;
-        struct pollfd p[2];
+        struct pollfd p[REDSEM__LOOP_WATCH_MAX];
         int n = redsem__loop_wants(a->loop, w, &deadline);
         for (int i = 0; i < n; i++)
             p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
@@ -1195,7 +1198,7 @@ static void loop_stop(redsem_async *a)
         drop(a, o, "cancelled: the redsem_async was freed");
     }
     pthread_mutex_unlock(&a->mu);
-    for (int j = 0; j < 2; j++)
+    for (int j = 0; j < REDSEM__LOOP_WATCH_MAX; j++)
         if (a->loop_fd[j] >= 0)
             (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd[j], NULL);
 }

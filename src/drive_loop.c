@@ -9,8 +9,12 @@
  * request's deadline ends at its own (give_up_late); NOSCRIPT sends the body; with
  * sync_replicas WAIT rides in the same write, one at a time (sync_busy), and a grant short
  * of its replicas is given back by a release on the loop (giveback_start). Its counters are
- * the client's (redsem__stats_attach). Not yet: a connect (and its handshake) blocks
- * (redsem__node_connect); a Sentinel or a Cluster client (docs/design.md section 16). */
+ * the client's (redsem__stats_attach).
+ * A connection opens without blocking either (conn_open: closed, resolving, connecting, tls
+ * through net/dial.c; then its handshake as one request on its pipe, judged by node.c's
+ * redsem__handshake_judge; open): the requests sent meanwhile wait behind it in the pipe
+ * (held) and end with the connect's code, never written, if it fails.
+ * Not yet: a Sentinel or a Cluster client (docs/design.md section 16). */
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -60,11 +64,24 @@ typedef struct loop_push {
     redsem__preq req;
 } loop_push;
 
-/* One connection of the engine: a node (its handshake, its error replies) and its pipe. */
+/* The states of a connection of the engine, in order: closed, then opened without blocking
+ * (resolving, connecting, tls: the dial's; handshake: its requests on the pipe), open. */
+enum { LC_CLOSED, LC_RESOLVING, LC_CONNECTING, LC_TLS, LC_HANDSHAKE, LC_OPEN };
+
+/* One connection of the engine: a node (its handshake, its error replies) and its pipe. While
+ * it opens, the requests sent wait in the pipe behind its handshake (held back). */
 typedef struct loop_conn {
     redsem__node node;
     redsem__pipe pipe;
-    bool open;
+    int state;
+    redsem__dial dial;
+    int64_t open_by;      /* the open's deadline: now + the connect timeout at its start */
+    redsem__handshake hs; /* its steps, sent as one request: */
+    redsem__preq hsq;
+    size_t hs_len;        /* its bytes */
+    bool hs_replied;      /* ... which has ended, judged: */
+    int hs_rc;
+    char hs_err[256];
 } loop_conn;
 
 #define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
@@ -129,25 +146,167 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret)
     return REDSEM_OK;
 }
 
-/* Open the connection lc if it is not (blocking: connect and handshake). */
+static void op_done(redsem__preq *q, void *arg);
+
+/* The handshake's request ended: its steps judged in order (the blocking connect's
+ * functions), the first failure kept with its text; a fault of the pipe ends the requests
+ * held behind it with that text (hint included). */
+static void hs_done(redsem__preq *q, void *arg)
+{
+    loop_conn *lc = arg;
+    if (lc->state != LC_HANDSHAKE)
+        return; /* the open failed before (conn_fail) */
+    int rc = q->rc;
+    snprintf(lc->hs_err, sizeof lc->hs_err, "%s", rc != REDSEM_OK ? lc->pipe.err : "");
+    for (int i = 0; i < lc->hs.n; i++) {
+        rc = redsem__handshake_judge(&lc->node, lc->hs.step[i], q->rc,
+                                     q->rc == REDSEM_OK ? q->replies[i] : NULL, q->recv_ns,
+                                     lc->hs_err, sizeof lc->hs_err);
+        if (rc != REDSEM_OK)
+            break;
+    }
+    for (int i = 0; q->rc == REDSEM_OK && i < lc->hs.n; i++)
+        freeReplyObject(q->replies[i]);
+    if (q->written) /* AUTH's password */
+        redsem__pipe_wipe(&lc->pipe, q, lc->hs_len);
+    if (rc != REDSEM_OK)
+        (void)redsem__handshake_failed(&lc->node, rc, lc->hs_err, sizeof lc->hs_err);
+    if (q->rc != REDSEM_OK)
+        snprintf(lc->pipe.err, sizeof lc->pipe.err, "%s", lc->hs_err);
+    lc->hs_rc = rc;
+    lc->hs_replied = true;
+}
+
+/* Queue lc's handshake (its steps in one write) on its pipe, and hold what comes after. */
+static int hs_queue(loop_conn *lc)
+{
+    redsem__handshake_plan(&lc->node, false, &lc->hs);
+    size_t total = 0;
+    char *cmd[REDSEM__HS_MAX], *all = NULL;
+    int len[REDSEM__HS_MAX], rc = REDSEM_OK;
+    for (int i = 0; i < lc->hs.n; i++) {
+        len[i] = redsem__handshake_format(&lc->node, lc->hs.step[i], &cmd[i]);
+        total += len[i] > 0 ? (size_t)len[i] : 0;
+        rc = len[i] < 0 ? REDSEM_ENOMEM : rc;
+    }
+    all = rc == REDSEM_OK && total > 0 ? redsem__malloc(total) : NULL;
+    for (int i = 0, off = 0; all != NULL && i < lc->hs.n; off += len[i], i++)
+        memcpy(all + off, cmd[i], (size_t)len[i]);
+    if (lc->hs.n > 0) {
+        lc->hsq = (redsem__preq){.nreplies = lc->hs.n, .done = hs_done, .arg = lc};
+        lc->hsq.deadline_ns = lc->open_by;
+        rc = all == NULL ? REDSEM_ENOMEM : redsem__pipe_send(&lc->pipe, &lc->hsq, all, total);
+        lc->hs_len = total;
+    }
+    for (int i = 0; i < lc->hs.n; i++)
+        redsem__handshake_free(cmd[i], len[i]);
+    redsem__handshake_free(all, (int)total);
+    redsem__pipe_hold(&lc->pipe);
+    return rc;
+}
+
+/* lc's open failed with rc (err): the requests waiting for it end with it, never written
+ * (not applied). */
+static void conn_fail(redsem__loop *l, loop_conn *lc, int rc, const char *err)
+{
+    redsem__dial_cancel(&lc->dial);
+    lc->state = LC_CLOSED;
+    if (lc->pipe.rc == REDSEM_OK)
+        redsem__pipe_fail(&lc->pipe, rc, err);
+    redsem__conn_abort(&lc->node.conn);
+    l->gen++;
+}
+
+/* lc is open: the requests held behind its handshake go, each with a deadline from now (as a
+ * request after a blocking connect), within its call's cap. */
+static void conn_opened(redsem__loop *l, loop_conn *lc)
+{
+    int64_t now = redsem__now_ns(), dl = now + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
+    for (redsem__preq *q = lc->pipe.head; q != NULL; q = q->next) {
+        if (!redsem__pipe_held(&lc->pipe, q))
+            continue;
+        if (q->deadline_ns < dl)
+            q->deadline_ns = dl;
+        const loop_op *o = q->done == op_done ? q->arg : NULL;
+        if (o != NULL && o->call.cap_ns != 0 && o->call.cap_ns < q->deadline_ns)
+            q->deadline_ns = o->call.cap_ns;
+    }
+    redsem__pipe_unhold(&lc->pipe);
+    redsem__node_opened(&lc->node);
+    lc->state = LC_OPEN;
+    (void)redsem__pipe_step(&lc->pipe, false, false, now); /* writes them */
+}
+
+/* The dial of lc is done: its handshake goes (open at once without one). */
+static void conn_dialed(redsem__loop *l, loop_conn *lc)
+{
+    l->gen++;
+    if (lc->hs.n == 0) {
+        conn_opened(l, lc);
+        return;
+    }
+    lc->state = LC_HANDSHAKE;
+    int64_t dl = redsem__now_ns() + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (dl < lc->hsq.deadline_ns)
+        lc->hsq.deadline_ns = dl;
+    (void)redsem__pipe_step(&lc->pipe, false, false, redsem__now_ns()); /* writes it */
+}
+
+/* The state of lc after a step of its dial that did not fail. */
+static void dial_moved(redsem__loop *l, loop_conn *lc)
+{
+    static const int of[] = {[REDSEM__DIAL_RESOLVING] = LC_RESOLVING,
+                             [REDSEM__DIAL_CONNECTING] = LC_CONNECTING,
+                             [REDSEM__DIAL_TLS] = LC_TLS};
+    if (lc->dial.state == REDSEM__DIAL_DONE)
+        conn_dialed(l, lc);
+    else
+        lc->state = of[lc->dial.state];
+}
+
+/* Open the connection lc if it is not, without blocking: the dial starts, the handshake is
+ * queued, and the requests sent until it is open wait behind it. REDSEM_OK (open or
+ * opening), or a failure at once (then nothing was queued). */
 static int conn_open(redsem__loop *l, loop_conn *lc)
 {
-    if (lc->open && lc->pipe.rc == REDSEM_OK)
+    if (lc->state != LC_CLOSED && (lc->state != LC_OPEN || lc->pipe.rc == REDSEM_OK))
         return REDSEM_OK;
-    if (lc->open) {
+    if (lc->state == LC_OPEN) {
+        lc->state = LC_CLOSED;
         redsem__pipe_reset(&lc->pipe);
         redsem__node_disconnect(&lc->node);
-        lc->open = false;
     }
-    bool retryable = false;
-    char err[REDSEM__ERRMSG_LEN] = "";
-    int rc = redsem__node_connect(&lc->node, &retryable, err, sizeof err);
-    if (rc != REDSEM_OK)
-        return redsem__set_err(l->c, rc, "%s", err);
+    redsem__pipe_reset(&lc->pipe); /* a failed open's */
     redsem__pipe_init(&lc->pipe, &lc->node.conn);
-    lc->open = true;
+    lc->open_by = redsem__now_ns() + l->c->connect_timeout_ms * REDSEM__NS_PER_MS;
+    lc->hs_replied = false;
+    char err[REDSEM__ERRMSG_LEN] = "";
+    redsem__conn_tls tls = {lc->node.tls_ctx, lc->node.tls_server_name};
+    int rc = hs_queue(lc);
+    if (rc == REDSEM_OK)
+        rc = redsem__dial_start(&lc->dial, &lc->node.conn, &lc->node.ep, &tls,
+                                l->c->command_timeout_ms, err, sizeof err);
+    else
+        snprintf(err, sizeof err, "out of memory");
     l->gen++;
+    if (rc != REDSEM_OK) {
+        redsem__pipe_reset(&lc->pipe); /* the handshake, not called back: LC_CLOSED */
+        return redsem__set_err(l->c, rc, "%s", err);
+    }
+    dial_moved(l, lc);
     return REDSEM_OK;
+}
+
+/* The deadline of lc's open: its connect timeout, or a held request's cap if earlier. */
+static int64_t open_deadline(const loop_conn *lc)
+{
+    int64_t d = lc->open_by;
+    for (const redsem__preq *q = lc->pipe.head; q != NULL; q = q->next) {
+        const loop_op *o = q->done == op_done ? q->arg : NULL;
+        if (o != NULL && o->call.cap_ns != 0 && o->call.cap_ns < d)
+            d = o->call.cap_ns;
+    }
+    return d;
 }
 
 /* Whether call is followed by WAIT (a write that must reach the client's replicas). */
@@ -859,16 +1018,28 @@ static void drain_reply(redsem__loop *l)
 
 /* ---------------------------------------------------------------- the loop's part */
 
-int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[2], int64_t *deadline_ns)
+int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX],
+                       int64_t *deadline_ns)
 {
     int n = 0;
     *deadline_ns = REDSEM__FOREVER;
     const loop_conn *lcs[2] = {&l->req, &l->wait};
     for (int i = 0; i < 2; i++) {
         int64_t d = REDSEM__FOREVER;
-        short ev = lcs[i]->open ? redsem__pipe_wants(&lcs[i]->pipe, &d) : 0;
-        if (ev != 0)
-            w[n++] = (redsem__loop_watch){redsem__pipe_fd(&lcs[i]->pipe), ev};
+        const loop_conn *lc = lcs[i];
+        if (lc->state == LC_OPEN || lc->state == LC_HANDSHAKE) {
+            short ev = redsem__pipe_wants(&lc->pipe, &d);
+            if (ev != 0)
+                w[n++] = (redsem__loop_watch){redsem__pipe_fd(&lc->pipe), ev};
+        } else if (lc->state != LC_CLOSED) { /* its dial: its sockets, c-ares' timeout */
+            struct pollfd p[REDSEM__DIAL_SOCKS + 1];
+            int k = redsem__dial_wants(&lc->dial, p, REDSEM__DIAL_SOCKS + 1, &d);
+            for (int j = 0; j < k; j++)
+                w[n++] = (redsem__loop_watch){p[j].fd, p[j].events};
+            int64_t by = open_deadline(lc);
+            if (by < d)
+                d = by;
+        }
         if (d < *deadline_ns)
             *deadline_ns = d;
     }
@@ -884,7 +1055,7 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[2], int64_t *
 
 unsigned redsem__loop_generation(const redsem__loop *l)
 {
-    return l->gen;
+    return l->gen + l->req.dial.gen + l->wait.dial.gen;
 }
 
 /* Whether o has something due now: its request ended, or its timer (or its cancel). */
@@ -947,10 +1118,27 @@ static bool run_all_due(redsem__loop *l)
     return true;
 }
 
-/* Step lc's pipe with the readiness found for its descriptor in ready. */
-static void conn_step(loop_conn *lc, const struct pollfd *ready, int n)
+/* A step of lc's dial: ready says which of its descriptors are; its deadline ends it. */
+static void dial_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready, int n)
 {
-    if (!lc->open)
+    char err[REDSEM__ERRMSG_LEN] = "";
+    int rc = redsem__dial_step(&lc->dial, ready, n, err, sizeof err);
+    if (rc == REDSEM_OK && lc->dial.state != REDSEM__DIAL_DONE &&
+        redsem__now_ns() >= open_deadline(lc))
+        rc = redsem__dial_timeout(&lc->dial, err, sizeof err);
+    if (rc != REDSEM_OK)
+        conn_fail(l, lc, rc, err);
+    else
+        dial_moved(l, lc);
+}
+
+/* Step lc with the readiness found for its descriptors in ready: its dial while it opens,
+ * else its pipe (then its handshake's outcome, when it came). */
+static void conn_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready, int n)
+{
+    if (lc->state != LC_OPEN && lc->state != LC_HANDSHAKE && lc->state != LC_CLOSED)
+        dial_step(l, lc, ready, n); /* done: its first write may have failed (hs_replied) */
+    if (lc->state != LC_OPEN && lc->state != LC_HANDSHAKE)
         return;
     bool r = false, w = false;
     for (int i = 0; i < n; i++)
@@ -959,6 +1147,13 @@ static void conn_step(loop_conn *lc, const struct pollfd *ready, int n)
             w = (ready[i].revents & POLLOUT) != 0;
         }
     (void)redsem__pipe_step(&lc->pipe, r, w, redsem__now_ns());
+    if (lc->hs_replied) {
+        lc->hs_replied = false;
+        if (lc->hs_rc == REDSEM_OK)
+            conn_opened(l, lc);
+        else
+            conn_fail(l, lc, lc->hs_rc, lc->hs_err);
+    }
 }
 
 void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
@@ -966,8 +1161,8 @@ void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
     bool ran;
     do {
         /* writes what was queued (also by the last round), reads what arrived */
-        conn_step(&l->req, ready, n);
-        conn_step(&l->wait, ready, n);
+        conn_step(l, &l->req, ready, n);
+        conn_step(l, &l->wait, ready, n);
         n = 0;
         ran = false;
         if (l->blpop_replied) {
@@ -997,9 +1192,11 @@ void redsem__loop_free(redsem__loop *l)
         return;
     redsem__stats_detach(l->c, &l->ctx); /* its counters stay in the client's */
     loop_conn *lcs[2] = {&l->req, &l->wait};
-    for (int i = 0; i < 2; i++)
-        if (lcs[i]->open)
-            redsem__pipe_reset(&lcs[i]->pipe); /* requests end (ops: not called back) */
+    for (int i = 0; i < 2; i++) {
+        redsem__dial_cancel(&lcs[i]->dial);
+        lcs[i]->state = LC_CLOSED;
+        redsem__pipe_reset(&lcs[i]->pipe); /* requests end (ops: not called back) */
+    }
     while (l->ops != NULL) {
         loop_op *o = l->ops;
         l->ops = o->next;

@@ -616,16 +616,17 @@ int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
                          const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE]);
 /* The event-loop driver of acquires (drive_loop.c): one connection of its own to a
  * one-server client's server, stepped by an event loop on one
- * thread; it starts no thread and never sleeps (a connect is still blocking). new: made,
+ * thread; it starts no thread and never sleeps (nor does a connect: net/dial.c). new: made,
  * not connected yet (REDSEM_EINVAL for another client). acquire: start one acquire of
  * q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare); done(arg, rc,
  * permit) runs once from inside redsem__loop_step (or from here, if it is decided without
  * I/O), and *ret_cancel (may be NULL) is its cancel flag, valid until then. wants: the
  * descriptors to watch (its request connection and its wait connection, which holds one
- * BLPOP on the waiters' lists at a time: 0-2 of them, returned) with their events, and the
- * earliest deadline (REDSEM__FOREVER: none); step: do what is due (call it with the
+ * BLPOP on the waiters' lists at a time; while one opens, its socket and c-ares' sockets: at
+ * most REDSEM__LOOP_WATCH_MAX, how many returned) with their events, and the earliest
+ * deadline (REDSEM__FOREVER: none; c-ares' timeouts and a connect's included); step: do what is due (call it with the
  * descriptors found ready, revents as poll()'s, when one is or the deadline came);
- * generation: changes when a connection is made anew (its descriptor's number may be a
+ * generation: changes when a descriptor of it is opened or closed (its number may be a
  * closed one's). free: the acquires under way end without their callbacks. */
 typedef struct redsem__loop redsem__loop;
 typedef void (*redsem__loop_done)(void *arg, int rc, redsem_permit *p);
@@ -644,7 +645,11 @@ typedef struct redsem__loop_watch {
     int fd;
     short events; /* POLLIN, POLLOUT */
 } redsem__loop_watch;
-int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[2], int64_t *deadline_ns);
+/* The most descriptors wants names: per connection, its socket, or while it opens its socket
+ * and c-ares' (net/dial.c). */
+#define REDSEM__LOOP_WATCH_MAX (2 * (REDSEM__DIAL_SOCKS + 1))
+int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX],
+                       int64_t *deadline_ns);
 struct pollfd;
 void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n);
 unsigned redsem__loop_generation(const redsem__loop *l);

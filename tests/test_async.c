@@ -2012,3 +2012,134 @@ Test(async, free_while_other_threads_submit, .timeout = 180)
     redsem_client_free(c);
 }
 #endif
+
+/* ---------------------------------------------------------------- connects */
+
+/* Whether this build and loop run operations on the loop engine (the loop gives a timer). */
+#if REDSEM_ASYNC_LOOP && (defined(TEST_LOOP_UV) || defined(TEST_LOOP_EVENT) || defined(TEST_LOOP_EV))
+#define ON_ENGINE 1
+#else
+#define ON_ENGINE 0
+#endif
+
+/* e on a client of a new TCP server srv, reached by the host name "localhost" (resolved on
+ * the loop by the loop engine: c-ares) with command_timeout_ms and no retry, as user u with
+ * the password "pw" (made first, allowed everything) unless u is NULL; and a semaphore of
+ * limit 1 named base (returned). */
+static redsem_sem *localhost_env(env *e, ts_server *srv, const char *u, int64_t cmd_timeout_ms,
+                                 const char *base, redsem_strategy strategy)
+{
+    cr_assert_eq(ts_server_start(srv, NULL, true), 0, "redis-server with a TCP port failed");
+    if (u != NULL)
+        cr_assert_eq(ts_command(srv, NULL, 0, "ACL", "SETUSER", u, "on", ">pw", "~*", "&*",
+                                "+@all", NULL), 0);
+    char url[200];
+    snprintf(url, sizeof url, "redis://%s%slocalhost:%d", u ? u : "", u ? ":pw@" : "",
+             srv->port);
+    env_up_with(e, tf_client_for(url, 0, cmd_timeout_ms));
+    redsem_sem *s = NULL;
+    OK(e->c, redsem_sem_open(e->c, tf_name(base), strategy, 1, 5000, &s));
+    return s;
+}
+
+/* A host name is resolved, connected to and handshaken with on the loop: an acquire, a
+ * status and a release work on a TCP server named "localhost". */
+Test(async, a_host_name_is_reached_on_the_loop, .timeout = 60)
+{
+    ts_server srv;
+    env e;
+    redsem_sem *s = localhost_env(&e, &srv, NULL, 2000, "async-host", REDSEM_STRATEGY_FAIR);
+    got g = {.loop = &e.loop}, st = {.loop = &e.loop}, rl = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 10000), "no callback on the %s loop", LOOP_NAME);
+    cr_assert_eq(g.rc, REDSEM_OK, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+    OK(e.c, redsem_sem_status_async(e.a, s, 16, on_done, &st, NULL));
+    cr_assert(run_until(&e.loop, &st.done, 10000));
+    cr_assert_eq(st.rc, REDSEM_OK, "%s", st.errmsg);
+    cr_expect_eq(redsem_status_holder_count(st.status), 1);
+    redsem_status_free(st.status);
+    OK(e.c, redsem_permit_release_async(e.a, g.permit, on_done, &rl, NULL));
+    cr_assert(run_until(&e.loop, &rl.done, 10000));
+    cr_expect_eq(rl.rc, REDSEM_OK, "%s", rl.errmsg);
+    redsem_permit_free(g.permit);
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_server_stop(&srv);
+}
+
+/* A connect to a server that accepts but never answers (SIGSTOPped: the kernel completes the
+ * TCP handshake, the redis handshake gets no reply) lets the loop run: its timer keeps
+ * ticking until the deadline ends the acquire with ETIMEDOUT or ECONN, nothing granted. (The
+ * loop engine's connect blocked the loop here: no tick until the callback.) */
+Test(async, a_connect_lets_the_loop_run, .timeout = 60)
+{
+    ts_server srv;
+    env e;
+    redsem_sem *s = localhost_env(&e, &srv, NULL, 1000, "async-stopped", REDSEM_STRATEGY_BASIC);
+    ts_server_pause(&srv, true);
+    got g = {.loop = &e.loop};
+    int before = e.loop.ticks;
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    bool done = run_until(&e.loop, &g.done, 20000);
+    ts_server_pause(&srv, false);
+    cr_assert(done, "no callback on the %s loop", LOOP_NAME);
+    /* 1 s at a tick each 5 ms: about 200; blocked, at most the one overdue */
+    cr_expect_geq(g.ticks_at - before, 10, "the loop ticked %d times during the connect",
+                  g.ticks_at - before);
+    if (ON_ENGINE) { /* (the workers send on the client's lanes, open before: EUNKNOWN) */
+        cr_expect(g.rc == REDSEM_ETIMEDOUT || g.rc == REDSEM_ECONN, "%s: %s",
+                  redsem_err_name(g.rc), g.errmsg);
+        redsem_status *st = NULL;
+        OK(e.c, redsem_sem_status(s, 16, &st)); /* on the client's lanes */
+        cr_expect_eq(redsem_status_holder_count(st), 0, "the connect's request was applied");
+        redsem_status_free(st);
+    }
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_server_stop(&srv);
+}
+
+/* AUTH on a connect of the loop: accepted, then refused with the code and text of the
+ * blocking connect. The client's user loses its password after the client connected; a new
+ * blocking client then says why it cannot connect, and a new redsem_async's acquire says the
+ * same. */
+Test(async, a_refused_auth_reads_as_on_a_blocking_connect, .timeout = 60)
+{
+    ts_server srv;
+    env e;
+    redsem_sem *s = localhost_env(&e, &srv, "u", 2000, "async-auth", REDSEM_STRATEGY_BASIC);
+    got ok = {.loop = &e.loop}; /* first with the password the user has */
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &ok, NULL));
+    cr_assert(run_until(&e.loop, &ok.done, 10000), "no callback on the %s loop", LOOP_NAME);
+    cr_assert_eq(ok.rc, REDSEM_OK, "%s: %s", redsem_err_name(ok.rc), ok.errmsg);
+    OK(e.c, redsem_permit_release(ok.permit));
+    redsem_permit_free(ok.permit);
+    cr_assert_eq(ts_command(&srv, NULL, 0, "ACL", "SETUSER", "u", "resetpass", ">other", NULL), 0);
+    redsem_async_free(e.a); /* a new one connects anew */
+#if defined(TEST_LOOP_UV)
+    uv_run(&e.loop.uv, UV_RUN_NOWAIT); /* the adapter's close callbacks */
+#endif
+    OK(e.c, redsem_async_new(e.c, &e.a));
+    cr_assert_eq(loop_attach(&e.loop, e.a), REDSEM_OK);
+    char url[200], err[512] = "";
+    snprintf(url, sizeof url, "redis://u:pw@localhost:%d", srv.port);
+    int want = REDSEM_OK;
+    redsem_client *blocking = tf_client_try(url, 0, &want, err, sizeof err);
+    cr_assert_null(blocking);
+    cr_assert_eq(want, REDSEM_EPERM, "%s: %s", redsem_err_name(want), err);
+    got g = {.loop = &e.loop};
+    OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
+    cr_assert(run_until(&e.loop, &g.done, 10000), "no callback on the %s loop", LOOP_NAME);
+    if (ON_ENGINE) { /* the workers run on the client's lanes, connected before */
+        cr_expect_eq(g.rc, want, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+        cr_expect(g.errmsg[0] != '\0' && strstr(err, g.errmsg) != NULL,
+                  "the loop says '%s', the blocking connect '%s'", g.errmsg, err);
+    }
+    if (g.rc == REDSEM_OK) {
+        OK(e.c, redsem_permit_release(g.permit));
+        redsem_permit_free(g.permit);
+    }
+    redsem_sem_free(s);
+    env_down(&e);
+    ts_server_stop(&srv);
+}

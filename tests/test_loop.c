@@ -47,7 +47,7 @@ static void on_done(void *arg, int rc, redsem_permit *p)
  * then step it. */
 static void turn(redsem__loop *l, int64_t max_ms)
 {
-    redsem__loop_watch w[2];
+    redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX];
     int64_t deadline;
     int n = redsem__loop_wants(l, w, &deadline);
     int64_t now = redsem__now_ns();
@@ -58,7 +58,7 @@ static void turn(redsem__loop *l, int64_t max_ms)
         ms = max_ms;
     if (ms < 0)
         ms = 0;
-    struct pollfd p[2];
+    struct pollfd p[REDSEM__LOOP_WATCH_MAX];
     for (int i = 0; i < n; i++)
         p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
     int k = poll(p, (nfds_t)n, (int)ms);
@@ -575,4 +575,26 @@ STRATEGY_TEST(loop, waits_for_replicas_on_the_loop, .timeout = 60)
     redsem_client_free(two);
     ts_server_stop(&rep);
     ts_server_stop(&prim);
+}
+
+/* Acquires started while the connection opens wait behind its handshake and go once it is
+ * open: both granted. */
+Test(loop, requests_sent_while_it_opens_go_once_it_is_open, .timeout = 60)
+{
+    redsem_client *c = tf_client();
+    redsem_sem *s = NULL;
+    OK(c, redsem_sem_open(c, tf_name("loopo"), REDSEM_STRATEGY_BASIC, 2, 10000, &s));
+    redsem__loop *l = NULL;
+    OK(c, redsem__loop_new(c, &l));
+    outcome o[2] = {{0}};
+    sem_start(l, s, 0, &o[0], NULL);
+    sem_start(l, s, 0, &o[1], NULL);
+    cr_assert(!o[0].done && !o[1].done, "decided before the loop turned");
+    run_until(l, o, 2);
+    OK(c, o[0].rc);
+    OK(c, o[1].rc);
+    for (int i = 0; i < 2; i++)
+        OK(c, redsem_permit_release(o[i].permit));
+    redsem_permit_free(o[0].permit);
+    finish(l, s, o[1].permit);
 }

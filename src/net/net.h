@@ -4,7 +4,10 @@
 #ifndef REDSEM_NET_H
 #define REDSEM_NET_H
 
+#include <sys/socket.h>
 #include <sys/types.h>
+
+struct pollfd;
 
 #include "base/base.h"
 
@@ -100,7 +103,8 @@ enum {
     REDSEM__IO_TIMEOUT = 1, /* deadline passed */
     REDSEM__IO_CLOSED = 2,  /* EOF, reset, refused: the connection is gone */
     REDSEM__IO_PROTO = 3,   /* unparsable reply */
-    REDSEM__IO_NOMEM = 4
+    REDSEM__IO_NOMEM = 4,
+    REDSEM__IO_PENDING = 5  /* a connect under way (EINPROGRESS): wait for POLLOUT */
 };
 
 void redsem__conn_init(redsem__conn *c);
@@ -108,11 +112,30 @@ void redsem__conn_init(redsem__conn *c);
  * more than REDSEM__MAX_REPLY_ELEMENTS (hiredis 0.14 allocates the announced count before
  * any element arrives). REDSEM_OK or REDSEM_ENOMEM. */
 int redsem__conn_reader(redsem__conn *c);
-/* Returns REDSEM_OK, REDSEM_ECONN, REDSEM_ETIMEDOUT or REDSEM_ENOMEM; *retryable says whether
- * trying again may help (refused: yes; name not found: no). */
+/* Blocking (the calling thread polls until deadline_ns): resolve (getaddrinfo), connect,
+ * TLS handshake. Returns REDSEM_OK, REDSEM_ECONN, REDSEM_ETIMEDOUT or REDSEM_ENOMEM;
+ * *retryable says whether trying again may help (refused: yes; name not found: no). */
 int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem__conn_tls *tls,
                       int64_t deadline_ns, int64_t io_timeout_ms, bool *retryable, char *err,
                       size_t errlen);
+/* The pieces redsem__conn_open and a dial (dial.c) share. sock_connect: a non-blocking
+ * socket of family connected to addr: REDSEM__IO_OK (connected), _PENDING (wait for POLLOUT,
+ * then sock_connected) with *fd set, or _CLOSED with *err_no. sock_connected: the outcome of
+ * a pending connect (SO_ERROR): _OK or _CLOSED with *err_no. unix_addr: ep's socket path as
+ * an address (false: too long, *err_no ENAMETOOLONG). connect_error: the code and text of a
+ * failed connect to ep (st _TIMEOUT or _CLOSED with err_no). tls_name: the name TLS presents
+ * and verifies. conn_ready: c takes the connected fd (TCP options set, its reader made);
+ * REDSEM_OK or REDSEM_ENOMEM (fd and c->ssl then closed). */
+int redsem__sock_connect(int family, const struct sockaddr *addr, socklen_t len, int *fd,
+                         int *err_no);
+int redsem__sock_connected(int fd, int *err_no);
+struct sockaddr_un;
+bool redsem__unix_addr(const char *path, struct sockaddr_un *sa, int *err_no);
+int redsem__connect_error(const redsem__endpoint *ep, int st, int err_no, char *err,
+                          size_t errlen);
+const char *redsem__tls_name(const redsem__endpoint *ep, const redsem__conn_tls *tls);
+int redsem__conn_ready(redsem__conn *c, int fd, const redsem__endpoint *ep,
+                       int64_t io_timeout_ms, char *err, size_t errlen);
 void redsem__conn_close(redsem__conn *c);
 /* Close with a RST (SO_LINGER 0): unsent and unacknowledged bytes are discarded, so a request
  * abandoned after a failure can never be delivered later. */
@@ -148,11 +171,80 @@ int redsem__io_status(int io, int err_no, char *err, size_t errlen);
  * -1 error (errno). */
 int redsem__wait_fd(int fd, short events, int64_t deadline_ns);
 
-/* TLS on a connected non-blocking fd (tls.c, used by socket.c): the handshake until
- * deadline_ns, then c->ssl is set. REDSEM_OK, ECONN, ETIMEDOUT, ETLS (verification refused),
- * EINVAL or ENOMEM, with the reason in err. */
-int redsem__tls_connect(redsem__conn *c, int fd, void *ctx, const char *host, int64_t deadline_ns,
-                        char *err, size_t errlen);
+/* ---------------------------------------------------------------- a connect that never blocks (dial.c) */
+/* A dial opens one connection of an endpoint without blocking, for an event loop (the loop
+ * engine, src/drive_loop.c), in the shape of libcurl's multi_socket and c-ares: it names the
+ * descriptors to watch and its earliest deadline (dial_wants), and the loop steps it when one
+ * is ready or the deadline came (dial_step). Its states, in order: RESOLVING (a host name,
+ * through c-ares' ares_getaddrinfo on sockets of its own; a numeric address or a unix socket
+ * skips it), CONNECTING (a non-blocking connect(2), each address in turn until one takes
+ * it), TLS (rediss://: OpenSSL's handshake one step at a time, as tls.c does it for the
+ * blocking open) and DONE (c open: its descriptor, TLS and reader set, as redsem__conn_open
+ * leaves it). Its own deadline it does not watch: the caller's (the connect timeout) ends it
+ * with dial_timeout. Error texts are the blocking open's. Not thread-safe. */
+enum {
+    REDSEM__DIAL_IDLE = 0,
+    REDSEM__DIAL_RESOLVING = 1,
+    REDSEM__DIAL_CONNECTING = 2,
+    REDSEM__DIAL_TLS = 3,
+    REDSEM__DIAL_DONE = 4
+};
+#define REDSEM__DIAL_SOCKS 6 /* c-ares' sockets watched at once (UDP and TCP, per server) */
+#define REDSEM__DIAL_ADDRS 8 /* addresses of a name tried in turn */
+typedef struct redsem__dial {
+    int state;
+    redsem__conn *c;             /* opened (borrowed) */
+    const redsem__endpoint *ep;  /* borrowed until the dial ends */
+    void *tls_ctx;               /* SSL_CTX *, NULL: plain */
+    const char *tls_host;        /* the name TLS presents and verifies (borrowed) */
+    int64_t io_timeout_ms;
+    void *channel;               /* ares_channel while resolving */
+    int socks[REDSEM__DIAL_SOCKS]; /* c-ares' sockets, -1: free */
+    short sock_ev[REDSEM__DIAL_SOCKS];
+    int status;                  /* ares_getaddrinfo's status, once its callback ran */
+    bool resolved;
+    struct sockaddr_storage addr[REDSEM__DIAL_ADDRS];
+    socklen_t addrlen[REDSEM__DIAL_ADDRS];
+    int naddr, next;             /* the addresses, and the next one to try */
+    int fd;                      /* the socket connecting, or under TLS (-1: none) */
+    int err_no;                  /* the last connect's error */
+    short tls_ev;                /* what the TLS handshake waits for */
+    unsigned gen;                /* bumped when one of its descriptors opens or closes */
+} redsem__dial;
+/* Start opening c (closed) to ep with tls (ctx NULL: plain); ep and tls->server_name must
+ * outlive the dial. REDSEM_OK (under way, or DONE already: see d->state) or a failure
+ * (ECONN, ENOMEM) with the reason in err; nothing is left open then. */
+int redsem__dial_start(redsem__dial *d, redsem__conn *c, const redsem__endpoint *ep,
+                       const redsem__conn_tls *tls, int64_t io_timeout_ms, char *err,
+                       size_t errlen);
+/* The descriptors to watch now (at most max: REDSEM__DIAL_SOCKS + 1 is enough) with their
+ * events (POLLIN, POLLOUT), and in *deadline_ns c-ares' next timeout (REDSEM__FOREVER:
+ * none). How many. */
+int redsem__dial_wants(const redsem__dial *d, struct pollfd *w, int max, int64_t *deadline_ns);
+/* Do what is due: ready (n entries, revents as poll()'s) says which descriptors are; c-ares'
+ * timeouts are processed too. REDSEM_OK (d->state: under way or DONE) or the failure, with
+ * the reason in err; nothing is left open then. */
+int redsem__dial_step(redsem__dial *d, const struct pollfd *ready, int n, char *err,
+                      size_t errlen);
+/* The caller's deadline passed: the dial ends, its code (REDSEM_ETIMEDOUT) and text those of
+ * the blocking open in the same phase. */
+int redsem__dial_timeout(redsem__dial *d, char *err, size_t errlen);
+/* End a dial under way (nothing of it stays open); a dial not started or ended: nothing. */
+void redsem__dial_cancel(redsem__dial *d);
+
+/* TLS on a connected non-blocking fd (tls.c, used by socket.c and dial.c; tls.c calls none
+ * of them). begin: the SSL object on fd with SNI and the name to verify (host), c->ssl set;
+ * REDSEM_OK, EINVAL or ENOMEM with the reason in err. handshake: one step of it, never
+ * blocking: REDSEM_OK with *events 0 (done) or POLLIN/POLLOUT (wait for them, then step
+ * again); or ECONN / ETLS (verification refused) with the reason in err and c->ssl freed.
+ * wait_failed: the handshake's wait ended without readiness (err_no 0: its deadline; else
+ * poll's errno): c->ssl freed, REDSEM_ETIMEDOUT or ECONN with the reason in err. */
+int redsem__tls_begin(redsem__conn *c, int fd, void *ctx, const char *host, char *err,
+                      size_t errlen);
+int redsem__tls_handshake(redsem__conn *c, const char *host, short *events, char *err,
+                          size_t errlen);
+int redsem__tls_wait_failed(redsem__conn *c, const char *host, int err_no, char *err,
+                            size_t errlen);
 /* > 0 bytes moved; 0 closed by the peer; -1 error (*err_no); -2 wait for *events first. */
 ssize_t redsem__tls_recv(redsem__conn *c, char *buf, size_t len, short *events, int *err_no);
 ssize_t redsem__tls_send(redsem__conn *c, const char *buf, size_t len, short *events,

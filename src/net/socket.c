@@ -1,7 +1,8 @@
 /* redsem - the transport: one socket, hiredis' protocol reader, per-call deadlines.
  *
- * The socket is connected non-blocking (connect is bounded by poll), then switched to
- * blocking mode with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout. A call has one
+ * The socket is connected non-blocking (connect is bounded by poll; the pieces a dial of the
+ * event loop shares, net/dial.c, are here: sock_connect, connect_error, conn_ready), then
+ * switched to blocking mode with SO_RCVTIMEO/SO_SNDTIMEO set to the command timeout. A call has one
  * deadline, set by its write (the caller's, or the write's start + the command timeout) and
  * kept in the connection for its reads. An ordinary request's reply is read with one
  * blocking recv, whose SO_RCVTIMEO ends at that deadline (within REDSEM__RECV_SLACK_MS);
@@ -138,15 +139,8 @@ int redsem__wait_fd(int fd, short events, int64_t deadline_ns)
     }
 }
 
-static int finish_connect(int fd, int64_t deadline_ns, int *err_no)
+int redsem__sock_connected(int fd, int *err_no)
 {
-    int w = redsem__wait_fd(fd, POLLOUT, deadline_ns);
-    if (w == 0)
-        return REDSEM__IO_TIMEOUT;
-    if (w < 0) {
-        *err_no = errno;
-        return REDSEM__IO_CLOSED;
-    }
     int so = 0;
     socklen_t sl = sizeof so;
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) < 0)
@@ -158,37 +152,77 @@ static int finish_connect(int fd, int64_t deadline_ns, int *err_no)
     return REDSEM__IO_OK;
 }
 
-static int connect_unix(const char *path, int64_t deadline_ns, int *fd_out, int *err_no)
+int redsem__sock_connect(int family, const struct sockaddr *addr, socklen_t len, int *fd,
+                         int *err_no)
 {
-    struct sockaddr_un sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    size_t len = strlen(path);
-    if (len >= sizeof sa.sun_path) {
-        *err_no = ENAMETOOLONG;
-        return REDSEM__IO_CLOSED;
-    }
-    memcpy(sa.sun_path, path, len);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+    *fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (*fd < 0) {
         *err_no = errno;
         return REDSEM__IO_CLOSED;
     }
-    int st = REDSEM__IO_OK;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
-        if (errno == EINPROGRESS || errno == EAGAIN)
-            st = finish_connect(fd, deadline_ns, err_no);
-        else {
-            *err_no = errno;
-            st = REDSEM__IO_CLOSED;
-        }
+    if (connect(*fd, addr, len) == 0)
+        return REDSEM__IO_OK;
+    /* a unix socket whose backlog is full says EAGAIN */
+    if (errno == EINPROGRESS || (family == AF_UNIX && errno == EAGAIN))
+        return REDSEM__IO_PENDING;
+    *err_no = errno;
+    close(*fd);
+    *fd = -1;
+    return REDSEM__IO_CLOSED;
+}
+
+bool redsem__unix_addr(const char *path, struct sockaddr_un *sa, int *err_no)
+{
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    size_t len = strlen(path);
+    if (len >= sizeof sa->sun_path) {
+        *err_no = ENAMETOOLONG;
+        return false;
     }
-    if (st != REDSEM__IO_OK) {
-        close(fd);
+    memcpy(sa->sun_path, path, len);
+    return true;
+}
+
+int redsem__connect_error(const redsem__endpoint *ep, int st, int err_no, char *err,
+                          size_t errlen)
+{
+    bool unix_ = ep->kind == REDSEM__EP_UNIX;
+    if (st == REDSEM__IO_TIMEOUT) {
+        if (unix_)
+            snprintf(err, errlen, "connect to unix:%s timed out", ep->path);
+        else
+            snprintf(err, errlen, "connect to %s:%d timed out", ep->host, ep->port);
+        return REDSEM_ETIMEDOUT;
+    }
+    if (unix_)
+        snprintf(err, errlen, "connect to unix:%s: %s", ep->path, strerror(err_no));
+    else
+        snprintf(err, errlen, "connect to %s:%d: %s", ep->host, ep->port, strerror(err_no));
+    return REDSEM_ECONN;
+}
+
+const char *redsem__tls_name(const redsem__endpoint *ep, const redsem__conn_tls *tls)
+{
+    return tls->server_name ? tls->server_name
+                            : ep->kind == REDSEM__EP_TCP ? ep->host : "localhost";
+}
+
+/* One connect (sock_connect), waited for until deadline_ns. */
+static int connect_wait(int family, const struct sockaddr *addr, socklen_t len,
+                        int64_t deadline_ns, int *fd, int *err_no)
+{
+    int st = redsem__sock_connect(family, addr, len, fd, err_no);
+    if (st != REDSEM__IO_PENDING)
         return st;
+    st = wait_io(*fd, POLLOUT, deadline_ns, err_no);
+    if (st == REDSEM__IO_OK)
+        st = redsem__sock_connected(*fd, err_no);
+    if (st != REDSEM__IO_OK) {
+        close(*fd);
+        *fd = -1;
     }
-    *fd_out = fd;
-    return REDSEM__IO_OK;
+    return st;
 }
 
 /* After a non-blocking connect: make the socket blocking, bounded by the command timeout. */
@@ -205,6 +239,43 @@ static int make_blocking(int fd, int64_t io_timeout_ms)
     return 0;
 }
 
+/* TLS on the connected fd, its handshake polled until deadline_ns. */
+static int tls_connect(redsem__conn *c, int fd, void *ctx, const char *host, int64_t deadline_ns,
+                       char *err, size_t errlen)
+{
+    int rc = redsem__tls_begin(c, fd, ctx, host, err, errlen);
+    for (short ev = 0; rc == REDSEM_OK;) {
+        rc = redsem__tls_handshake(c, host, &ev, err, errlen);
+        if (rc != REDSEM_OK || ev == 0)
+            break;
+        int w = redsem__wait_fd(fd, ev, deadline_ns);
+        if (w <= 0)
+            return redsem__tls_wait_failed(c, host, w == 0 ? 0 : errno, err, errlen);
+    }
+    return rc;
+}
+
+int redsem__conn_ready(redsem__conn *c, int fd, const redsem__endpoint *ep,
+                       int64_t io_timeout_ms, char *err, size_t errlen)
+{
+    if (ep->kind == REDSEM__EP_TCP) {
+        int one = 1;
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    }
+    c->io_timeout_ns = io_timeout_ms * REDSEM__NS_PER_MS;
+    c->call_deadline_ns = 0;
+    if (redsem__conn_reader(c) != REDSEM_OK) {
+        if (c->ssl != NULL)
+            redsem__tls_free(c);
+        close(fd);
+        snprintf(err, errlen, "out of memory creating the reply reader");
+        return REDSEM_ENOMEM;
+    }
+    c->fd = fd;
+    return REDSEM_OK;
+}
+
 int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem__conn_tls *tls,
                       int64_t deadline_ns, int64_t io_timeout_ms, bool *retryable, char *err,
                       size_t errlen)
@@ -213,15 +284,11 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem_
     *retryable = true;
     redsem__conn_close(c);
     if (ep->kind == REDSEM__EP_UNIX) {
-        st = connect_unix(ep->path, deadline_ns, &fd, &err_no);
-        if (st == REDSEM__IO_TIMEOUT) {
-            snprintf(err, errlen, "connect to unix:%s timed out", ep->path);
-            return REDSEM_ETIMEDOUT;
-        }
-        if (st != REDSEM__IO_OK) {
-            snprintf(err, errlen, "connect to unix:%s: %s", ep->path, strerror(err_no));
-            return REDSEM_ECONN;
-        }
+        struct sockaddr_un sa;
+        st = REDSEM__IO_CLOSED;
+        if (redsem__unix_addr(ep->path, &sa, &err_no))
+            st = connect_wait(AF_UNIX, (struct sockaddr *)&sa, sizeof sa, deadline_ns, &fd,
+                              &err_no);
     } else {
         struct addrinfo hints, *res = NULL;
         memset(&hints, 0, sizeof hints);
@@ -239,48 +306,19 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem_
         st = REDSEM__IO_CLOSED;
         err_no = ECONNREFUSED;
         for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
-            fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                        ai->ai_protocol);
-            if (fd < 0) {
-                err_no = errno;
-                continue;
-            }
-            if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
-                st = REDSEM__IO_OK;
-            else if (errno == EINPROGRESS)
-                st = finish_connect(fd, deadline_ns, &err_no);
-            else {
-                err_no = errno;
-                st = REDSEM__IO_CLOSED;
-            }
-            if (st == REDSEM__IO_OK)
-                break;
-            close(fd);
-            fd = -1;
-            if (st == REDSEM__IO_TIMEOUT)
+            st = connect_wait(ai->ai_family, ai->ai_addr, ai->ai_addrlen, deadline_ns, &fd,
+                              &err_no);
+            if (st == REDSEM__IO_OK || st == REDSEM__IO_TIMEOUT)
                 break;
         }
         freeaddrinfo(res);
-        if (st == REDSEM__IO_TIMEOUT) {
-            snprintf(err, errlen, "connect to %s:%d timed out", ep->host, ep->port);
-            return REDSEM_ETIMEDOUT;
-        }
-        if (st != REDSEM__IO_OK) {
-            snprintf(err, errlen, "connect to %s:%d: %s", ep->host, ep->port,
-                     strerror(err_no));
-            return REDSEM_ECONN;
-        }
-        int one = 1;
-        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     }
-    c->io_timeout_ns = io_timeout_ms * REDSEM__NS_PER_MS;
-    c->call_deadline_ns = 0;
+    if (st != REDSEM__IO_OK)
+        return redsem__connect_error(ep, st, err_no, err, errlen);
     if (tls != NULL && tls->ctx != NULL) {
         /* TLS keeps the socket non-blocking: every read and write polls until its deadline */
-        const char *name = tls->server_name ? tls->server_name
-                                            : ep->kind == REDSEM__EP_TCP ? ep->host : "localhost";
-        int rc = redsem__tls_connect(c, fd, tls->ctx, name, deadline_ns, err, errlen);
+        int rc = tls_connect(c, fd, tls->ctx, redsem__tls_name(ep, tls), deadline_ns, err,
+                             errlen);
         if (rc != REDSEM_OK) {
             /* a refused certificate or a port that does not speak TLS: trying again will
              * not help */
@@ -293,15 +331,7 @@ int redsem__conn_open(redsem__conn *c, const redsem__endpoint *ep, const redsem_
         close(fd);
         return REDSEM_ECONN;
     }
-    if (redsem__conn_reader(c) != REDSEM_OK) {
-        if (c->ssl != NULL)
-            redsem__tls_free(c);
-        close(fd);
-        snprintf(err, errlen, "out of memory creating the reply reader");
-        return REDSEM_ENOMEM;
-    }
-    c->fd = fd;
-    return REDSEM_OK;
+    return redsem__conn_ready(c, fd, ep, io_timeout_ms, err, errlen);
 }
 
 int redsem__conn_write(redsem__conn *c, const char *buf, size_t len, int64_t deadline_ns,

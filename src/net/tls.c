@@ -3,8 +3,10 @@
  * The SSL object reads and writes through a BIO of ours that calls recv/send with
  * MSG_DONTWAIT and MSG_NOSIGNAL: OpenSSL's own socket BIO writes with write(2), which raises
  * SIGPIPE on a connection the server reset, and a library must never kill its host process.
- * The socket stays non-blocking; every wait (handshake, read, write) is a poll until the
- * call's deadline, in socket.c. Verification is on by default: the chain against the given CA
+ * The socket stays non-blocking and nothing here waits: the handshake is taken one step at
+ * a time (redsem__tls_handshake says what to wait for), and every wait (handshake, read,
+ * write) is the caller's: a poll until the call's deadline in socket.c, or an event loop's
+ * readiness (net/dial.c). This file calls no other of net/. Verification is on by default: the chain against the given CA
  * (or the system's), and the server's name (the URL's host, or the configured server name)
  * against the certificate's subject alternative names only (never the subject's CN; no
  * partial wildcards), as an IP address when it is one. OpenSSL 3.0 calls only. */
@@ -206,10 +208,9 @@ static short want(SSL *ssl, int ret)
     }
 }
 
-int redsem__tls_connect(redsem__conn *c, int fd, void *ctx, const char *host, int64_t deadline_ns,
-                        char *err, size_t errlen)
+int redsem__tls_begin(redsem__conn *c, int fd, void *ctx, const char *host, char *err,
+                      size_t errlen)
 {
-    char why[256];
     pthread_once(&bio_once, bio_method_init);
     ERR_clear_error();
     SSL *ssl = bio_method ? SSL_new(ctx) : NULL;
@@ -240,48 +241,55 @@ int redsem__tls_connect(redsem__conn *c, int fd, void *ctx, const char *host, in
             return REDSEM_EINVAL;
         }
     }
-    for (;;) {
-        int r = SSL_connect(ssl);
-        if (r == 1)
-            break;
-        short ev = want(ssl, r);
-        if (ev != 0) {
-            int w = redsem__wait_fd(fd, ev, deadline_ns);
-            if (w > 0)
-                continue;
-            SSL_free(ssl);
-            ERR_clear_error();
-            if (w == 0) {
-                snprintf(err, errlen, "TLS handshake with %s timed out: no TLS answer (a plain "
-                         "port? use redis://)", host);
-                return REDSEM_ETIMEDOUT;
-            }
-            snprintf(err, errlen, "TLS handshake with %s: %s", host, strerror(errno));
-            return REDSEM_ECONN;
-        }
-        long vr = SSL_get_verify_result(ssl);
-        int saved_errno = errno;
-        if (vr != X509_V_OK)
-            snprintf(err, errlen, "TLS: the certificate of %s was refused: %s", host,
-                     X509_verify_cert_error_string(vr));
-        else {
-            const char *reason = ssl_reason(why, sizeof why, "");
-            if (*reason == '\0')
-                snprintf(err, errlen, "TLS handshake with %s: the connection was closed (%s); "
-                         "is it a TLS port, and does it want a client certificate?",
-                         host, saved_errno ? strerror(saved_errno) : "end of stream");
-            else
-                snprintf(err, errlen, "TLS handshake with %s failed: %s%s", host, reason,
-                         strstr(reason, "wrong version number") || strstr(reason, "packet length")
-                             ? " (the server does not speak TLS on this port: use redis://?)"
-                             : "");
-        }
-        ERR_clear_error();
-        SSL_free(ssl);
-        return vr != X509_V_OK ? REDSEM_ETLS : REDSEM_ECONN;
-    }
     c->ssl = ssl;
     return REDSEM_OK;
+}
+
+int redsem__tls_handshake(redsem__conn *c, const char *host, short *events, char *err,
+                          size_t errlen)
+{
+    char why[256];
+    SSL *ssl = c->ssl;
+    *events = 0;
+    ERR_clear_error();
+    int r = SSL_connect(ssl);
+    if (r == 1)
+        return REDSEM_OK;
+    *events = want(ssl, r);
+    if (*events != 0)
+        return REDSEM_OK;
+    long vr = SSL_get_verify_result(ssl);
+    int saved_errno = errno;
+    if (vr != X509_V_OK)
+        snprintf(err, errlen, "TLS: the certificate of %s was refused: %s", host,
+                 X509_verify_cert_error_string(vr));
+    else {
+        const char *reason = ssl_reason(why, sizeof why, "");
+        if (*reason == '\0')
+            snprintf(err, errlen, "TLS handshake with %s: the connection was closed (%s); "
+                     "is it a TLS port, and does it want a client certificate?",
+                     host, saved_errno ? strerror(saved_errno) : "end of stream");
+        else
+            snprintf(err, errlen, "TLS handshake with %s failed: %s%s", host, reason,
+                     strstr(reason, "wrong version number") || strstr(reason, "packet length")
+                         ? " (the server does not speak TLS on this port: use redis://?)"
+                         : "");
+    }
+    redsem__tls_free(c);
+    return vr != X509_V_OK ? REDSEM_ETLS : REDSEM_ECONN;
+}
+
+int redsem__tls_wait_failed(redsem__conn *c, const char *host, int err_no, char *err,
+                            size_t errlen)
+{
+    redsem__tls_free(c);
+    if (err_no == 0) {
+        snprintf(err, errlen, "TLS handshake with %s timed out: no TLS answer (a plain "
+                 "port? use redis://)", host);
+        return REDSEM_ETIMEDOUT;
+    }
+    snprintf(err, errlen, "TLS handshake with %s: %s", host, strerror(err_no));
+    return REDSEM_ECONN;
 }
 
 ssize_t redsem__tls_recv(redsem__conn *c, char *buf, size_t len, short *events, int *err_no)
@@ -325,6 +333,7 @@ void redsem__tls_free(redsem__conn *c)
 {
     /* No close_notify: the connection is being dropped (or aborted), and a close_notify
      * could block or travel after a request we gave up on. */
+    ERR_clear_error();
     SSL_free(c->ssl);
     c->ssl = NULL;
 }

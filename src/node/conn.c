@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include <hiredis/hiredis.h>
+#include <sodium.h>
 
 #include "node/node.h"
 
@@ -22,6 +23,7 @@ void redsem__pipe_attach(redsem__pipe *p, redsem__conn *conn)
     p->head = p->tail = NULL;
     p->inflight = 0;
     p->read_wants_out = false;
+    p->held = false;
     p->rc = REDSEM_OK;
     p->err[0] = '\0';
 }
@@ -103,15 +105,46 @@ int redsem__pipe_send(redsem__pipe *p, redsem__preq *q, const char *bytes, size_
     return REDSEM_OK;
 }
 
+void redsem__pipe_hold(redsem__pipe *p)
+{
+    p->held = true;
+    p->hold_end = p->out_base + p->out_len;
+}
+
+void redsem__pipe_unhold(redsem__pipe *p)
+{
+    p->held = false;
+}
+
+bool redsem__pipe_held(const redsem__pipe *p, const redsem__preq *q)
+{
+    return p->held && q->end > p->hold_end;
+}
+
+void redsem__pipe_wipe(redsem__pipe *p, const redsem__preq *q, size_t len)
+{
+    /* q's bytes: [end - len, end) of the stream, still in out if not overwritten since */
+    uint64_t from = q->end - len > p->out_base ? q->end - len : p->out_base;
+    uint64_t to = q->end < p->out_base + p->out_off ? q->end : p->out_base + p->out_off;
+    if (to > from)
+        sodium_memzero(p->out + (from - p->out_base), (size_t)(to - from));
+}
+
+/* The end of the bytes that may be written now (an index of out). */
+static size_t out_limit(const redsem__pipe *p)
+{
+    return p->held ? (size_t)(p->hold_end - p->out_base) : p->out_len;
+}
+
 short redsem__pipe_wants(const redsem__pipe *p, int64_t *deadline_ns)
 {
     *deadline_ns = REDSEM__FOREVER;
     if (p->rc != REDSEM_OK || p->head == NULL)
         return 0;
-    for (const redsem__preq *q = p->head; q != NULL; q = q->next)
+    for (const redsem__preq *q = p->head; q != NULL && !redsem__pipe_held(p, q); q = q->next)
         if (q->deadline_ns < *deadline_ns)
             *deadline_ns = q->deadline_ns;
-    bool out = p->out_off < p->out_len || p->read_wants_out;
+    bool out = p->out_off < out_limit(p) || p->read_wants_out;
     return (short)(POLLIN | (out ? POLLOUT : 0));
 }
 
@@ -119,7 +152,7 @@ short redsem__pipe_wants(const redsem__pipe *p, int64_t *deadline_ns)
 static void note_written(redsem__pipe *p, int64_t now_ns)
 {
     uint64_t done = p->out_base + p->out_off;
-    for (redsem__preq *q = p->head; q != NULL; q = q->next) {
+    for (redsem__preq *q = p->head; q != NULL && !redsem__pipe_held(p, q); q = q->next) {
         if (q->written)
             continue;
         if (q->sent_ns == 0)
@@ -134,12 +167,13 @@ static void note_written(redsem__pipe *p, int64_t now_ns)
 /* Write what the socket takes. REDSEM_OK (all out, or it would block) or the fault. */
 static int flush(redsem__pipe *p, int64_t now_ns)
 {
-    while (p->out_off < p->out_len) {
+    size_t limit = out_limit(p);
+    while (p->out_off < limit) {
         short ev = 0;
         int err_no = 0;
         /* the requests whose first byte goes now: sent_ns before the write (as node.c) */
         note_written(p, now_ns);
-        ssize_t n = redsem__conn_send_nb(p->conn, p->out + p->out_off, p->out_len - p->out_off,
+        ssize_t n = redsem__conn_send_nb(p->conn, p->out + p->out_off, limit - p->out_off,
                                          &ev, &err_no);
         if (n == -2)
             return REDSEM_OK;
@@ -221,12 +255,13 @@ int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now
     if (p->rc != REDSEM_OK)
         return p->rc;
     int rc = REDSEM_OK;
-    if (p->out_off < p->out_len || writable)
+    if (p->out_off < out_limit(p) || writable)
         rc = flush(p, now_ns);
     if (rc == REDSEM_OK && (readable || (writable && p->read_wants_out)))
         rc = consume(p, now_ns);
     if (rc == REDSEM_OK) {
-        for (const redsem__preq *q = p->head; q != NULL; q = q->next)
+        for (const redsem__preq *q = p->head; q != NULL && !redsem__pipe_held(p, q);
+             q = q->next)
             if (q->deadline_ns <= now_ns) {
                 snprintf(p->err, sizeof p->err, "no reply from Redis within the deadline");
                 rc = REDSEM_ETIMEDOUT;

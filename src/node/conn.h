@@ -67,6 +67,9 @@ typedef struct redsem__pipe {
      * that must read first needs nothing more: POLLIN is wanted while anything is in flight,
      * and a step tries the write whenever bytes wait */
     bool read_wants_out;
+    /* held: the bytes after the stream offset hold_end wait (redsem__pipe_hold) */
+    bool held;
+    uint64_t hold_end;
     int rc;        /* REDSEM_OK, or the fault that ended the connection */
     char err[256]; /* why, when rc is not REDSEM_OK */
 } redsem__pipe;
@@ -93,6 +96,17 @@ short redsem__pipe_wants(const redsem__pipe *p, int64_t *deadline_ns);
  * or the connection broke. REDSEM_OK, or the fault (p->rc) after which the connection must
  * be dropped. */
 int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now_ns);
+/* Hold back what is queued from now on: its bytes are not written and its requests'
+ * deadlines do not run (they are not "in flight" yet) until redsem__pipe_unhold. The loop
+ * engine queues a connection's handshake, holds, and lets the requests queued while it opens
+ * go once the handshake was judged (a failed one fails them as never written). */
+void redsem__pipe_hold(redsem__pipe *p);
+void redsem__pipe_unhold(redsem__pipe *p);
+/* Zero what is left in p's buffer of q's bytes (written: q has a reply), as AUTH's password
+ * is wiped from every other buffer it was in. */
+void redsem__pipe_wipe(redsem__pipe *p, const redsem__preq *q, size_t len);
+/* Whether q (queued on p) is held back. */
+bool redsem__pipe_held(const redsem__pipe *p, const redsem__preq *q);
 /* End every request in flight with rc (written ones "maybe applied") and refuse new ones. */
 void redsem__pipe_fail(redsem__pipe *p, int rc, const char *why);
 

@@ -242,31 +242,6 @@ static int raw_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t d
     return raw_roundtrip_n(n, cmd, len, deadline_ns, ret, 1, 0, written, err, errlen);
 }
 
-static int handshake_cmd(redsem__node *n, const redsem__args *a, const char *what,
-                         int64_t deadline_ns, char *err, size_t errlen)
-{
-    char *cmd = NULL;
-    int len = redsem__args_format(a, &cmd);
-    if (len < 0)
-        return REDSEM_ENOMEM;
-    redisReply *r = NULL;
-    bool written;
-    int rc = raw_roundtrip(n, cmd, (size_t)len, deadline_ns, &r, &written, err, errlen);
-    sodium_memzero(cmd, (size_t)len); /* AUTH's password */
-    redisFreeCommand(cmd);
-    if (rc != REDSEM_OK)
-        return rc;
-    if (r->type == REDIS_REPLY_ERROR) {
-        rc = redsem__node_error_reply(n, r, what);
-        snprintf(err, errlen, "%s", n->ctx->errmsg);
-    } else if (r->type != REDIS_REPLY_STATUS) {
-        snprintf(err, errlen, "%s: unexpected reply type %d", what, r->type);
-        rc = REDSEM_EPROTO;
-    }
-    freeReplyObject(r);
-    return rc;
-}
-
 void redsem__clock_init(redsem__clock *k)
 {
     atomic_init(&k->offset_us, INT64_MIN);
@@ -302,52 +277,44 @@ int64_t redsem__node_not_after_us(const redsem__node *n)
     return redsem__clock_not_after_us(n->clock, n->command_timeout_ms);
 }
 
-/* One request of the connect on the raw connection (cmd: its bytes), within the connect's
- * deadline and at most one command timeout. */
-static int handshake_roundtrip(redsem__node *n, const char *cmd, size_t len, int64_t deadline_ns,
-                               redisReply **r, char *err, size_t errlen)
+/* ---------------------------------------------------------------- the handshake */
+
+/* AUTH or SELECT: +OK, or a refusal (a configuration error). */
+static int judge_status(redsem__node *n, const redisReply *r, const char *what, char *err,
+                        size_t errlen)
 {
-    int64_t dl = redsem__now_ns() + n->command_timeout_ms * REDSEM__NS_PER_MS;
-    if (deadline_ns < dl)
-        dl = deadline_ns;
-    bool written;
-    return raw_roundtrip(n, cmd, len, dl, r, &written, err, errlen);
+    if (r->type == REDIS_REPLY_ERROR) {
+        int rc = redsem__node_error_reply(n, r, what);
+        snprintf(err, errlen, "%s", n->ctx->errmsg);
+        return rc;
+    }
+    if (r->type != REDIS_REPLY_STATUS) {
+        snprintf(err, errlen, "%s: unexpected reply type %d", what, r->type);
+        return REDSEM_EPROTO;
+    }
+    return REDSEM_OK;
 }
 
 /* TIME on the client's first connection, so that its first acquire can carry a not-after
  * time (later acquire replies keep the estimate fresh; it stays valid across reconnects to
  * the same server). A TIME that gets no reply fails the connect: the connection would be out
  * of step. An error reply (an ACL without TIME) just leaves the offset unknown. */
-static int measure_clock(redsem__node *n, int64_t deadline_ns, char *err, size_t errlen)
+static int judge_time(redsem__node *n, const redisReply *r, int64_t recv_ns)
 {
-    if (atomic_load_explicit(&n->clock->offset_us, memory_order_relaxed) != INT64_MIN)
-        return REDSEM_OK;
-    static const char cmd[] = "*1\r\n$4\r\nTIME\r\n";
-    redisReply *r = NULL;
-    int rc = handshake_roundtrip(n, cmd, sizeof cmd - 1, deadline_ns, &r, err, errlen);
-    if (rc != REDSEM_OK)
-        return rc;
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
         r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING)
         redsem__node_note_server_clock(n, strtoll(r->element[0]->str, NULL, 10) * 1000000 +
-                                         strtoll(r->element[1]->str, NULL, 10),
-                                  redsem__now_ns());
-    freeReplyObject(r);
+                                              strtoll(r->element[1]->str, NULL, 10),
+                                       recv_ns);
     return REDSEM_OK;
 }
 
-/* Connect, AUTH, SELECT. On failure the connection is closed and err says why. */
 /* ROLE: a node found through Sentinel must be the primary; a replica (Sentinel's view not yet
  * updated after a failover, or a stale address) is refused as a lost connection, so that the
  * call resolves again within its retry window. */
-static int check_primary(redsem__node *n, int64_t deadline_ns, char *err, size_t errlen)
+static int judge_role(redsem__node *n, const redisReply *r, char *err, size_t errlen)
 {
-    static const char cmd[] = "*1\r\n$4\r\nROLE\r\n";
-    redisReply *r = NULL;
-    bool written;
-    int rc = raw_roundtrip(n, cmd, sizeof cmd - 1, deadline_ns, &r, &written, err, errlen);
-    if (rc != REDSEM_OK)
-        return rc;
+    int rc = REDSEM_OK;
     if (r->type == REDIS_REPLY_ERROR) {
         rc = redsem__node_error_reply(n, r, "ROLE");
         snprintf(err, errlen, "%s", n->ctx->errmsg);
@@ -362,7 +329,6 @@ static int check_primary(redsem__node *n, int64_t deadline_ns, char *err, size_t
     }
     if (rc == REDSEM_OK)
         n->role_checked_ns = redsem__now_ns();
-    freeReplyObject(r);
     return rc;
 }
 
@@ -385,12 +351,9 @@ static bool info_field(const char *text, const char *name, char *out, size_t cap
  * refused with REDSEM_EEVICTION unless the client allows eviction. Read from INFO, which
  * managed services allow where they refuse CONFIG GET. Every connect checks: a reconnect may
  * reach another server (a Sentinel failover) or a changed configuration. */
-static int check_eviction(redsem__node *n, int64_t deadline_ns, char *err, size_t errlen)
+static int judge_eviction(redsem__node *n, int rc, const redisReply *r, char *err, size_t errlen)
 {
-    static const char cmd[] = "*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n";
     static const char hint[] = "redsem_options_set_allow_eviction(), redsem --allow-eviction";
-    redisReply *r = NULL;
-    int rc = handshake_roundtrip(n, cmd, sizeof cmd - 1, deadline_ns, &r, err, errlen);
     if (rc != REDSEM_OK) {
         /* a stalled server: the call fails here, before its request was written */
         char why[200];
@@ -425,7 +388,124 @@ static int check_eviction(redsem__node *n, int64_t deadline_ns, char *err, size_
                  where, mm, policy, hint);
         rc = REDSEM_EEVICTION;
     }
-    freeReplyObject(r);
+    return rc;
+}
+
+void redsem__handshake_plan(const redsem__node *n, bool with_role, redsem__handshake *h)
+{
+    h->n = 0;
+    if (n->ep.password != NULL)
+        h->step[h->n++] = REDSEM__HS_AUTH;
+    if (n->ep.db != 0)
+        h->step[h->n++] = REDSEM__HS_SELECT;
+    if (atomic_load_explicit(&n->clock->offset_us, memory_order_relaxed) == INT64_MIN)
+        h->step[h->n++] = REDSEM__HS_TIME;
+    if (with_role && n->resolve != NULL)
+        h->step[h->n++] = REDSEM__HS_ROLE;
+    if (!n->allow_eviction)
+        h->step[h->n++] = REDSEM__HS_EVICTION;
+}
+
+int redsem__handshake_format(const redsem__node *n, int step, char **cmd)
+{
+    static const char *const fixed[] = {
+        [REDSEM__HS_TIME] = "*1\r\n$4\r\nTIME\r\n",
+        [REDSEM__HS_ROLE] = "*1\r\n$4\r\nROLE\r\n",
+        [REDSEM__HS_EVICTION] = "*2\r\n$4\r\nINFO\r\n$6\r\nmemory\r\n",
+    };
+    redsem__args a;
+    redsem__args_init(&a);
+    if (step == REDSEM__HS_AUTH) {
+        redsem__args_str(&a, "AUTH");
+        if (n->ep.user != NULL)
+            redsem__args_str(&a, n->ep.user);
+        redsem__args_str(&a, n->ep.password);
+    } else if (step == REDSEM__HS_SELECT) {
+        redsem__args_str(&a, "SELECT");
+        redsem__args_i64(&a, n->ep.db);
+    } else {
+        size_t len = strlen(fixed[step]);
+        *cmd = redsem__malloc(len);
+        if (*cmd == NULL)
+            return -1;
+        memcpy(*cmd, fixed[step], len);
+        return (int)len;
+    }
+    char *f = NULL;
+    int len = redsem__args_format(&a, &f);
+    *cmd = len < 0 ? NULL : redsem__malloc((size_t)len);
+    if (*cmd != NULL)
+        memcpy(*cmd, f, (size_t)len);
+    if (f != NULL) {
+        sodium_memzero(f, (size_t)len); /* AUTH's password */
+        redisFreeCommand(f);
+    }
+    return *cmd == NULL ? -1 : len;
+}
+
+void redsem__handshake_free(char *cmd, int len)
+{
+    if (cmd != NULL && len > 0)
+        sodium_memzero(cmd, (size_t)len);
+    redsem__free(cmd);
+}
+
+int redsem__handshake_judge(redsem__node *n, int step, int rc, const redisReply *r,
+                            int64_t recv_ns, char *err, size_t errlen)
+{
+    if (step == REDSEM__HS_EVICTION)
+        return judge_eviction(n, rc, r, err, errlen);
+    if (rc != REDSEM_OK)
+        return rc;
+    switch (step) {
+    case REDSEM__HS_AUTH:
+        return judge_status(n, r, "AUTH", err, errlen);
+    case REDSEM__HS_SELECT:
+        return judge_status(n, r, "SELECT", err, errlen);
+    case REDSEM__HS_TIME:
+        return judge_time(n, r, recv_ns);
+    default:
+        return judge_role(n, r, err, errlen);
+    }
+}
+
+bool redsem__handshake_failed(const redsem__node *n, int rc, char *err, size_t errlen)
+{
+    /* A TLS port drops a client that does not start with a TLS handshake; a server that
+     * requires client certificates drops one without (TLS 1.3 tells the client only then). */
+    if (rc == REDSEM_ECONN && n->ep.kind == REDSEM__EP_TCP && strstr(err, "connection lost")) {
+        size_t l = strlen(err);
+        snprintf(err + l, errlen > l ? errlen - l : 0, "%s",
+                 n->ep.tls ? " (just after the TLS handshake: does the server require a "
+                             "client certificate? see redsem_options_set_tls_cert)"
+                           : " (during the handshake: if this is a TLS port, use rediss://)");
+    }
+    /* Authentication and SELECT refusals are configuration errors: retrying won't help. */
+    return rc == REDSEM_ECONN;
+}
+
+/* One step of the blocking handshake on the raw connection: within the connect's deadline,
+ * and TIME and INFO within one command timeout too. */
+static int handshake_step(redsem__node *n, int step, int64_t deadline_ns, char *err,
+                          size_t errlen)
+{
+    int64_t dl = deadline_ns;
+    if (step == REDSEM__HS_TIME || step == REDSEM__HS_EVICTION) {
+        dl = redsem__now_ns() + n->command_timeout_ms * REDSEM__NS_PER_MS;
+        if (deadline_ns < dl)
+            dl = deadline_ns;
+    }
+    char *cmd = NULL;
+    int len = redsem__handshake_format(n, step, &cmd);
+    if (len < 0)
+        return REDSEM_ENOMEM;
+    redisReply *r = NULL;
+    bool written;
+    int rc = raw_roundtrip(n, cmd, (size_t)len, dl, &r, &written, err, errlen);
+    redsem__handshake_free(cmd, len);
+    rc = redsem__handshake_judge(n, step, rc, r, redsem__now_ns(), err, errlen);
+    if (r != NULL)
+        freeReplyObject(r);
     return rc;
 }
 
@@ -448,46 +528,23 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
                                retryable, err, errlen);
     if (rc != REDSEM_OK)
         return rc;
-    redsem__args a;
-    if (n->ep.password != NULL) {
-        redsem__args_init(&a);
-        redsem__args_str(&a, "AUTH");
-        if (n->ep.user != NULL)
-            redsem__args_str(&a, n->ep.user);
-        redsem__args_str(&a, n->ep.password);
-        rc = handshake_cmd(n, &a, "AUTH", deadline, err, errlen);
-    }
-    if (rc == REDSEM_OK && n->ep.db != 0) {
-        redsem__args_init(&a);
-        redsem__args_str(&a, "SELECT");
-        redsem__args_i64(&a, n->ep.db);
-        rc = handshake_cmd(n, &a, "SELECT", deadline, err, errlen);
-    }
-    if (rc == REDSEM_OK)
-        rc = measure_clock(n, deadline, err, errlen);
-    if (rc == REDSEM_OK && n->resolve != NULL)
-        rc = check_primary(n, deadline, err, errlen);
-    if (rc == REDSEM_OK && !n->allow_eviction)
-        rc = check_eviction(n, deadline, err, errlen);
+    redsem__handshake h;
+    redsem__handshake_plan(n, true, &h);
+    for (int i = 0; i < h.n && rc == REDSEM_OK; i++)
+        rc = handshake_step(n, h.step[i], deadline, err, errlen);
     if (rc != REDSEM_OK) {
-        /* Authentication and SELECT refusals are configuration errors: retrying won't help. */
-        *retryable = rc == REDSEM_ECONN;
+        *retryable = redsem__handshake_failed(n, rc, err, errlen);
         drop_connection(n);
-        /* A TLS port drops a client that does not start with a TLS handshake; a server
-         * that requires client certificates drops one without (TLS 1.3 tells the client only
-         * then). */
-        if (rc == REDSEM_ECONN && n->ep.kind == REDSEM__EP_TCP && strstr(err, "connection lost")) {
-            size_t l = strlen(err);
-            snprintf(err + l, errlen > l ? errlen - l : 0, "%s",
-                     n->ep.tls ? " (just after the TLS handshake: does the server require a "
-                                 "client certificate? see redsem_options_set_tls_cert)"
-                               : " (during the handshake: if this is a TLS port, use rediss://)");
-        }
         return rc;
     }
+    redsem__node_opened(n);
+    return REDSEM_OK;
+}
+
+void redsem__node_opened(redsem__node *n)
+{
     n->connected = true;
     REDSEM__COUNT(n->ctx, connects, 1);
-    return REDSEM_OK;
 }
 
 bool redsem__loading_reply(const redisReply *r)

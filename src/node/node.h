@@ -133,6 +133,43 @@ void redsem__node_disconnect(redsem__node *n);
  * try may help. */
 int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t errlen);
 
+/* The node is open (a connect done elsewhere: the loop engine's): connected, counted. */
+void redsem__node_opened(redsem__node *n);
+
+/* The handshake of a connect as requests, in this order: AUTH (a password), SELECT (db not
+ * 0), TIME (the clock's offset not measured yet), ROLE (a node found through Sentinel; the
+ * blocking connect only), INFO memory (eviction not allowed: refused with REDSEM_EEVICTION
+ * when the server may evict). redsem__node_connect runs them one at a time; the loop engine
+ * (drive_loop.c) sends them in one write on its pipe. Both build each with
+ * redsem__handshake_format and judge its outcome with redsem__handshake_judge, in order,
+ * stopping at the first failure. */
+enum {
+    REDSEM__HS_AUTH = 0,
+    REDSEM__HS_SELECT = 1,
+    REDSEM__HS_TIME = 2,
+    REDSEM__HS_ROLE = 3,
+    REDSEM__HS_EVICTION = 4
+};
+#define REDSEM__HS_MAX 5
+typedef struct redsem__handshake {
+    int step[REDSEM__HS_MAX];
+    int n;
+} redsem__handshake;
+/* The steps n's connect takes now (with_role: ROLE when the node is found through Sentinel). */
+void redsem__handshake_plan(const redsem__node *n, bool with_role, redsem__handshake *h);
+/* The bytes of one step in *cmd (owned: freed with redsem__handshake_free, which wipes AUTH's
+ * password): the length, or -1 without memory. */
+int redsem__handshake_format(const redsem__node *n, int step, char **cmd);
+void redsem__handshake_free(char *cmd, int len);
+/* A step's outcome: rc is its request's (REDSEM_OK with its reply r, borrowed, read at
+ * recv_ns; else the fault, with its text in err and r NULL). REDSEM_OK, or the connect's
+ * failure with its text in err (the texts of redsem__node_connect). */
+int redsem__handshake_judge(redsem__node *n, int step, int rc, const struct redisReply *r,
+                            int64_t recv_ns, char *err, size_t errlen);
+/* A connect failed with rc: the hint redsem__node_connect adds to err (a lost connection
+ * during the handshake: TLS or a client certificate), and whether another try may help. */
+bool redsem__handshake_failed(const redsem__node *n, int rc, char *err, size_t errlen);
+
 /* How often a node found through Sentinel re-checks that its server is the primary (ROLE,
  * sent in the same write as the next request). */
 #define REDSEM__ROLE_CHECK_MS 1000
