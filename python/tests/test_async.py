@@ -171,6 +171,9 @@ def test_async_unknown_carries_the_holder_id(server, name, kind):
     h.acquire(0).release()
 
     async def main():
+        # the loop's connection made first: the stall is the acquire's round trip's, not
+        # its connect's (an engine on the loop connects at its first operation)
+        await (await h.acquire_async(timeout=0)).release_async()
         loop = asyncio.get_running_loop()
         stall = loop.run_in_executor(None, server.command, b"DEBUG", b"SLEEP", b"1")
         await asyncio.sleep(0.2)
