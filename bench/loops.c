@@ -27,7 +27,7 @@
  *               without running anything;
  *   threads     the most threads of the process (/proc/self/status), sampled every 100 ms
  *               from the callbacks: the loop's own thread, and those redsem runs for it
- *               (its event-loop API's workers, unless built with -Dasync_engine=loop);
+ *               (its event-loop API's workers: none on the loop engine, the default);
  *               connects and pool waits are redsem_client_get_stats(), cumulative;
  *   direct      the share of grants that a wake-up carried (fair and locked direct grants,
  *               redsem_client_stats.direct_grants), taken with no attempt after it.

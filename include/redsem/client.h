@@ -41,7 +41,7 @@ extern "C" {
  * redsem starts background threads only for two things: the renewer of a client, started by
  * the first redsem_permit_auto_renew() (renew.h; its renewals use the client's
  * request connections, ahead of other threads' calls), and the workers of a redsem_async (async.h), which run the event-loop
- * operations on the client's pool. The experimental loop engine (-Dasync_engine=loop) starts
+ * operations on the client's pool. The loop engine (async.h; the default build) starts
  * neither for what it runs: the permits it grants are renewed on their loop (renew.h).
  *
  * ERRORS. Every call that sends to the server may also return REDSEM_ENOMEM (no memory for a
@@ -484,8 +484,8 @@ REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
 REDSEM_API int redsem_client_ping(redsem_client *client);
 
 /** Counters of what a client has sent, for operators and benchmarks: its threads' and
- * renewer's connections, and those of its redsem_async loop engines (built with
- * -Dasync_engine=loop; what an engine counted stays after redsem_async_free()). Since: 0.1 */
+ * renewer's connections, and those of its redsem_async loop engines (the default
+ * build; what an engine counted stays after redsem_async_free()). Since: 0.1 */
 typedef struct redsem_client_stats {
     uint64_t requests;     /* requests written to Redis (each EVALSHA, SET, BLPOP ... once;
                               the SCRIPT LOAD written with a script's first EVALSHA counts

@@ -28,7 +28,7 @@ extern "C" {
  * lease that expired or was released. A failed renewal (Redis unreachable, slow, restarting)
  * is retried with a short backoff until the permit's validity deadline.
  *
- * ON AN EVENT LOOP (async.h, built with -Dasync_engine=loop, where the loop engine runs): a
+ * ON AN EVENT LOOP (async.h, where the loop engine runs: the default build): a
  * permit granted by a redsem_async there is renewed by that loop instead, with no thread:
  * its renewals are requests on the loop engine's connection, its next renewal is part of the
  * loop's timer, and its lost callback runs on the loop's thread (inside

@@ -628,8 +628,8 @@ class Permit:
     def auto_renew(self, interval: Optional[Seconds] = None,
                    on_lost: Optional[Callable[["Permit", LostReason], Any]] = None) -> None:
         """Keep the lease alive from the client's renewer thread until released or lost
-        (a permit acquired through asyncio on a library built with -Dasync_engine=loop:
-        from its event loop, whose thread then runs on_lost).
+        (a permit acquired through asyncio on a one-server client, with the default loop
+        engine: from its event loop, whose thread then runs on_lost).
 
         Args:
             interval: seconds between renewals; None: a third of the lease. At most the
