@@ -368,6 +368,126 @@ Test(loop, a_release_cut_with_retry_0_is_econn, .timeout = 60)
     killed_release(REDSEM_STRATEGY_FAIR, 0);
 }
 
+/* The id of srv's client blocked now (flags=b: the engine's BLPOP; there is one at most),
+ * other than not_id, or -1 (CLIENT LIST). */
+static long long blocked_client(ts_server *srv, long long not_id)
+{
+    char out[8192] = "";
+    cr_assert_eq(ts_command(srv, out, sizeof out, "CLIENT", "LIST", NULL), 0, "%s", out);
+    for (char *line = out; line != NULL && *line != '\0';) {
+        char *end = strchr(line, '\n');
+        if (end != NULL)
+            *end = '\0';
+        long long id = -1;
+        const char *f = strstr(line, " flags=");
+        if (sscanf(line, "id=%lld", &id) == 1 && id != not_id && f != NULL &&
+            strchr(f + 7, 'b') != NULL && strchr(f + 7, 'b') < strchr(f + 7, ' '))
+            return id;
+        line = end != NULL ? end + 1 : NULL;
+    }
+    return -1;
+}
+
+/* Turn the loop as an event loop does (its descriptors, its one deadline: no turn of the
+ * test's own in between) until a client other than not_id is blocked on srv, or o is done
+ * (at most 10 s); that client's id (-1: none). */
+static long long until_blocked(redsem__loop *l, ts_server *srv, long long not_id, outcome *o)
+{
+    int64_t end = tf_now_ms() + 10000;
+    long long id;
+    while ((id = blocked_client(srv, not_id)) < 0 && !o->done) {
+        cr_assert(tf_now_ms() < end, "no BLPOP within 10 s");
+        turn(l, 2000);
+    }
+    return id;
+}
+
+/* As run_until, by the loop's deadline alone (a wait's end then comes by its timer). */
+static void run_by_deadline(redsem__loop *l, outcome *o)
+{
+    int64_t end = tf_now_ms() + 20000;
+    while (!o->done) {
+        cr_assert(tf_now_ms() < end, "the loop's acquire did not end within 20 s");
+        turn(l, 2000);
+    }
+}
+
+/* A fair waiter on the loop (30 s timeout) whose BLPOP is cut by a fault on the engine's
+ * wait connection while a holder on another client keeps the permit; then the holder
+ * releases, granting the waiter directly (its element on its client's id list, the bell
+ * rung). how: 0 its connection killed, the release made before the loop sees it (the bell
+ * the lost BLPOP watched is drained at once); 1 killed, the BLPOP issued again on a new
+ * connection after the pause (the lane's, a timer of the loop) before the release; 2 CLIENT
+ * UNBLOCK ... ERROR (the wait cut: an attempt, then a new BLPOP on the same connection). In
+ * each the wake-up comes by the engine (stats.wakeups), not by the waiter's poll (0.75-1 s
+ * later), the fault counted in stats.retries. */
+static void cut_wait(int how)
+{
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = tf_client_for(srv.url, 3000, 0), *h = tf_client_for(srv.url, 3000, 0);
+    redsem_sem *s = NULL, *hs = NULL;
+    OK(c, redsem_sem_open(c, "cutwait", REDSEM_STRATEGY_FAIR, 1, 30000, &s));
+    OK(h, redsem_sem_open(h, "cutwait", REDSEM_STRATEGY_FAIR, 1, 30000, &hs));
+    redsem_permit *held = NULL;
+    OK(h, redsem_sem_try_acquire(hs, &held));
+    redsem__loop *l = NULL;
+    OK(c, redsem__loop_new(c, &l));
+    outcome o = {0};
+    sem_start(l, s, 30000, &o, NULL);
+    long long id = until_blocked(l, &srv, -1, &o);
+    cr_assert_not(o.done, "decided while the permit was held");
+    redsem_client_stats st0, st1;
+    OK(c, redsem_client_get_stats(c, &st0));
+    char out[128] = "", num[32];
+    snprintf(num, sizeof num, "%lld", id);
+    if (how < 2)
+        cr_assert_eq(ts_command(&srv, out, sizeof out, "CLIENT", "KILL", "ID", num, NULL), 0,
+                     "%s", out);
+    else
+        cr_assert_eq(ts_command(&srv, out, sizeof out, "CLIENT", "UNBLOCK", num, "ERROR", NULL),
+                     0, "%s", out);
+    if (how > 0) {
+        long long again = until_blocked(l, &srv, how == 1 ? id : -1, &o);
+        cr_assert_geq(again, 0, "no BLPOP after the fault");
+        cr_assert(how == 1 || again == id, "UNBLOCKED: the wait connection was made again");
+    }
+    cr_assert_not(o.done, "decided while the permit was held");
+    OK(h, redsem_permit_release(held));
+    run_by_deadline(l, &o);
+    OK(c, redsem_client_get_stats(c, &st1));
+    OK(c, o.rc);
+    cr_assert(redsem_permit_held(o.permit));
+    cr_assert_geq(st1.wakeups - st0.wakeups, 1, "the wake-up came by the waiter's poll");
+    cr_assert_geq(st1.retries - st0.retries, 1, "the cut BLPOP is not in the stats' retries");
+    if (how == 1)
+        cr_assert_geq(st1.connects - st0.connects, 1, "the wait connection was not made again");
+    OK(c, redsem_permit_release(o.permit));
+    redsem_permit_free(o.permit);
+    redsem_permit_free(held);
+    redsem__loop_free(l);
+    redsem_sem_free(s);
+    redsem_sem_free(hs);
+    redsem_client_free(c);
+    redsem_client_free(h);
+    ts_server_stop(&srv);
+}
+
+Test(loop, a_fair_wake_up_survives_a_killed_wait_connection, .timeout = 60)
+{
+    cut_wait(0);
+}
+
+Test(loop, a_blpop_lost_with_its_connection_is_issued_again, .timeout = 60)
+{
+    cut_wait(1);
+}
+
+Test(loop, an_unblocked_blpop_cuts_the_waits_and_is_issued_again, .timeout = 60)
+{
+    cut_wait(2);
+}
+
 /* A stalled server (SIGSTOP): the pipe gives up every request in flight at the earliest
  * deadline among them, but an acquire sent later gives up at its own (one command timeout
  * after it was sent), which its not-after time was set from; both end REDSEM_EUNKNOWN. */
