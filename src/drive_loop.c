@@ -8,7 +8,11 @@
  * its retry window, "maybe applied" kept (retry_later); one given up with an earlier
  * request's deadline ends at its own (give_up_late); NOSCRIPT sends the body; with
  * sync_replicas WAIT rides in the same write, one at a time (sync_busy), and a grant short
- * of its replicas is given back by a release on the loop (giveback_start). Its counters are
+ * of its replicas is given back by a release on the loop (giveback_start). The waits' requests
+ * are states as the shared wait's (wake.c): a BLPOP or a drain lost with its connection, or
+ * answered LOADING, goes again after the same pause within its own window (wait_fault,
+ * drain_lost); a lost drain's fair waiters attempt at once (its elements may be lost);
+ * UNBLOCKED cuts the waits (each attempts again). Its counters are
  * the client's (redsem__stats_attach). Not yet: a connect (and its handshake) blocks
  * (redsem__node_connect); a Sentinel or a Cluster client (docs/design.md section 16). */
 #include <poll.h>
