@@ -412,8 +412,50 @@ static void run_by_deadline(redsem__loop *l, outcome *o)
     }
 }
 
-/* A fair waiter on the loop (30 s timeout) whose BLPOP is cut by a fault on the engine's
- * wait connection while a holder on another client keeps the permit; then the holder
+/* A fair waiter on the loop (30 s timeout) blocked in its BLPOP, on a server of its own,
+ * while a holder on another client (h) keeps the permit of a limit-1 semaphore. */
+typedef struct fair_wait {
+    ts_server srv;
+    redsem_client *c, *h;
+    redsem_sem *s, *hs;
+    redsem_permit *held;
+    redsem__loop *l;
+    outcome o;
+    long long id; /* its wait connection's client id */
+} fair_wait;
+
+static void fair_wait_start(fair_wait *w)
+{
+    memset(w, 0, sizeof *w);
+    cr_assert_eq(ts_server_start(&w->srv, NULL, false), 0);
+    w->c = tf_client_for(w->srv.url, 3000, 0);
+    w->h = tf_client_for(w->srv.url, 3000, 0);
+    OK(w->c, redsem_sem_open(w->c, "cutwait", REDSEM_STRATEGY_FAIR, 1, 30000, &w->s));
+    OK(w->h, redsem_sem_open(w->h, "cutwait", REDSEM_STRATEGY_FAIR, 1, 30000, &w->hs));
+    OK(w->h, redsem_sem_try_acquire(w->hs, &w->held));
+    OK(w->c, redsem__loop_new(w->c, &w->l));
+    sem_start(w->l, w->s, 30000, &w->o, NULL);
+    w->id = until_blocked(w->l, &w->srv, -1, &w->o);
+    cr_assert_not(w->o.done, "decided while the permit was held");
+}
+
+/* The waiter granted (after the holder's release): its permit released, everything freed. */
+static void fair_wait_end(fair_wait *w)
+{
+    OK(w->c, w->o.rc);
+    cr_assert(redsem_permit_held(w->o.permit));
+    OK(w->c, redsem_permit_release(w->o.permit));
+    redsem_permit_free(w->o.permit);
+    redsem_permit_free(w->held);
+    redsem__loop_free(w->l);
+    redsem_sem_free(w->s);
+    redsem_sem_free(w->hs);
+    redsem_client_free(w->c);
+    redsem_client_free(w->h);
+    ts_server_stop(&w->srv);
+}
+
+/* A fair waiter's BLPOP cut by a fault on the engine's wait connection, then the holder
  * releases, granting the waiter directly (its element on its client's id list, the bell
  * rung). how: 0 its connection killed, the release made before the loop sees it (the bell
  * the lost BLPOP watched is drained at once); 1 killed, the BLPOP issued again on a new
@@ -423,54 +465,33 @@ static void run_by_deadline(redsem__loop *l, outcome *o)
  * later), the fault counted in stats.retries. */
 static void cut_wait(int how)
 {
-    ts_server srv;
-    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
-    redsem_client *c = tf_client_for(srv.url, 3000, 0), *h = tf_client_for(srv.url, 3000, 0);
-    redsem_sem *s = NULL, *hs = NULL;
-    OK(c, redsem_sem_open(c, "cutwait", REDSEM_STRATEGY_FAIR, 1, 30000, &s));
-    OK(h, redsem_sem_open(h, "cutwait", REDSEM_STRATEGY_FAIR, 1, 30000, &hs));
-    redsem_permit *held = NULL;
-    OK(h, redsem_sem_try_acquire(hs, &held));
-    redsem__loop *l = NULL;
-    OK(c, redsem__loop_new(c, &l));
-    outcome o = {0};
-    sem_start(l, s, 30000, &o, NULL);
-    long long id = until_blocked(l, &srv, -1, &o);
-    cr_assert_not(o.done, "decided while the permit was held");
+    fair_wait w;
+    fair_wait_start(&w);
     redsem_client_stats st0, st1;
-    OK(c, redsem_client_get_stats(c, &st0));
+    OK(w.c, redsem_client_get_stats(w.c, &st0));
     char out[128] = "", num[32];
-    snprintf(num, sizeof num, "%lld", id);
+    snprintf(num, sizeof num, "%lld", w.id);
     if (how < 2)
-        cr_assert_eq(ts_command(&srv, out, sizeof out, "CLIENT", "KILL", "ID", num, NULL), 0,
+        cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CLIENT", "KILL", "ID", num, NULL), 0,
                      "%s", out);
     else
-        cr_assert_eq(ts_command(&srv, out, sizeof out, "CLIENT", "UNBLOCK", num, "ERROR", NULL),
+        cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CLIENT", "UNBLOCK", num, "ERROR",
+                                NULL),
                      0, "%s", out);
     if (how > 0) {
-        long long again = until_blocked(l, &srv, how == 1 ? id : -1, &o);
+        long long again = until_blocked(w.l, &w.srv, how == 1 ? w.id : -1, &w.o);
         cr_assert_geq(again, 0, "no BLPOP after the fault");
-        cr_assert(how == 1 || again == id, "UNBLOCKED: the wait connection was made again");
+        cr_assert(how == 1 || again == w.id, "UNBLOCKED: the wait connection was made again");
     }
-    cr_assert_not(o.done, "decided while the permit was held");
-    OK(h, redsem_permit_release(held));
-    run_by_deadline(l, &o);
-    OK(c, redsem_client_get_stats(c, &st1));
-    OK(c, o.rc);
-    cr_assert(redsem_permit_held(o.permit));
+    cr_assert_not(w.o.done, "decided while the permit was held");
+    OK(w.h, redsem_permit_release(w.held));
+    run_by_deadline(w.l, &w.o);
+    OK(w.c, redsem_client_get_stats(w.c, &st1));
     cr_assert_geq(st1.wakeups - st0.wakeups, 1, "the wake-up came by the waiter's poll");
     cr_assert_geq(st1.retries - st0.retries, 1, "the cut BLPOP is not in the stats' retries");
     if (how == 1)
         cr_assert_geq(st1.connects - st0.connects, 1, "the wait connection was not made again");
-    OK(c, redsem_permit_release(o.permit));
-    redsem_permit_free(o.permit);
-    redsem_permit_free(held);
-    redsem__loop_free(l);
-    redsem_sem_free(s);
-    redsem_sem_free(hs);
-    redsem_client_free(c);
-    redsem_client_free(h);
-    ts_server_stop(&srv);
+    fair_wait_end(&w);
 }
 
 Test(loop, a_fair_wake_up_survives_a_killed_wait_connection, .timeout = 60)
@@ -486,6 +507,48 @@ Test(loop, a_blpop_lost_with_its_connection_is_issued_again, .timeout = 60)
 Test(loop, an_unblocked_blpop_cuts_the_waits_and_is_issued_again, .timeout = 60)
 {
     cut_wait(2);
+}
+
+/* A drain that ran but whose reply was lost with its connection (the server closes it: its
+ * 300 elements of 200 bytes overflow a 1-byte output buffer limit), the fair waiter's element
+ * among those it took: the element is gone from the server, so the engine ends the fair
+ * waiters' waits at once, and the attempt finds its direct grant (with no wake-up to give,
+ * it would be its poll's, 0.75-1 s later); the drain is sent again after the pause, on a
+ * new connection (counted in retries and connects). */
+Test(loop, a_drain_lost_with_its_elements_lets_the_fair_waiters_attempt, .timeout = 60)
+{
+    fair_wait w;
+    fair_wait_start(&w);
+    OK(w.h, redsem_permit_release(w.held)); /* the bell: the BLPOP's reply, not read yet */
+    char out[128] = "";
+    cr_assert_eq(ts_command(&w.srv, out, sizeof out, "EVAL",
+                            "for i=1,300 do redis.call('RPUSH', KEYS[1], string.rep('x', 200)) "
+                            "end return 1",
+                            "1", w.c->wake_ids, NULL),
+                 0, "%s", out);
+    cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CONFIG", "SET",
+                            "client-output-buffer-limit", "normal 1 0 0", NULL),
+                 0, "%s", out);
+    redsem_client_stats st0, st1;
+    OK(w.c, redsem_client_get_stats(w.c, &st0));
+    /* the loop's deadline now: the end of the waiter's wait (its poll) */
+    redsem__loop_watch ws[2];
+    int64_t poll_ns = 0, t0 = tf_now_ms();
+    (void)redsem__loop_wants(w.l, ws, &poll_ns);
+    run_by_deadline(w.l, &w.o);
+    OK(w.c, redsem_client_get_stats(w.c, &st1));
+    /* granted before its poll was due (judged only if that was 300 ms away at least) */
+    int64_t poll_ms = poll_ns / REDSEM__NS_PER_MS;
+    cr_assert(poll_ms - t0 < 300 || w.o.at_ms < poll_ms,
+              "granted %lld ms after the drain, by its poll (due %lld ms after)",
+              (long long)(w.o.at_ms - t0), (long long)(poll_ms - t0));
+    cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CONFIG", "SET",
+                            "client-output-buffer-limit", "normal 0 0 0", NULL),
+                 0, "%s", out);
+    cr_assert_eq(st1.wakeups, st0.wakeups, "woken: the drain's reply was not lost");
+    cr_assert_geq(st1.retries - st0.retries, 1, "the lost drain is not in the stats' retries");
+    cr_assert_geq(st1.connects - st0.connects, 1, "the request connection was not made again");
+    fair_wait_end(&w);
 }
 
 /* A stalled server (SIGSTOP): the pipe gives up every request in flight at the earliest
