@@ -8,7 +8,11 @@
  * its retry window, "maybe applied" kept (retry_later); one given up with an earlier
  * request's deadline ends at its own (give_up_late); NOSCRIPT sends the body; with
  * sync_replicas WAIT rides in the same write, one at a time (sync_busy), and a grant short
- * of its replicas is given back by a release on the loop (giveback_start). Its counters are
+ * of its replicas is given back by a release on the loop (giveback_start). The waits' requests
+ * are states as the shared wait's (wake.c): a BLPOP or a drain lost with its connection, or
+ * answered LOADING, goes again after the same pause within its own window (wait_fault,
+ * drain_lost); a lost drain's fair waiters attempt at once (its elements may be lost);
+ * UNBLOCKED cuts the waits (each attempts again). Its counters are
  * the client's (redsem__stats_attach).
  * A connection opens without blocking either (conn_open: closed, resolving, connecting, tls
  * through net/dial.c; then its handshake as one request on its pipe, judged by node.c's
@@ -25,6 +29,13 @@
 
 #define LOOP_NOSCRIPT_MAX 5
 
+/* A retry window, as node.c's request loop keeps one per request: opened at the first
+ * failure, with the pause before the next copy. */
+typedef struct loop_retry {
+    int64_t until;      /* the window ends then (0: not opened) */
+    int64_t backoff_ns; /* the next pause */
+} loop_retry;
+
 typedef struct loop_op loop_op;
 struct loop_op {
     redsem__acq_state s;
@@ -38,8 +49,7 @@ struct loop_op {
     bool waiting;    /* REDSEM__WAIT (else a pause before an attempt) */
     bool resend;     /* the pause ends with its call sent again (lost connection, LOADING) */
     bool late;       /* ... or with its request's timeout (give_up_late) */
-    int64_t retry_until; /* its call's retry window ends then (0: not opened) */
-    int64_t backoff_ns;  /* the next pause before a resend */
+    loop_retry rw;       /* its call's retry window */
     bool sync;           /* its request carries WAIT (sync_replicas) */
     bool sync_turn;      /* ... and its turn came (queued again first if it was taken) */
     loop_op *sync_next;  /* queued behind the WAIT in flight (loop's sync_head) */
@@ -109,6 +119,11 @@ struct redsem__loop {
     bool sync_busy;
     loop_op *sync_head, *sync_tail;
     int64_t blpop_after; /* after a refused or failed BLPOP, none before then (waiters poll) */
+    bool blpop_resend;   /* ... and then one at once (a lost one's pause: a deadline) */
+    loop_retry blpop_rw; /* the BLPOP's retry window (closed by a reply) */
+    int64_t drain_at;    /* a lost drain goes again then (0: none due) */
+    loop_retry drain_rw; /* its retry window (closed by a reply) */
+    bool drain_due;      /* its window ended undrained: the next BLPOP drains first */
     unsigned gen;  /* connections made (a new one may reuse a closed one's number) */
     /* drained elements whose waiter was between two attempts: its next wait takes one at
      * once (as wake.c's pending ids), kept LOOP_PEND_NS at most */
@@ -421,39 +436,48 @@ static void op_call(loop_op *o)
 {
     o->noscript = 0;
     o->maybe = false;
-    o->retry_until = 0;
+    o->rw.until = 0;
     op_send(o);
 }
 
-/* o's request was lost with its connection (or none could be made), or came back LOADING
- * (a restarted server loading its data: nothing ran): whether its call goes again after a
- * pause, as node.c's request loop resends: with REDSEM__REQ_RETRY and a retry window, until
- * the window (opened at the first failure: retry_ms, cut by the call's own cap) ends; a
- * jittered pause of 5 ms doubling to 100 ms between two copies, each counted in
- * stats.retries. The pause is o's timer (o->resend), never a sleep. */
+/* A copy of a call (an op's, the BLPOP, a drain) was lost with its connection (or none could
+ * be made), or came back LOADING (a restarted server loading its data: nothing ran): whether
+ * it goes again, as node.c's request loop resends: within the retry window w (opened at the
+ * first failure: retry_ms, cut by cap_ns unless 0), after a jittered pause of 5 ms doubling
+ * to 100 ms (*at: its end, a timer of the loop, never a sleep), each counted in
+ * stats.retries. */
+static bool retry_pause(redsem__loop *l, loop_retry *w, int64_t cap_ns, int64_t *at)
+{
+    int64_t now = redsem__now_ns();
+    if (l->c->retry_ms == 0)
+        return false;
+    if (w->until == 0) {
+        w->until = now + l->c->retry_ms * REDSEM__NS_PER_MS;
+        if (cap_ns != 0 && cap_ns < w->until)
+            w->until = cap_ns;
+        w->backoff_ns = 5 * REDSEM__NS_PER_MS;
+    }
+    if (now >= w->until)
+        return false;
+    int64_t nap = redsem__rand_between(w->backoff_ns / 2, w->backoff_ns);
+    if (nap > w->until - now)
+        nap = w->until - now;
+    w->backoff_ns = w->backoff_ns * 2 > 100 * REDSEM__NS_PER_MS ? 100 * REDSEM__NS_PER_MS
+                                                               : w->backoff_ns * 2;
+    REDSEM__COUNT(&l->ctx, retries, 1);
+    *at = now + nap;
+    return true;
+}
+
+/* o's request was lost or came back LOADING: whether its call (with REDSEM__REQ_RETRY) goes
+ * again after a pause within its window (retry_pause), o's timer (o->resend). */
 static bool retry_later(loop_op *o)
 {
-    redsem__loop *l = o->loop;
-    int64_t now = redsem__now_ns();
-    if (!(o->call.flags & REDSEM__REQ_RETRY) || l->c->retry_ms == 0)
+    if (!(o->call.flags & REDSEM__REQ_RETRY) ||
+        !retry_pause(o->loop, &o->rw, o->call.cap_ns, &o->wake_ns))
         return false;
-    if (o->retry_until == 0) {
-        o->retry_until = now + l->c->retry_ms * REDSEM__NS_PER_MS;
-        if (o->call.cap_ns != 0 && o->call.cap_ns < o->retry_until)
-            o->retry_until = o->call.cap_ns;
-        o->backoff_ns = 5 * REDSEM__NS_PER_MS;
-    }
-    if (now >= o->retry_until)
-        return false;
-    int64_t nap = redsem__rand_between(o->backoff_ns / 2, o->backoff_ns);
-    if (nap > o->retry_until - now)
-        nap = o->retry_until - now;
-    o->backoff_ns = o->backoff_ns * 2 > 100 * REDSEM__NS_PER_MS ? 100 * REDSEM__NS_PER_MS
-                                                               : o->backoff_ns * 2;
-    REDSEM__COUNT(&l->ctx, retries, 1);
     o->resend = true;
     o->waiting = false;
-    o->wake_ns = now + nap;
     return true;
 }
 
@@ -803,19 +827,76 @@ static void send_own(redsem__loop *l, redsem__preq *q, redsem__call *call, bool 
     *pending = send_call(l, q, call, load) == REDSEM_OK;
 }
 
-/* Drain the client's id list: its elements name the fair waiters granted. */
+/* The waits of the waiting ops (only the fair and locked ones, which wait by their id, if
+ * fair) end now, not signaled: each goes back to its acquire loop and attempts at once. */
+static void cut_waits(redsem__loop *l, bool fair)
+{
+    for (loop_op *o = l->ops; o != NULL; o = o->next)
+        if (o->waiting && (!fair || o->s.elem[0] != '\0'))
+            o->wake_ns = 1;
+}
+
+/* The drain was lost with its connection, or none could be made, or it came back LOADING
+ * (again: nothing ran), or it timed out (a stalled server): a lost or refused one goes again
+ * after a pause within its retry window (retry_pause: drain_at, a timer of the loop); once
+ * that ends, or after a timeout, the next BLPOP drains first (drain_due). One written may
+ * have run, its elements (trimmed off the list) lost with its reply: the fair waiters' waits
+ * end now, and each one's attempt finds its direct grant, as its poll would a second later
+ * (wake.c's leader loses them too, and the waiters poll). */
+static void drain_lost(redsem__loop *l, bool again, bool written)
+{
+    if (written)
+        cut_waits(l, true);
+    if (!again || !retry_pause(l, &l->drain_rw, 0, &l->drain_at)) {
+        l->drain_rw.until = 0;
+        l->drain_due = true;
+    }
+}
+
+/* Drain the client's id list: its elements name the fair waiters granted. One that cannot be
+ * sent goes again after a pause (drain_lost). */
 static void send_drain(redsem__loop *l)
 {
     if (l->drain_pending)
         l->drain_again = true; /* what was pushed after that drain ran */
-    if (l->drain_pending || l->c->wake_ids == NULL)
-        return;
+    if (l->drain_pending || l->drain_at != 0 || l->c->wake_ids == NULL)
+        return; /* a lost one goes again at drain_at, for all that is queued then */
+    l->drain_due = false;
     redsem__call call;
     redsem__call_init(&call, REDSEM__SCRIPT_WAKE_DRAIN, REDSEM__REQ_RETRY, NULL);
     const char *keys[] = {l->c->wake_ids};
     redsem__call_keys(&call, 1, keys);
     redsem__args_i64(&call.ka, 256);
     send_own(l, &l->drain, &call, &l->drain_pending);
+    if (!l->drain_pending)
+        drain_lost(l, true, false);
+}
+
+/* The BLPOP q failed (r: its error reply, or NULL), watching the client's bell if bell. Lost
+ * with its connection (or none could be made) or answered LOADING: issued again, on a new
+ * connection for a lost one, after a pause within its retry window (retry_pause:
+ * blpop_after, then a deadline of the loop), so that a wake-up pushed meanwhile, which stays
+ * in its list, is popped then, one reconnect late; a bell a written one may have popped is
+ * lost, not the ids: they are drained now (on the request connection), as wake.c's next
+ * round drains. UNBLOCKED (CLIENT UNBLOCK ... ERROR; a primary demoted under a wait):
+ * nothing was popped, the waits are cut and each waiter attempts again, counted as a retry,
+ * as wake.c's Sentinel wait (the attempts find what the server says now). Else (a timeout:
+ * a stalled server; another error reply), or once the window ends: no BLPOP for 100 ms,
+ * the waits end by their timers and the attempts poll. */
+static void wait_fault(redsem__loop *l, const redsem__preq *q, const redisReply *r, bool bell)
+{
+    l->blpop_after = redsem__now_ns() + 100 * REDSEM__NS_PER_MS;
+    if (r != NULL && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "UNBLOCKED", 9) == 0) {
+        REDSEM__COUNT(&l->ctx, retries, 1);
+        l->blpop_after = 0;
+        cut_waits(l, false);
+        return;
+    }
+    if (r == NULL && q != NULL && q->written && bell)
+        send_drain(l);
+    bool again = r == NULL ? q == NULL || q->rc == REDSEM_ECONN : redsem__loading_reply(r);
+    if (again && retry_pause(l, &l->blpop_rw, 0, &l->blpop_after))
+        l->blpop_resend = true;
 }
 
 /* Start the BLPOP on the waiting ops' keys and our control list, until the earliest of their
@@ -848,10 +929,19 @@ static void wait_sync(redsem__loop *l)
             }
         return;
     }
-    int64_t left_ms = (until - redsem__now_ns()) / REDSEM__NS_PER_MS;
-    if (n == 0 || left_ms < 2 || redsem__now_ns() < l->blpop_after ||
-        conn_open(l, &l->wait) != REDSEM_OK)
-        return; /* the waits end by their timers */
+    int64_t now = redsem__now_ns();
+    if (now < l->blpop_after)
+        return; /* the waits end by their timers, or a resend by its deadline */
+    l->blpop_resend = false;
+    if (n > 0 && l->drain_due)
+        send_drain(l);
+    int64_t left_ms = (until - now) / REDSEM__NS_PER_MS;
+    if (n == 0 || left_ms < 2)
+        return;
+    if (conn_open(l, &l->wait) != REDSEM_OK) {
+        wait_fault(l, NULL, NULL, false);
+        return;
+    }
     /* BLPOP keys... ctl timeout: more arguments than a redsem__args holds, so hiredis'
      * argv form */
     const char *argv[LOOP_WAIT_KEYS_MAX + 2];
@@ -883,13 +973,16 @@ static void wait_sync(redsem__loop *l)
 static void blpop_reply(redsem__loop *l)
 {
     redsem__preq *q = &l->blpop;
+    bool bell = l->c->wake_bell != NULL && watched(l, l->c->wake_bell);
     l->blpop_pending = l->blpop_replied = false;
     for (int i = 0; i < l->nbkeys; i++)
         redsem__free(l->bkeys[i]);
     l->nbkeys = 0;
     redisReply *r = q->rc == REDSEM_OK ? q->replies[0] : NULL;
-    if (r == NULL || r->type == REDIS_REPLY_ERROR) /* not again at once: 100 ms */
-        l->blpop_after = redsem__now_ns() + 100 * REDSEM__NS_PER_MS;
+    if (r == NULL || r->type == REDIS_REPLY_ERROR)
+        wait_fault(l, q, r, bell);
+    else
+        l->blpop_rw.until = 0; /* answered: a window opens at the next fault */
     if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
         r->element[0]->type == REDIS_REPLY_STRING) {
         const char *key = r->element[0]->str;
@@ -981,12 +1074,18 @@ static void drain_reply(redsem__loop *l)
     l->drain_pending = l->drain_replied = false;
     if (q->rc != REDSEM_OK) {
         l->drain_again = false;
-        send_drain(l); /* on a new connection (a lost reply's elements are lost) */
+        drain_lost(l, q->rc == REDSEM_ECONN, q->written);
         return;
     }
     redisReply *r = q->replies[q->nreplies - 1];
     if (q->nreplies == 2)
         freeReplyObject(q->replies[0]);
+    if (redsem__loading_reply(r)) {
+        freeReplyObject(r);
+        drain_lost(l, true, false);
+        return;
+    }
+    l->drain_rw.until = 0; /* answered */
     if (q->nreplies == 2 || r->type != REDIS_REPLY_ERROR)
         atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], r->type != REDIS_REPLY_ERROR);
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
@@ -1043,6 +1142,11 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
         if (d < *deadline_ns)
             *deadline_ns = d;
     }
+    /* a lost BLPOP's or drain's pause */
+    if (l->blpop_resend && l->blpop_after < *deadline_ns)
+        *deadline_ns = l->blpop_after;
+    if (l->drain_at != 0 && l->drain_at < *deadline_ns)
+        *deadline_ns = l->drain_at;
     for (const loop_op *o = l->ops; o != NULL; o = o->next) {
         int64_t at = o->wake_ns;
         if (at != 0 && o->waiting && atomic_load(&o->cancel))
@@ -1171,6 +1275,11 @@ void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
         }
         if (l->drain_replied) {
             drain_reply(l);
+            ran = true;
+        }
+        if (l->drain_at != 0 && redsem__now_ns() >= l->drain_at) {
+            l->drain_at = 0;
+            send_drain(l);
             ran = true;
         }
         ran = run_all_due(l) || ran;

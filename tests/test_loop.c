@@ -368,6 +368,189 @@ Test(loop, a_release_cut_with_retry_0_is_econn, .timeout = 60)
     killed_release(REDSEM_STRATEGY_FAIR, 0);
 }
 
+/* The id of srv's client blocked now (flags=b: the engine's BLPOP; there is one at most),
+ * other than not_id, or -1 (CLIENT LIST). */
+static long long blocked_client(ts_server *srv, long long not_id)
+{
+    char out[8192] = "";
+    cr_assert_eq(ts_command(srv, out, sizeof out, "CLIENT", "LIST", NULL), 0, "%s", out);
+    for (char *line = out; line != NULL && *line != '\0';) {
+        char *end = strchr(line, '\n');
+        if (end != NULL)
+            *end = '\0';
+        long long id = -1;
+        const char *f = strstr(line, " flags=");
+        if (sscanf(line, "id=%lld", &id) == 1 && id != not_id && f != NULL &&
+            strchr(f + 7, 'b') != NULL && strchr(f + 7, 'b') < strchr(f + 7, ' '))
+            return id;
+        line = end != NULL ? end + 1 : NULL;
+    }
+    return -1;
+}
+
+/* Turn the loop as an event loop does (its descriptors, its one deadline: no turn of the
+ * test's own in between) until a client other than not_id is blocked on srv, or o is done
+ * (at most 10 s); that client's id (-1: none). */
+static long long until_blocked(redsem__loop *l, ts_server *srv, long long not_id, outcome *o)
+{
+    int64_t end = tf_now_ms() + 10000;
+    long long id;
+    while ((id = blocked_client(srv, not_id)) < 0 && !o->done) {
+        cr_assert(tf_now_ms() < end, "no BLPOP within 10 s");
+        turn(l, 2000);
+    }
+    return id;
+}
+
+/* As run_until, by the loop's deadline alone (a wait's end then comes by its timer). */
+static void run_by_deadline(redsem__loop *l, outcome *o)
+{
+    int64_t end = tf_now_ms() + 20000;
+    while (!o->done) {
+        cr_assert(tf_now_ms() < end, "the loop's acquire did not end within 20 s");
+        turn(l, 2000);
+    }
+}
+
+/* A fair waiter on the loop (30 s timeout) blocked in its BLPOP, on a server of its own,
+ * while a holder on another client (h) keeps the permit of a limit-1 semaphore. */
+typedef struct fair_wait {
+    ts_server srv;
+    redsem_client *c, *h;
+    redsem_sem *s, *hs;
+    redsem_permit *held;
+    redsem__loop *l;
+    outcome o;
+    long long id; /* its wait connection's client id */
+} fair_wait;
+
+static void fair_wait_start(fair_wait *w)
+{
+    memset(w, 0, sizeof *w);
+    cr_assert_eq(ts_server_start(&w->srv, NULL, false), 0);
+    w->c = tf_client_for(w->srv.url, 3000, 0);
+    w->h = tf_client_for(w->srv.url, 3000, 0);
+    OK(w->c, redsem_sem_open(w->c, "cutwait", REDSEM_STRATEGY_FAIR, 1, 30000, &w->s));
+    OK(w->h, redsem_sem_open(w->h, "cutwait", REDSEM_STRATEGY_FAIR, 1, 30000, &w->hs));
+    OK(w->h, redsem_sem_try_acquire(w->hs, &w->held));
+    OK(w->c, redsem__loop_new(w->c, &w->l));
+    sem_start(w->l, w->s, 30000, &w->o, NULL);
+    w->id = until_blocked(w->l, &w->srv, -1, &w->o);
+    cr_assert_not(w->o.done, "decided while the permit was held");
+}
+
+/* The waiter granted (after the holder's release): its permit released, everything freed. */
+static void fair_wait_end(fair_wait *w)
+{
+    OK(w->c, w->o.rc);
+    cr_assert(redsem_permit_held(w->o.permit));
+    OK(w->c, redsem_permit_release(w->o.permit));
+    redsem_permit_free(w->o.permit);
+    redsem_permit_free(w->held);
+    redsem__loop_free(w->l);
+    redsem_sem_free(w->s);
+    redsem_sem_free(w->hs);
+    redsem_client_free(w->c);
+    redsem_client_free(w->h);
+    ts_server_stop(&w->srv);
+}
+
+/* A fair waiter's BLPOP cut by a fault on the engine's wait connection, then the holder
+ * releases, granting the waiter directly (its element on its client's id list, the bell
+ * rung). how: 0 its connection killed, the release made before the loop sees it (the bell
+ * the lost BLPOP watched is drained at once); 1 killed, the BLPOP issued again on a new
+ * connection after the pause (the lane's, a timer of the loop) before the release; 2 CLIENT
+ * UNBLOCK ... ERROR (the wait cut: an attempt, then a new BLPOP on the same connection). In
+ * each the wake-up comes by the engine (stats.wakeups), not by the waiter's poll (0.75-1 s
+ * later), the fault counted in stats.retries. */
+static void cut_wait(int how)
+{
+    fair_wait w;
+    fair_wait_start(&w);
+    redsem_client_stats st0, st1;
+    OK(w.c, redsem_client_get_stats(w.c, &st0));
+    char out[128] = "", num[32];
+    snprintf(num, sizeof num, "%lld", w.id);
+    if (how < 2)
+        cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CLIENT", "KILL", "ID", num, NULL), 0,
+                     "%s", out);
+    else
+        cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CLIENT", "UNBLOCK", num, "ERROR",
+                                NULL),
+                     0, "%s", out);
+    if (how > 0) {
+        long long again = until_blocked(w.l, &w.srv, how == 1 ? w.id : -1, &w.o);
+        cr_assert_geq(again, 0, "no BLPOP after the fault");
+        cr_assert(how == 1 || again == w.id, "UNBLOCKED: the wait connection was made again");
+    }
+    cr_assert_not(w.o.done, "decided while the permit was held");
+    OK(w.h, redsem_permit_release(w.held));
+    run_by_deadline(w.l, &w.o);
+    OK(w.c, redsem_client_get_stats(w.c, &st1));
+    cr_assert_geq(st1.wakeups - st0.wakeups, 1, "the wake-up came by the waiter's poll");
+    cr_assert_geq(st1.retries - st0.retries, 1, "the cut BLPOP is not in the stats' retries");
+    if (how == 1)
+        cr_assert_geq(st1.connects - st0.connects, 1, "the wait connection was not made again");
+    fair_wait_end(&w);
+}
+
+Test(loop, a_fair_wake_up_survives_a_killed_wait_connection, .timeout = 60)
+{
+    cut_wait(0);
+}
+
+Test(loop, a_blpop_lost_with_its_connection_is_issued_again, .timeout = 60)
+{
+    cut_wait(1);
+}
+
+Test(loop, an_unblocked_blpop_cuts_the_waits_and_is_issued_again, .timeout = 60)
+{
+    cut_wait(2);
+}
+
+/* A drain that ran but whose reply was lost with its connection (the server closes it: its
+ * 300 elements of 200 bytes overflow a 1-byte output buffer limit), the fair waiter's element
+ * among those it took: the element is gone from the server, so the engine ends the fair
+ * waiters' waits at once, and the attempt finds its direct grant (with no wake-up to give,
+ * it would be its poll's, 0.75-1 s later); the drain is sent again after the pause, on a
+ * new connection (counted in retries and connects). */
+Test(loop, a_drain_lost_with_its_elements_lets_the_fair_waiters_attempt, .timeout = 60)
+{
+    fair_wait w;
+    fair_wait_start(&w);
+    OK(w.h, redsem_permit_release(w.held)); /* the bell: the BLPOP's reply, not read yet */
+    char out[128] = "";
+    cr_assert_eq(ts_command(&w.srv, out, sizeof out, "EVAL",
+                            "for i=1,300 do redis.call('RPUSH', KEYS[1], string.rep('x', 200)) "
+                            "end return 1",
+                            "1", w.c->wake_ids, NULL),
+                 0, "%s", out);
+    cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CONFIG", "SET",
+                            "client-output-buffer-limit", "normal 1 0 0", NULL),
+                 0, "%s", out);
+    redsem_client_stats st0, st1;
+    OK(w.c, redsem_client_get_stats(w.c, &st0));
+    /* the loop's deadline now: the end of the waiter's wait (its poll) */
+    redsem__loop_watch ws[REDSEM__LOOP_WATCH_MAX];
+    int64_t poll_ns = 0, t0 = tf_now_ms();
+    (void)redsem__loop_wants(w.l, ws, &poll_ns);
+    run_by_deadline(w.l, &w.o);
+    OK(w.c, redsem_client_get_stats(w.c, &st1));
+    /* granted before its poll was due (judged only if that was 300 ms away at least) */
+    int64_t poll_ms = poll_ns / REDSEM__NS_PER_MS;
+    cr_assert(poll_ms - t0 < 300 || w.o.at_ms < poll_ms,
+              "granted %lld ms after the drain, by its poll (due %lld ms after)",
+              (long long)(w.o.at_ms - t0), (long long)(poll_ms - t0));
+    cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CONFIG", "SET",
+                            "client-output-buffer-limit", "normal 0 0 0", NULL),
+                 0, "%s", out);
+    cr_assert_eq(st1.wakeups, st0.wakeups, "woken: the drain's reply was not lost");
+    cr_assert_geq(st1.retries - st0.retries, 1, "the lost drain is not in the stats' retries");
+    cr_assert_geq(st1.connects - st0.connects, 1, "the request connection was not made again");
+    fair_wait_end(&w);
+}
+
 /* A stalled server (SIGSTOP): the pipe gives up every request in flight at the earliest
  * deadline among them, but an acquire sent later gives up at its own (one command timeout
  * after it was sent), which its not-after time was set from; both end REDSEM_EUNKNOWN. */
