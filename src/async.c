@@ -41,6 +41,7 @@
 #if REDSEM_ASYNC_LOOP
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/timerfd.h>
 #endif
 
 #define WORKER_IDLE_MS 2000
@@ -169,6 +170,9 @@ struct redsem_async {
     uint32_t loop_ev[2];  /* and their epoll events */
     unsigned loop_gen;    /* the engine's connections' generation they are of */
     int64_t timer_ns;     /* the timer asked for (0: none, or it fired) */
+    /* a loop that gives no timer_fn: a timerfd in the epoll set is the engine's timer, so
+     * that epfd becomes readable when a deadline is due (-1: the loop's timer_fn is) */
+    int tfd;
     op_list looping;      /* acquires on the engine */
     /* submitted outside a callback of redsem_async_action() (another thread, or the loop's
      * own between two reports): started by the loop's next report (loop_take), in order */
@@ -722,6 +726,7 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
         return redsem__set_err(client, REDSEM_ECONN, "epoll: %s", strerror(e));
     }
     a->loop_fd[0] = a->loop_fd[1] = -1;
+    a->tfd = -1;
 #endif
     a->c = client;
     a->pid = getpid();
@@ -744,6 +749,10 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
     return REDSEM_OK;
 }
 
+#if REDSEM_ASYNC_LOOP
+static int loop_timerfd_new(redsem_async *a);
+#endif
+
 int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                           redsem_async_timer_fn timer_fn, void *loop_data)
 {
@@ -755,15 +764,18 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                "this redsem_async was created by process %ld (after fork)",
                                (long)async->pid);
 #if REDSEM_ASYNC_LOOP
-    /* the engine takes the acquires of a one-server client when the loop gives a timer; made
-     * before the loop is published, since other threads may submit from then on */
+    /* the engine takes the operations of a one-server client (with no timer_fn, its timer is
+     * a timerfd in the epoll set); made before the loop is published, since other threads
+     * may submit from then on */
     redsem_client *c = async->c;
     redsem__loop *engine = NULL;
     redsem__renewer *renewer = NULL;
-    if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
+    int tfd = -1;
+    if ((c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
         redsem__loop_new(c, &engine) != REDSEM_OK)
         engine = NULL;
-    if (engine != NULL && redsem__renew_loop_new(c, async->pipefd[1], &renewer) != REDSEM_OK) {
+    if (engine != NULL && ((timer_fn == NULL && (tfd = loop_timerfd_new(async)) < 0) ||
+                           redsem__renew_loop_new(c, async->pipefd[1], &renewer) != REDSEM_OK)) {
         redsem__loop_free(engine);
         engine = NULL;
     }
@@ -778,6 +790,9 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
 #if REDSEM_ASYNC_LOOP
         async->loop = engine;
         async->renewer = renewer;
+        async->tfd = engine != NULL ? tfd : -1;
+        if (engine != NULL)
+            tfd = -1;
         engine = NULL;
         renewer = NULL;
 #endif
@@ -787,6 +802,10 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
     redsem__loop_free(engine);
     if (renewer != NULL)
         redsem__renew_loop_put(renewer);
+    if (tfd >= 0) { /* not taken */
+        (void)epoll_ctl(async->epfd, EPOLL_CTL_DEL, tfd, NULL);
+        close(tfd);
+    }
 #endif
     if (was)
         return redsem__set_err(async->c, REDSEM_ESTATE, "a loop is set already");
@@ -840,6 +859,43 @@ static int run_callbacks(redsem_async *a)
 #if REDSEM_ASYNC_LOOP
 /* ---------------------------------------------------------------- the loop engine */
 
+/* A timerfd in a's epoll set (the engine's timer when the loop gives no timer_fn), or -1. */
+static int loop_timerfd_new(redsem_async *a)
+{
+    int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+    if (fd >= 0 && epoll_ctl(a->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Ask for the engine's timer at `at` (redsem__now_ns()'s clock, CLOCK_MONOTONIC; 0: none):
+ * the loop's timer_fn, or else the timerfd, armed at that time (one in the past fires at
+ * once; re-arming clears an expiry not read yet) or disarmed. The loop's thread. */
+static void loop_timer(redsem_async *a, int64_t at)
+{
+    if (a->tfd >= 0) {
+        struct itimerspec its = {.it_value = {(time_t)(at / 1000000000), (long)(at % 1000000000)}};
+        (void)timerfd_settime(a->tfd, TFD_TIMER_ABSTIME, &its, NULL); /* fails on bad args only */
+        return;
+    }
+    int64_t ms = -1;
+    if (at != 0) {
+        int64_t left = at - redsem__now_ns();
+        ms = left <= 0 ? 0 : (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
+    }
+    a->timer_fn(a, ms, a->loop_data);
+}
+
+/* Whether the timerfd fired since it was armed (reading it ends its readiness). */
+static bool loop_timer_fired(redsem_async *a)
+{
+    uint64_t expirations;
+    return a->tfd >= 0 && read(a->tfd, &expirations, sizeof expirations) == sizeof expirations;
+}
+
 /* Tell the loop what the engine wants now: its connections in the epoll set with the events
  * they wait for, and its earliest deadline as the loop's one timer. The loop's thread. */
 static void loop_sync(redsem_async *a)
@@ -879,12 +935,7 @@ static void loop_sync(redsem_async *a)
     int64_t at = deadline == REDSEM__FOREVER ? 0 : deadline;
     if (at != a->timer_ns) {
         a->timer_ns = at;
-        int64_t ms = -1;
-        if (at != 0) {
-            int64_t left = at - redsem__now_ns();
-            ms = left <= 0 ? 0 : (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
-        }
-        a->timer_fn(a, ms, a->loop_data);
+        loop_timer(a, at);
     }
 }
 
@@ -1103,7 +1154,7 @@ static int loop_action(redsem_async *a, int fd)
     redsem_async *outer = acting;
     acting = a;
     loop_take(a);
-    if (fd == -1)
+    if (fd == -1 || loop_timer_fired(a))
         a->timer_ns = 0; /* it fired: the next sync asks again */
     struct epoll_event ev[4];
     struct pollfd ready[4];
@@ -1317,6 +1368,8 @@ void redsem_async_free(redsem_async *async)
          * set is the parent's too, so it is left as it is */
         redsem__loop_free(a->loop);
         close(a->epfd);
+        if (a->tfd >= 0)
+            close(a->tfd);
         for (op *o; (o = list_pop(&a->looping)) != NULL;)
             redsem__free(o);
         for (op *o; (o = list_pop(&a->incoming)) != NULL;)
@@ -1388,6 +1441,8 @@ void redsem_async_free(redsem_async *async)
     }
 #if REDSEM_ASYNC_LOOP
     close(a->epfd);
+    if (a->tfd >= 0)
+        close(a->tfd);
 #endif
     close(a->pipefd[0]);
     close(a->pipefd[1]);
