@@ -163,15 +163,15 @@ struct redsem_async {
 #if REDSEM_ASYNC_LOOP
     /* The loop engine (drive_loop.c): the loop watches epfd, an epoll set of the pipe and
      * the engine's connection (one descriptor, as 0.4's adapters watch), and its timer is
-     * the engine's deadline. loop NULL: every operation on the workers. */
+     * the engine's deadline (tfd). loop NULL: every operation on the workers. */
     int epfd;
     redsem__loop *loop;
     int loop_fd[2];       /* the connections in the set (-1: none) */
     uint32_t loop_ev[2];  /* and their epoll events */
     unsigned loop_gen;    /* the engine's connections' generation they are of */
-    int64_t timer_ns;     /* the timer asked for (0: none, or it fired) */
-    /* a loop that gives no timer_fn: a timerfd in the epoll set is the engine's timer, so
-     * that epfd becomes readable when a deadline is due (-1: the loop's timer_fn is) */
+    int64_t timer_ns;     /* the time tfd is armed at (0: disarmed, or it fired) */
+    /* the engine's timer: a timerfd in the epoll set, so that epfd becomes readable when a
+     * deadline is due (the loop's timer_fn is not used: docs/design.md 16) */
     int tfd;
     op_list looping;      /* acquires on the engine */
     /* submitted outside a callback of redsem_async_action() (another thread, or the loop's
@@ -764,9 +764,9 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                "this redsem_async was created by process %ld (after fork)",
                                (long)async->pid);
 #if REDSEM_ASYNC_LOOP
-    /* the engine takes the operations of a one-server client (with no timer_fn, its timer is
-     * a timerfd in the epoll set); made before the loop is published, since other threads
-     * may submit from then on */
+    /* the engine takes the operations of a one-server client, its timer a timerfd in the
+     * epoll set (timer_fn given or not); made before the loop is published, since other
+     * threads may submit from then on */
     redsem_client *c = async->c;
     redsem__loop *engine = NULL;
     redsem__renewer *renewer = NULL;
@@ -774,7 +774,7 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
     if ((c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
         redsem__loop_new(c, &engine) != REDSEM_OK)
         engine = NULL;
-    if (engine != NULL && ((timer_fn == NULL && (tfd = loop_timerfd_new(async)) < 0) ||
+    if (engine != NULL && ((tfd = loop_timerfd_new(async)) < 0 ||
                            redsem__renew_loop_new(c, async->pipefd[1], &renewer) != REDSEM_OK)) {
         redsem__loop_free(engine);
         engine = NULL;
@@ -859,7 +859,7 @@ static int run_callbacks(redsem_async *a)
 #if REDSEM_ASYNC_LOOP
 /* ---------------------------------------------------------------- the loop engine */
 
-/* A timerfd in a's epoll set (the engine's timer when the loop gives no timer_fn), or -1. */
+/* A timerfd in a's epoll set (the engine's timer), or -1. */
 static int loop_timerfd_new(redsem_async *a)
 {
     int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -871,29 +871,20 @@ static int loop_timerfd_new(redsem_async *a)
     return fd;
 }
 
-/* Ask for the engine's timer at `at` (redsem__now_ns()'s clock, CLOCK_MONOTONIC; 0: none):
- * the loop's timer_fn, or else the timerfd, armed at that time (one in the past fires at
- * once; re-arming clears an expiry not read yet) or disarmed. The loop's thread. */
+/* Set the engine's timer to `at` (redsem__now_ns()'s clock, CLOCK_MONOTONIC; 0: none): the
+ * timerfd armed at that time (one in the past fires at once; re-arming clears an expiry not
+ * read yet), or disarmed. The loop's thread. */
 static void loop_timer(redsem_async *a, int64_t at)
 {
-    if (a->tfd >= 0) {
-        struct itimerspec its = {.it_value = {(time_t)(at / 1000000000), (long)(at % 1000000000)}};
-        (void)timerfd_settime(a->tfd, TFD_TIMER_ABSTIME, &its, NULL); /* fails on bad args only */
-        return;
-    }
-    int64_t ms = -1;
-    if (at != 0) {
-        int64_t left = at - redsem__now_ns();
-        ms = left <= 0 ? 0 : (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
-    }
-    a->timer_fn(a, ms, a->loop_data);
+    struct itimerspec its = {.it_value = {(time_t)(at / 1000000000), (long)(at % 1000000000)}};
+    (void)timerfd_settime(a->tfd, TFD_TIMER_ABSTIME, &its, NULL); /* fails on bad args only */
 }
 
 /* Whether the timerfd fired since it was armed (reading it ends its readiness). */
 static bool loop_timer_fired(redsem_async *a)
 {
     uint64_t expirations;
-    return a->tfd >= 0 && read(a->tfd, &expirations, sizeof expirations) == sizeof expirations;
+    return read(a->tfd, &expirations, sizeof expirations) == sizeof expirations;
 }
 
 /* Tell the loop what the engine wants now: its connections in the epoll set with the events
@@ -1147,15 +1138,16 @@ static void loop_take(redsem_async *a)
     }
 }
 
-/* The loop's report on epfd or its timer: start what was queued, step the engine, then run
- * the callbacks (what they start begins at once). */
+/* The loop's report on epfd: start what was queued, step the engine (its timer is the
+ * timerfd in the set), then run the callbacks (what they start begins at once). */
 static int loop_action(redsem_async *a, int fd)
 {
     redsem_async *outer = acting;
     acting = a;
     loop_take(a);
-    if (fd == -1 || loop_timer_fired(a))
-        a->timer_ns = 0; /* it fired: the next sync asks again */
+    (void)fd; /* the epoll set, or -1: a timer of the loop's (none is asked for) */
+    if (loop_timer_fired(a))
+        a->timer_ns = 0; /* it fired: the next sync arms it again */
     struct epoll_event ev[4];
     struct pollfd ready[4];
     int n = epoll_wait(a->epfd, ev, 4, 0), k = 0;
