@@ -162,7 +162,7 @@ struct redsem_async {
     atomic_size_t pending;
 #if REDSEM_ASYNC_LOOP
     /* The loop engine (drive_loop.c): the loop watches epfd, an epoll set of the pipe and
-     * the engine's connection (one descriptor, as 0.4's adapters watch), and its timer is
+     * the engine's connection (one descriptor, as 0.4's adapters watch), and of a timerfd at
      * the engine's deadline (tfd). loop NULL: every operation on the workers. */
     int epfd;
     redsem__loop *loop;
