@@ -800,8 +800,10 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
     pthread_mutex_unlock(&async->mu);
 #if REDSEM_ASYNC_LOOP
     redsem__loop_free(engine);
-    if (renewer != NULL)
+    if (renewer != NULL) { /* off the client's list of loop renewers, then freed */
+        redsem__renew_loop_close(renewer);
         redsem__renew_loop_put(renewer);
+    }
     if (tfd >= 0) { /* not taken */
         (void)epoll_ctl(async->epfd, EPOLL_CTL_DEL, tfd, NULL);
         close(tfd);
@@ -888,7 +890,7 @@ static bool loop_timer_fired(redsem_async *a)
 }
 
 /* Tell the loop what the engine wants now: its connections in the epoll set with the events
- * they wait for, and its earliest deadline as the loop's one timer. The loop's thread. */
+ * they wait for, and its earliest deadline on the timerfd in the set. The loop's thread. */
 static void loop_sync(redsem_async *a)
 {
     redsem__loop_watch w[2];
@@ -1241,6 +1243,7 @@ static void loop_stop(redsem_async *a)
     for (int j = 0; j < 2; j++)
         if (a->loop_fd[j] >= 0)
             (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd[j], NULL);
+    loop_timer(a, 0); /* the set stays quiet until the loop is told REDSEM_WATCH_REMOVE */
 }
 #endif
 
