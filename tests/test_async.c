@@ -1904,8 +1904,8 @@ Test(async, a_forked_child_leaves_the_loop_alone, .timeout = 120)
 }
 
 #if defined(TEST_LOOP_POLL)
-/* A poll() loop with a timer (on the loop engine's build the engine takes its operations),
- * whose REDSEM_WATCH_REMOVE, redsem_async_free()'s last call to it, waits for the
+/* A poll() loop with a timer (which is only ever told -1: the loop engine's timer is its
+ * timerfd), whose REDSEM_WATCH_REMOVE, redsem_async_free()'s last call to it, waits for the
  * submitting threads to have stopped. */
 typedef struct xf_run {
     redsem_async *a;
@@ -1914,6 +1914,7 @@ typedef struct xf_run {
     redsem_sem *s, *full;
     pthread_t loop_thread;
     atomic_int stopped, off_loop, removed_early, callbacks, refused;
+    int timer_asks; /* timer_fn calls with a time (async.h: -1 only) */
     atomic_bool removing;
     int started[XT_THREADS];
     atomic_int *calls[XT_THREADS]; /* per operation started (index = its order) */
@@ -1943,6 +1944,7 @@ static void xf_timer(redsem_async *a, int64_t ms, void *data)
     (void)a;
     xf_run *x = data;
     x->timer_at = ms < 0 ? -1 : tf_now_ms() + ms;
+    x->timer_asks += ms >= 0;
 }
 
 static void xf_once(xf_run *x)
@@ -2052,6 +2054,8 @@ Test(async, free_while_other_threads_submit, .timeout = 180)
     cr_expect_eq(atomic_load(&x->off_loop), 0);
     cr_expect_eq(atomic_load(&x->removed_early), 0, "threads still started operations");
     cr_expect_eq(atomic_load(&x->refused), 0, "an operation refused with another code");
+    cr_expect_eq(x->timer_asks, 0, "timer_fn asked for a timer %d times (the engine's timer is "
+                 "its timerfd)", x->timer_asks);
     cr_expect_eq(tf_waiters(x->full), 0, "a cancelled acquire is still queued on the server");
     OK(c, redsem_permit_release(held));
     redsem_permit_free(held);
