@@ -41,6 +41,7 @@
 #if REDSEM_ASYNC_LOOP
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/timerfd.h>
 #endif
 
 #define WORKER_IDLE_MS 2000
@@ -162,14 +163,17 @@ struct redsem_async {
 #if REDSEM_ASYNC_LOOP
     /* The loop engine (drive_loop.c): the loop watches epfd, an epoll set of the pipe and
      * the engine's descriptors (its connections, and while one opens c-ares' sockets: one
-     * descriptor for the loop, as 0.4's adapters watch), and its timer is the engine's
-     * deadline. loop NULL: every operation on the workers. */
+     * descriptor for the loop, as 0.4's adapters watch), and of a timerfd at the engine's
+     * deadline (tfd). loop NULL: every operation on the workers. */
     int epfd;
     redsem__loop *loop;
     int loop_fd[REDSEM__LOOP_WATCH_MAX];      /* the descriptors in the set (-1: none) */
     uint32_t loop_ev[REDSEM__LOOP_WATCH_MAX]; /* and their epoll events */
     unsigned loop_gen;    /* the engine's connections' generation they are of */
-    int64_t timer_ns;     /* the timer asked for (0: none, or it fired) */
+    int64_t timer_ns;     /* the time tfd is armed at (0: disarmed, or it fired) */
+    /* the engine's timer: a timerfd in the epoll set, so that epfd becomes readable when a
+     * deadline is due (the loop's timer_fn is not used: docs/design.md 16) */
+    int tfd;
     op_list looping;      /* acquires on the engine */
     /* submitted outside a callback of redsem_async_action() (another thread, or the loop's
      * own between two reports): started by the loop's next report (loop_take), in order */
@@ -724,6 +728,7 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
     }
     for (int j = 0; j < REDSEM__LOOP_WATCH_MAX; j++)
         a->loop_fd[j] = -1;
+    a->tfd = -1;
 #endif
     a->c = client;
     a->pid = getpid();
@@ -746,6 +751,10 @@ int redsem_async_new(redsem_client *client, redsem_async **ret_async)
     return REDSEM_OK;
 }
 
+#if REDSEM_ASYNC_LOOP
+static int loop_timerfd_new(redsem_async *a);
+#endif
+
 int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                           redsem_async_timer_fn timer_fn, void *loop_data)
 {
@@ -757,15 +766,18 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                "this redsem_async was created by process %ld (after fork)",
                                (long)async->pid);
 #if REDSEM_ASYNC_LOOP
-    /* the engine takes the acquires of a one-server client when the loop gives a timer; made
-     * before the loop is published, since other threads may submit from then on */
+    /* the engine takes the operations of a one-server client, its timer a timerfd in the
+     * epoll set (timer_fn given or not); made before the loop is published, since other
+     * threads may submit from then on */
     redsem_client *c = async->c;
     redsem__loop *engine = NULL;
     redsem__renewer *renewer = NULL;
-    if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
+    int tfd = -1;
+    if ((c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
         redsem__loop_new(c, &engine) != REDSEM_OK)
         engine = NULL;
-    if (engine != NULL && redsem__renew_loop_new(c, async->pipefd[1], &renewer) != REDSEM_OK) {
+    if (engine != NULL && ((tfd = loop_timerfd_new(async)) < 0 ||
+                           redsem__renew_loop_new(c, async->pipefd[1], &renewer) != REDSEM_OK)) {
         redsem__loop_free(engine);
         engine = NULL;
     }
@@ -780,6 +792,9 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
 #if REDSEM_ASYNC_LOOP
         async->loop = engine;
         async->renewer = renewer;
+        async->tfd = engine != NULL ? tfd : -1;
+        if (engine != NULL)
+            tfd = -1;
         engine = NULL;
         renewer = NULL;
 #endif
@@ -787,8 +802,14 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
     pthread_mutex_unlock(&async->mu);
 #if REDSEM_ASYNC_LOOP
     redsem__loop_free(engine);
-    if (renewer != NULL)
+    if (renewer != NULL) { /* off the client's list of loop renewers, then freed */
+        redsem__renew_loop_close(renewer);
         redsem__renew_loop_put(renewer);
+    }
+    if (tfd >= 0) { /* not taken */
+        (void)epoll_ctl(async->epfd, EPOLL_CTL_DEL, tfd, NULL);
+        close(tfd);
+    }
 #endif
     if (was)
         return redsem__set_err(async->c, REDSEM_ESTATE, "a loop is set already");
@@ -842,8 +863,36 @@ static int run_callbacks(redsem_async *a)
 #if REDSEM_ASYNC_LOOP
 /* ---------------------------------------------------------------- the loop engine */
 
+/* A timerfd in a's epoll set (the engine's timer), or -1. */
+static int loop_timerfd_new(redsem_async *a)
+{
+    int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    struct epoll_event e = {.events = EPOLLIN, .data.fd = fd};
+    if (fd >= 0 && epoll_ctl(a->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Set the engine's timer to `at` (redsem__now_ns()'s clock, CLOCK_MONOTONIC; 0: none): the
+ * timerfd armed at that time (one in the past fires at once; re-arming clears an expiry not
+ * read yet), or disarmed. The loop's thread. */
+static void loop_timer(redsem_async *a, int64_t at)
+{
+    struct itimerspec its = {.it_value = {(time_t)(at / 1000000000), (long)(at % 1000000000)}};
+    (void)timerfd_settime(a->tfd, TFD_TIMER_ABSTIME, &its, NULL); /* fails on bad args only */
+}
+
+/* Whether the timerfd fired since it was armed (reading it ends its readiness). */
+static bool loop_timer_fired(redsem_async *a)
+{
+    uint64_t expirations;
+    return read(a->tfd, &expirations, sizeof expirations) == sizeof expirations;
+}
+
 /* Tell the loop what the engine wants now: its descriptors in the epoll set with the events
- * they wait for, and its earliest deadline as the loop's one timer. The loop's thread. */
+ * they wait for, and its earliest deadline on the timerfd in the set. The loop's thread. */
 static void loop_sync(redsem_async *a)
 {
     redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX];
@@ -882,12 +931,7 @@ static void loop_sync(redsem_async *a)
     int64_t at = deadline == REDSEM__FOREVER ? 0 : deadline;
     if (at != a->timer_ns) {
         a->timer_ns = at;
-        int64_t ms = -1;
-        if (at != 0) {
-            int64_t left = at - redsem__now_ns();
-            ms = left <= 0 ? 0 : (left + REDSEM__NS_PER_MS - 1) / REDSEM__NS_PER_MS;
-        }
-        a->timer_fn(a, ms, a->loop_data);
+        loop_timer(a, at);
     }
 }
 
@@ -1099,20 +1143,21 @@ static void loop_take(redsem_async *a)
     }
 }
 
-/* The loop's report on epfd or its timer: start what was queued, step the engine, then run
- * the callbacks (what they start begins at once). */
+/* The loop's report on epfd: start what was queued, step the engine (its timer is the
+ * timerfd in the set), then run the callbacks (what they start begins at once). */
 static int loop_action(redsem_async *a, int fd)
 {
     redsem_async *outer = acting;
     acting = a;
     loop_take(a);
-    if (fd == -1)
-        a->timer_ns = 0; /* it fired: the next sync asks again */
-    struct epoll_event ev[REDSEM__LOOP_WATCH_MAX + 1];
-    struct pollfd ready[REDSEM__LOOP_WATCH_MAX + 1];
-    int n = epoll_wait(a->epfd, ev, REDSEM__LOOP_WATCH_MAX + 1, 0), k = 0;
+    (void)fd; /* the epoll set, or -1: a timer of the loop's (none is asked for) */
+    if (loop_timer_fired(a))
+        a->timer_ns = 0; /* it fired: the next sync arms it again */
+    struct epoll_event ev[REDSEM__LOOP_WATCH_MAX + 2];
+    struct pollfd ready[REDSEM__LOOP_WATCH_MAX + 2];
+    int n = epoll_wait(a->epfd, ev, REDSEM__LOOP_WATCH_MAX + 2, 0), k = 0;
     for (int i = 0; i < n; i++)
-        if (ev[i].data.fd != a->pipefd[0])
+        if (ev[i].data.fd != a->pipefd[0] && ev[i].data.fd != a->tfd)
             ready[k++] = (struct pollfd){
                 .fd = ev[i].data.fd,
                 .revents = (short)((ev[i].events & EPOLLIN ? POLLIN : 0) |
@@ -1201,6 +1246,7 @@ static void loop_stop(redsem_async *a)
     for (int j = 0; j < REDSEM__LOOP_WATCH_MAX; j++)
         if (a->loop_fd[j] >= 0)
             (void)epoll_ctl(a->epfd, EPOLL_CTL_DEL, a->loop_fd[j], NULL);
+    loop_timer(a, 0); /* the set stays quiet until the loop is told REDSEM_WATCH_REMOVE */
 }
 #endif
 
@@ -1320,6 +1366,8 @@ void redsem_async_free(redsem_async *async)
          * set is the parent's too, so it is left as it is */
         redsem__loop_free(a->loop);
         close(a->epfd);
+        if (a->tfd >= 0)
+            close(a->tfd);
         for (op *o; (o = list_pop(&a->looping)) != NULL;)
             redsem__free(o);
         for (op *o; (o = list_pop(&a->incoming)) != NULL;)
@@ -1391,6 +1439,8 @@ void redsem_async_free(redsem_async *async)
     }
 #if REDSEM_ASYNC_LOOP
     close(a->epfd);
+    if (a->tfd >= 0)
+        close(a->tfd);
 #endif
     close(a->pipefd[0]);
     close(a->pipefd[1]);

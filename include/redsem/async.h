@@ -128,8 +128,9 @@ REDSEM_API REDSEM_WUR int redsem_async_new(redsem_client *client, redsem_async *
  * the adapters do it for you).
  *
  * @socket_fn   required. Called at once for the descriptor to watch.
- * @timer_fn    may be NULL (redsem asks for no timer at present); if given, called at once
- *              with -1.
+ * @timer_fn    may be NULL (redsem asks for no timer at present: on the loop engine, the
+ *              default build, its deadlines make the one descriptor readable when they are
+ *              due, through a timerfd behind it); if given, called at once with -1.
  * @loop_data   passed back to both, never read by redsem (may be NULL).
  *
  * Returns REDSEM_OK, REDSEM_EINVAL (NULL async or socket_fn), REDSEM_ESTATE (a loop was
