@@ -1,7 +1,12 @@
 /* redsem - the event-loop API (include/redsem/async.h).
  *
- * An operation is its blocking twin run on a worker thread: the same call path, scripts and
- * guarantees (sync and async share one path). Workers are started on demand, up to
+ * Two engines run its operations. The loop engine (REDSEM_ASYNC_LOOP, the default build; the
+ * parts under #if REDSEM_ASYNC_LOOP): a one-server client's operations are state machines of
+ * drive_loop.c stepped on the loop's thread, their descriptors and a timerfd in one epoll
+ * set the loop watches, no thread (docs/design.md sections 12 and 16). The workers (the
+ * rest of this file; every client in a -Dasync_engine=threads build, Sentinel and Cluster
+ * clients in the default one): an operation is its blocking twin run on a worker thread:
+ * the same call path, scripts and guarantees (sync and async share one path). Workers are started on demand, up to
  * REDSEM_ASYNC_WORKERS_MAX; idle ones sleep on a stack, work wakes the last to go idle, and
  * one ends after WORKER_IDLE_MS without work (or sooner: see worker_main). Two queues: the
  * operations that wait (blocking acquires) and the quick ones (the rest); a worker takes a

@@ -483,7 +483,7 @@ static bool retry_later(loop_op *o)
 
 /* o's request, written, ended with the earliest deadline of the requests in flight on its
  * connection (the server stalled: the pipe gives them all up then), before its own: it gives
- * up at its own deadline (o's timer), not earlier, as client.c's give_up_at_own_deadline. Its
+ * up at its own deadline (o's timer), not earlier, as drive_threads.c's give_up_at_own_deadline. Its
  * not-after time (sent with it) was set from its own deadline, and a script that runs after
  * the caller gave up must find it passed. */
 static void give_up_late(loop_op *o, int64_t deadline_ns)
