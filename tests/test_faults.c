@@ -107,25 +107,6 @@ STRATEGY_TEST(faults, restart_gives_a_clear_error_then_recovers, TO)
     ts_server_stop(&srv);
 }
 
-struct restarter {
-    ts_server *srv;
-    atomic_int done;
-    atomic_int restarted;
-    int rc;
-};
-
-/* Restarts the server after 300 ms, then stays alive (the server dies with its thread). */
-static void *restart_later(void *arg)
-{
-    struct restarter *r = arg;
-    usleep(300000);
-    r->rc = ts_server_restart(r->srv);
-    atomic_store(&r->restarted, 1);
-    while (!atomic_load(&r->done))
-        usleep(10000);
-    return NULL;
-}
-
 STRATEGY_TEST(faults, retry_window_rides_out_a_short_outage, TO)
 {
     ts_server srv;
@@ -134,9 +115,9 @@ STRATEGY_TEST(faults, retry_window_rides_out_a_short_outage, TO)
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, "outage", strategy, 1, 5000, &s));
     ts_server_kill(&srv);
-    struct restarter r = {.srv = &srv};
+    tf_restarter r = {.srv = &srv};
     pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, restart_later, &r), 0);
+    cr_assert_eq(pthread_create(&t, NULL, tf_restart_later, &r), 0);
     redsem_permit *p = NULL;
     OK(c, redsem_sem_try_acquire(s, &p));
     redsem_client_stats st;
@@ -460,11 +441,11 @@ Test(faults, server_loading_its_data_is_waited_for_within_the_retry_window, TO)
     redsem_permit *p = NULL;
     OK(c, redsem_sem_try_acquire(s, &p));
     ts_server_kill(&srv);
-    struct restarter r = {.srv = &srv};
+    tf_restarter r = {.srv = &srv};
     pthread_t t;
     r.rc = -1;
     /* restart_later waits 300 ms; the load then takes ~1.5 s */
-    cr_assert_eq(pthread_create(&t, NULL, restart_later, &r), 0);
+    cr_assert_eq(pthread_create(&t, NULL, tf_restart_later, &r), 0);
     while (!atomic_load(&r.restarted)) {
         /* ts_server_restart returns once PING answers, i.e. after the load: poll the socket
          * ourselves to act while the server is still loading */

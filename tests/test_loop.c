@@ -589,25 +589,6 @@ Test(loop, a_request_behind_a_stalled_one_gives_up_at_its_own_deadline, .timeout
     ts_server_stop(&srv);
 }
 
-struct restarter {
-    ts_server *srv;
-    atomic_int done;
-    atomic_int restarted;
-    int rc;
-};
-
-/* Restarts the server after 300 ms, then stays alive (the server dies with its thread). */
-static void *restart_later(void *arg)
-{
-    struct restarter *r = arg;
-    usleep(300000);
-    r->rc = ts_server_restart(r->srv);
-    atomic_store(&r->restarted, 1);
-    while (!atomic_load(&r->done))
-        usleep(10000);
-    return NULL;
-}
-
 /* A server restarted and loading its AOF (key-load-delay: ~1.5 s) answers LOADING: the
  * engine reconnects, waits on its timer and sends again within the retry window, so a try
  * on the loop finds the permit the AOF kept (REDSEM_EBUSY) and its release ends OK. */
@@ -632,9 +613,9 @@ Test(loop, a_server_loading_its_data_is_waited_for_on_the_loop, .timeout = 60)
     run_until(l, &o[0], 1);
     OK(c, o[0].rc);
     ts_server_kill(&srv);
-    struct restarter r = {.srv = &srv, .rc = -1};
+    tf_restarter r = {.srv = &srv, .rc = -1};
     pthread_t t;
-    cr_assert_eq(pthread_create(&t, NULL, restart_later, &r), 0);
+    cr_assert_eq(pthread_create(&t, NULL, tf_restart_later, &r), 0);
     while (!atomic_load(&r.restarted)) {
         char pong[64] = "";
         if (ts_command(&srv, pong, sizeof pong, "PING", NULL) != 0 &&

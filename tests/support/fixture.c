@@ -141,3 +141,14 @@ size_t tf_waiters(redsem_sem *sem)
     redsem_status_free(st);
     return n;
 }
+
+void *tf_restart_later(void *arg)
+{
+    tf_restarter *r = arg;
+    usleep(300000);
+    r->rc = ts_server_restart(r->srv);
+    atomic_store(&r->restarted, 1);
+    while (!atomic_load(&r->done))
+        usleep(10000);
+    return NULL;
+}

@@ -5,6 +5,7 @@
 #define REDSEM_TEST_FIXTURE_H
 
 #include <criterion/criterion.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/wait.h>
 
@@ -33,6 +34,17 @@ int64_t tf_now_ms(void);
 /* Waiters of sem on the server now (redsem_sem_status()). */
 size_t tf_waiters(redsem_sem *sem);
 void tf_sleep_ms(int64_t ms);
+
+/* A server restarted from another thread: tf_restart_later(r) (a pthread start routine)
+ * restarts r->srv after 300 ms (rc: ts_server_restart's), sets restarted, then stays alive
+ * until done is set (the server dies with the thread that started it). */
+typedef struct tf_restarter {
+    ts_server *srv;
+    atomic_int done;
+    atomic_int restarted;
+    int rc;
+} tf_restarter;
+void *tf_restart_later(void *arg);
 
 /* Assert that expr returned want; on failure print the name and the client's message. */
 void tf_expect(redsem_client *c, int got, int want, const char *expr, const char *file,
