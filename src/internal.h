@@ -645,9 +645,11 @@ typedef struct redsem__loop_watch {
     int fd;
     short events; /* POLLIN, POLLOUT */
 } redsem__loop_watch;
-/* The most descriptors wants names: per connection, its socket, or while it opens its socket
- * and c-ares' (net/dial.c). */
-#define REDSEM__LOOP_WATCH_MAX (2 * (REDSEM__DIAL_SOCKS + 1))
+/* The most descriptors wants names: per connection (at most REDSEM__LOOP_CONNS_MAX: a
+ * request and a wait connection, or a Cluster client's per node), its socket, or while it
+ * opens its socket and c-ares' (net/dial.c). */
+#define REDSEM__LOOP_CONNS_MAX 16
+#define REDSEM__LOOP_WATCH_MAX (REDSEM__LOOP_CONNS_MAX * (REDSEM__DIAL_SOCKS + 1))
 int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX],
                        int64_t *deadline_ns);
 struct pollfd;
