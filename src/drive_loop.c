@@ -14,7 +14,13 @@
  * through net/dial.c; then its handshake as one request on its pipe, judged by node.c's
  * redsem__handshake_judge; open): the requests sent meanwhile wait behind it in the pipe
  * (held) and end with the connect's code, never written, if it fails.
- * Not yet: a Sentinel or a Cluster client (docs/design.md section 16). */
+ * A Cluster client: a slot map of the engine's own (cluster.c's, read by CLUSTER SLOTS on
+ * the loop: map_ask), a request connection per node, each call sent to the node of its first
+ * key's slot (call_conn); MOVED, ASK, TRYAGAIN and CLUSTERDOWN judged as a lane judges them
+ * (redsem__cluster_redirected) and followed as states of the op (op_redirected): at once to
+ * the node named, or after a pause within the retry window; a lost node asks for the map
+ * again. Its waiters poll (no BLPOP: one takes the keys of one slot only).
+ * Not yet: a Sentinel client (docs/design.md section 16). */
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -475,8 +481,10 @@ static void map_ask(redsem__loop *l, const loop_conn *avoid)
     redsem__args_str(&a, "CLUSTER");
     redsem__args_str(&a, "SLOTS");
     l->mapq = (redsem__preq){.nreplies = 1, .done = map_done, .arg = l};
-    if (lc == NULL || send_cmd(l, lc, &l->mapq, &a) != REDSEM_OK)
+    if (lc == NULL || send_cmd(l, lc, &l->mapq, &a) != REDSEM_OK) {
+        l->map_next = idx + 1; /* the next node, at the next ask */
         return;
+    }
     t->refreshed_ns = now;
     l->map_pending = true;
     l->map_idx = idx;
@@ -841,8 +849,8 @@ static void op_reply(loop_op *o)
     if (q->rc != REDSEM_OK) {
         o->maybe = o->maybe || q->written;
         int rc = redsem__set_err(c, q->rc, "%s", o->err);
-        if (rc == REDSEM_ECONN && l->topo != NULL) /* a failover may have moved its slots */
-            map_ask(l, o->lc);
+        if ((rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) && l->topo != NULL)
+            map_ask(l, o->lc); /* a failover may have moved its slots: the others asked first */
         if (rc == REDSEM_ECONN && retry_later(o))
             return; /* timeouts are not retried: the server may be stalled */
         if (rc == REDSEM_ETIMEDOUT && o->maybe && redsem__now_ns() < q->deadline_ns) {
