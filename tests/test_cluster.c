@@ -1262,3 +1262,50 @@ Test(cluster, the_event_loop_api_follows_a_moved_slot, TO)
     redsem_client_free(cl);
     ts_cluster_stop(&c);
 }
+
+/* A slot half-moved (IMPORTING / MIGRATING, the semaphore's keys on the importing node)
+ * while an acquire runs on the loop: the old owner answers ASK, the importing node (ASKING and
+ * the call in one write) TRYAGAIN while not every key of the call is there; the op pauses on
+ * its timer and sends again within its retry window, the loop keeps running; once the move
+ * ends the call is MOVED to the new owner and granted. */
+Test(cluster, the_event_loop_api_waits_out_a_migration, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_client *cl = client(&c, 20000);
+    cl_loop x = {.fd = -1, .timer_at = -1};
+    OK(cl, redsem_async_new(cl, &x.a));
+    OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+    const char *name = "loopasked";
+    int slot = slot_of(&c, name);
+    int from = ts_cluster_owner(&c, 0, slot), to = (from + 1) % 3;
+    char s[16];
+    snprintf(s, sizeof s, "%d", slot);
+    cr_assert_eq(ts_command(&c.node[to], NULL, 0, "CLUSTER", "SETSLOT", s, "IMPORTING",
+                            c.id[from], NULL), 0);
+    cr_assert_eq(ts_command(&c.node[from], NULL, 0, "CLUSTER", "SETSLOT", s, "MIGRATING",
+                            c.id[to], NULL), 0);
+    redsem_sem *sem = NULL;
+    OK(cl, redsem_sem_open(cl, name, REDSEM_STRATEGY_BASIC, 1, 5000, &sem));
+    redsem_client_stats st;
+    OK(cl, redsem_client_get_stats(cl, &st));
+    uint64_t redirects = st.redirects, retries = st.retries;
+    cl_op op = {0};
+    cr_assert_eq(redsem_sem_acquire_async(x.a, sem, 1, 15000, cl_done, &op, NULL), REDSEM_OK);
+    cl_op none = {0};
+    (void)cl_run(&x, &none, 300);
+    OK(cl, redsem_client_get_stats(cl, &st));
+    cr_expect(st.redirects > redirects, "no ASK followed on the loop");
+    cr_expect(st.retries > retries, "no TRYAGAIN waited out on the loop");
+    cr_expect_eq(op.done, 0, "granted before the move ended");
+    for (int i = 0; i < 3; i++)
+        (void)ts_command(&c.node[i], NULL, 0, "CLUSTER", "SETSLOT", s, "NODE", c.id[to], NULL);
+    cr_assert(cl_run(&x, &op, 30000), "the acquire was not called back");
+    cr_expect_eq(op.rc, REDSEM_OK, "%s", redsem_err_name(op.rc));
+    if (op.permit != NULL)
+        cr_expect_eq(cl_release(&x, op.permit), REDSEM_OK);
+    redsem_sem_free(sem);
+    redsem_async_free(x.a);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
