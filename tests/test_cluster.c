@@ -1309,3 +1309,37 @@ Test(cluster, the_event_loop_api_waits_out_a_migration, TO)
     redsem_client_free(cl);
     ts_cluster_stop(&c);
 }
+
+/* The engine's connection to a node is killed between two acquires on the loop: the next
+ * one's request is lost with it, the map is asked for again and the request sent again on a
+ * new connection within the retry window: granted, one permit. */
+Test(cluster, the_event_loop_api_resends_after_a_lost_node_connection, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_client *cl = client(&c, 5000);
+    cl_loop x = {.fd = -1, .timer_at = -1};
+    OK(cl, redsem_async_new(cl, &x.a));
+    OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loopkilled", REDSEM_STRATEGY_BASIC, 2, 10000, &s));
+    redsem_permit *p = NULL, *p2 = NULL;
+    cr_assert_eq(cl_acquire(&x, s, 1000, &p), REDSEM_OK);
+    int owner = ts_cluster_owner(&c, 0, slot_of(&c, "loopkilled"));
+    cr_assert_eq(ts_command(&c.node[owner], NULL, 0, "CLIENT", "KILL", "TYPE", "normal", NULL), 0);
+    redsem_client_stats st;
+    OK(cl, redsem_client_get_stats(cl, &st));
+    uint64_t connects = st.connects;
+    cr_expect_eq(cl_acquire(&x, s, 1000, &p2), REDSEM_OK);
+    OK(cl, redsem_client_get_stats(cl, &st));
+    cr_expect(st.connects > connects, "no new connection");
+    cr_expect_eq(cl_holders(s), 2);
+    cr_expect_eq(cl_release(&x, p), REDSEM_OK);
+    if (p2 != NULL)
+        cr_expect_eq(cl_release(&x, p2), REDSEM_OK);
+    cr_expect_eq(cl_holders(s), 0);
+    redsem_sem_free(s);
+    redsem_async_free(x.a);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
