@@ -615,9 +615,10 @@ int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
                          int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
                          const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE]);
 /* The event-loop driver of acquires (drive_loop.c): one connection of its own to a
- * one-server client's server, stepped by an event loop on one
+ * one-server client's server (a Cluster client's: one per node, by the key's slot), stepped
+ * by an event loop on one
  * thread; it starts no thread and never sleeps (nor does a connect: net/dial.c). new: made,
- * not connected yet (REDSEM_EINVAL for another client). acquire: start one acquire of
+ * not connected yet (REDSEM_EINVAL for a Sentinel client). acquire: start one acquire of
  * q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare); done(arg, rc,
  * permit) runs once from inside redsem__loop_step (or from here, if it is decided without
  * I/O), and *ret_cancel (may be NULL) is its cancel flag, valid until then. wants: the
