@@ -1343,3 +1343,35 @@ Test(cluster, the_event_loop_api_resends_after_a_lost_node_connection, TO)
     redsem_client_free(cl);
     ts_cluster_stop(&c);
 }
+
+/* The primary serving a semaphore is killed (SIGKILL) while the event-loop API uses it: the
+ * next acquire on the loop finds its node gone (refused), asks the other nodes for the map
+ * and sends again within its retry window until the map names the promoted replica: granted
+ * there, the loop never blocked. */
+Test(cluster_failover, the_event_loop_api_follows_a_failover, TO)
+{
+    ts_cluster c;
+    start(&c, 1);
+    redsem_client *cl = client(&c, 30000);
+    cl_loop x = {.fd = -1, .timer_at = -1};
+    OK(cl, redsem_async_new(cl, &x.a));
+    OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loopfailed", REDSEM_STRATEGY_BASIC, 2, 60000, &s));
+    redsem_permit *p = NULL, *p2 = NULL;
+    cr_assert_eq(cl_acquire(&x, s, 1000, &p), REDSEM_OK);
+    int slot = slot_of(&c, "loopfailed");
+    int primary = ts_cluster_owner(&c, 0, slot), replica = primary + 3;
+    kill(c.node[primary].pid, SIGKILL);
+    waitpid(c.node[primary].pid, NULL, 0);
+    c.node[primary].pid = 0;
+    cr_expect_eq(cl_acquire(&x, s, 25000, &p2), REDSEM_OK, "after the failover");
+    cr_expect_eq(ts_cluster_owner(&c, replica, slot), replica, "the replica was not promoted");
+    if (p2 != NULL)
+        cr_expect_eq(cl_release(&x, p2), REDSEM_OK);
+    redsem_permit_free(p); /* held on the killed primary: its lease lapses */
+    redsem_sem_free(s);
+    redsem_async_free(x.a);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
