@@ -18,7 +18,13 @@
  * through net/dial.c; then its handshake as one request on its pipe, judged by node.c's
  * redsem__handshake_judge; open): the requests sent meanwhile wait behind it in the pipe
  * (held) and end with the connect's code, never written, if it fails.
- * Not yet: a Sentinel or a Cluster client (docs/design.md section 16). */
+ * A Cluster client: a slot map of the engine's own (cluster.c's, read by CLUSTER SLOTS on
+ * the loop: map_ask), a request connection per node, each call sent to the node of its first
+ * key's slot (call_conn); MOVED, ASK, TRYAGAIN and CLUSTERDOWN judged as a lane judges them
+ * (redsem__cluster_redirected) and followed as states of the op (op_redirected): at once to
+ * the node named, or after a pause within the retry window; a lost node asks for the map
+ * again. Its waiters poll (no BLPOP: one takes the keys of one slot only).
+ * Not yet: a Sentinel client (docs/design.md section 16). */
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,6 +43,7 @@ typedef struct loop_retry {
 } loop_retry;
 
 typedef struct loop_op loop_op;
+typedef struct loop_conn loop_conn;
 struct loop_op {
     redsem__acq_state s;
     redsem__loop *loop;
@@ -54,6 +61,14 @@ struct loop_op {
     bool sync_turn;      /* ... and its turn came (queued again first if it was taken) */
     loop_op *sync_next;  /* queued behind the WAIT in flight (loop's sync_head) */
     char err[256];       /* why its request failed (the pipe's text, kept) */
+    loop_conn *lc;       /* the connection its request went to (route) */
+    /* a Cluster client's: where a redirection sends its next copy (to: an index of the
+     * map's nodes, with ASKING first after an ASK), the redirections of its call, and
+     * whether its pause waits for the slot map (map_wait: woken by its reply) */
+    bool redirected, asking, mapwait;
+    size_t to;
+    int hops;
+    int64_t map_until;
     /* a grant that did not reach the replicas: given back (the release of gb), then the
      * acquire ends with the error text why kept from its attempt */
     bool giveback;
@@ -80,7 +95,7 @@ enum { LC_CLOSED, LC_RESOLVING, LC_CONNECTING, LC_TLS, LC_HANDSHAKE, LC_OPEN };
 
 /* One connection of the engine: a node (its handshake, its error replies) and its pipe. While
  * it opens, the requests sent wait in the pipe behind its handshake (held back). */
-typedef struct loop_conn {
+struct loop_conn {
     redsem__node node;
     redsem__pipe pipe;
     int state;
@@ -92,11 +107,14 @@ typedef struct loop_conn {
     bool hs_replied;      /* ... which has ended, judged: */
     int hs_rc;
     char hs_err[256];
-} loop_conn;
+};
 
 #define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
 #define LOOP_PEND_MAX 256
 #define LOOP_PEND_NS (10000 * REDSEM__NS_PER_MS)
+/* a Cluster client: the nodes the engine holds a connection to at once (the rest of
+ * REDSEM__LOOP_CONNS_MAX are req and wait, unused there) */
+#define LOOP_NODES_MAX (REDSEM__LOOP_CONNS_MAX - 2)
 
 struct redsem__loop {
     redsem_client *c;
@@ -129,20 +147,39 @@ struct redsem__loop {
      * once (as wake.c's pending ids), kept LOOP_PEND_NS at most */
     char *pend[LOOP_PEND_MAX];
     int64_t pend_at[LOOP_PEND_MAX];
+    /* a Cluster client: a slot map of its own (cluster.c's, read by CLUSTER SLOTS on the
+     * loop: map_ask), and per node of it (by its index in topo->nodes) a request
+     * connection, made on first use (node_conn); NULL: one server (req and wait) */
+    redsem__topo *topo;
+    loop_conn **nconn;
+    int nconns;
+    redsem__preq mapq; /* the CLUSTER SLOTS in flight, to topo->nodes[map_idx] */
+    bool map_pending, map_replied;
+    size_t map_idx, map_next; /* ... and the node asked first next time */
+    int route_rc; /* why call_conn or node_conn found no connection (the text set) */
 };
+
+static int cluster_new(redsem__loop *l, char *err, size_t errlen);
+static void cluster_free(redsem__loop *l);
 
 int redsem__loop_new(redsem_client *c, redsem__loop **ret)
 {
-    if (c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX)
-        return redsem__set_err(c, REDSEM_EINVAL, "the loop driver takes a one-server client");
+    bool cluster = c->ep.kind == REDSEM__EP_CLUSTER;
+    if (c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX && !cluster)
+        return redsem__set_err(c, REDSEM_EINVAL, "the loop driver takes a one-server or a "
+                               "Cluster client");
     redsem__loop *l = redsem__calloc(1, sizeof *l);
     if (l == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     l->c = c;
     char err[REDSEM__ERRMSG_LEN] = "";
     loop_conn *lcs[2] = {&l->req, &l->wait};
+    redsem__endpoint ep = c->ep; /* a cluster's req and wait: its first seed, never opened */
+    if (cluster)
+        ep = (redsem__endpoint){.kind = REDSEM__EP_TCP, .host = c->ep.hosts[0].host,
+                                .port = c->ep.hosts[0].port};
     for (int i = 0; i < 2; i++) {
-        int rc = redsem__node_init(&lcs[i]->node, &l->ctx, &c->ep, &c->cfg, err, sizeof err);
+        int rc = redsem__node_init(&lcs[i]->node, &l->ctx, &ep, &c->cfg, err, sizeof err);
         if (rc != REDSEM_OK) {
             if (i == 1)
                 redsem__node_close(&l->req.node);
@@ -152,6 +189,14 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret)
         /* one server: the client's clock and script cache */
         lcs[i]->node.clock = &c->clock;
         lcs[i]->node.scripts = &c->scripts;
+    }
+    int crc = cluster ? cluster_new(l, err, sizeof err) : REDSEM_OK;
+    if (crc != REDSEM_OK) {
+        cluster_free(l);
+        for (int i = 0; i < 2; i++)
+            redsem__node_close(&lcs[i]->node);
+        redsem__free(l);
+        return redsem__set_err(c, crc, "%s", err);
     }
     char tag[REDSEM_ID_BUFSIZE];
     (void)redsem__new_id(tag);
@@ -324,18 +369,196 @@ static int64_t open_deadline(const loop_conn *lc)
     return d;
 }
 
+/* ---------------------------------------------------------------- a Cluster client's routing */
+
+static int cluster_new(redsem__loop *l, char *err, size_t errlen)
+{
+    l->topo = redsem__calloc(1, sizeof *l->topo);
+    l->nconn = redsem__calloc(REDSEM__CLUSTER_NODES_MAX, sizeof *l->nconn);
+    if (l->topo == NULL || l->nconn == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return REDSEM_ENOMEM;
+    }
+    int rc = redsem__topo_init(l->topo, &l->ctx, &l->c->ep, &l->c->cfg, err, errlen);
+    l->topo->seed_first = &l->c->seed_first; /* asked first, as by a new lane */
+    return rc;
+}
+
+/* Close lc and end what it holds: its requests end with ECONN (their ops resend). */
+static void conn_close(redsem__loop *l, loop_conn *lc, const char *why)
+{
+    conn_fail(l, lc, REDSEM_ECONN, why);
+    redsem__pipe_reset(&lc->pipe);
+    redsem__node_disconnect(&lc->node);
+}
+
+static void cluster_free(redsem__loop *l)
+{
+    for (size_t i = 0; l->nconn != NULL && i < REDSEM__CLUSTER_NODES_MAX; i++)
+        if (l->nconn[i] != NULL) {
+            redsem__dial_cancel(&l->nconn[i]->dial);
+            l->nconn[i]->state = LC_CLOSED;
+            redsem__pipe_reset(&l->nconn[i]->pipe); /* requests end (not called back) */
+            redsem__node_close(&l->nconn[i]->node);
+            redsem__free(l->nconn[i]);
+        }
+    redsem__free(l->nconn);
+    if (l->topo != NULL && l->topo->kind == REDSEM__TOPO_CLUSTER)
+        redsem__topo_close(l->topo);
+    redsem__free(l->topo);
+}
+
+/* The connection to the node at index i of the map's table (a cluster node: its redirections
+ * are judged, its scripts and clock its own), made (not opened) on first use. A node the
+ * table dropped since (its entry now another address) has its connection closed and set up
+ * anew. NULL (the error set) if it cannot be set up, or LOOP_NODES_MAX are in use. */
+static loop_conn *node_conn(redsem__loop *l, size_t i)
+{
+    const redsem__node *tn = l->topo->nodes[i];
+    loop_conn *lc = l->nconn[i];
+    if (tn == NULL) {
+        l->route_rc = redsem__set_err(l->c, REDSEM_ESERVER, "the cluster node was dropped");
+        return NULL;
+    }
+    if (lc != NULL && lc->node.ep.port == tn->ep.port && strcmp(lc->node.ep.host, tn->ep.host) == 0)
+        return lc;
+    if (lc != NULL) {
+        conn_close(l, lc, "the cluster node left the slot map");
+        redsem__node_close(&lc->node);
+        l->nconns--;
+    } else if (l->nconns >= LOOP_NODES_MAX) {
+        l->route_rc = redsem__set_err(l->c, REDSEM_ESERVER, "more than %d cluster nodes in use on one "
+                              "event loop", LOOP_NODES_MAX);
+        return NULL;
+    } else if ((lc = redsem__calloc(1, sizeof *lc)) == NULL) {
+        l->route_rc = redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+        return NULL;
+    }
+    char err[REDSEM__ERRMSG_LEN] = "";
+    int rc = redsem__node_init(&lc->node, &l->ctx, &tn->ep, &l->c->cfg, err, sizeof err);
+    if (rc != REDSEM_OK) {
+        redsem__node_close(&lc->node);
+        redsem__free(lc);
+        l->nconn[i] = NULL;
+        l->route_rc = redsem__set_err(l->c, rc, "%s", err);
+        return NULL;
+    }
+    lc->node.cluster = true;
+    l->nconn[i] = lc;
+    l->nconns++;
+    return lc;
+}
+
+/* The connection call goes to: one server's, or in a cluster the node serving the slot of
+ * its first key as the map says; NULL: none known yet (a cluster's map does not name one),
+ * or node_conn's failure. */
+static loop_conn *call_conn(redsem__loop *l, const redsem__call *call)
+{
+    if (l->topo == NULL)
+        return &l->req;
+    int slot = redsem__key_slot(call->nkeys > 0 ? call->ka.v[0] : "", call->nkeys > 0 ? call->ka.len[0] : 0);
+    uint16_t at = l->topo->slots[slot];
+    if (at == 0) {
+        l->route_rc = redsem__set_err(l->c, REDSEM_ESERVER, "no cluster node serves hash slot %d", slot);
+        return NULL;
+    }
+    return node_conn(l, at - 1);
+}
+
+static int send_cmd(redsem__loop *l, loop_conn *lc, redsem__preq *q, redsem__args *a);
+
+static void map_done(redsem__preq *q, void *arg)
+{
+    (void)q;
+    ((redsem__loop *)arg)->map_replied = true;
+}
+
+/* Read the slot map again on the loop (cluster.c's CLUSTER SLOTS as a request): one at a
+ * time, at most every REDSEM__CLUSTER_REFRESH_MS (a failed one lets the next go at once);
+ * the seeds join the table, and the node asked is the next one after the last that answered
+ * (or failed), avoid (a node that just did not answer) only if no other is known. */
+static void map_ask(redsem__loop *l, const loop_conn *avoid)
+{
+    redsem__topo *t = l->topo;
+    int64_t now = redsem__now_ns();
+    if (l->map_pending || now - t->refreshed_ns < REDSEM__CLUSTER_REFRESH_MS * REDSEM__NS_PER_MS)
+        return;
+    size_t idx;
+    for (size_t i = 0; i < t->given.nhosts; i++)
+        (void)redsem__cluster_node_at(t, t->given.hosts[i].host, t->given.hosts[i].port, &idx);
+    loop_conn *lc = NULL;
+    for (size_t k = 0; k < t->nnodes && (lc == NULL || lc == avoid); k++) {
+        idx = (l->map_next + k) % t->nnodes;
+        lc = t->nodes[idx] != NULL ? node_conn(l, idx) : NULL;
+    }
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, "CLUSTER");
+    redsem__args_str(&a, "SLOTS");
+    l->mapq = (redsem__preq){.nreplies = 1, .done = map_done, .arg = l};
+    if (lc == NULL || send_cmd(l, lc, &l->mapq, &a) != REDSEM_OK) {
+        l->map_next = idx + 1; /* the next node, at the next ask */
+        return;
+    }
+    t->refreshed_ns = now;
+    l->map_pending = true;
+    l->map_idx = idx;
+}
+
+/* The map's reply: read into the map (cluster.c), and the ops whose pause waits for it sent
+ * now; a failure lets the next node be asked at once. */
+static void map_reply(redsem__loop *l)
+{
+    redsem__topo *t = l->topo;
+    l->map_pending = l->map_replied = false;
+    redisReply *r = l->mapq.rc == REDSEM_OK ? l->mapq.replies[0] : NULL;
+    redsem__node *asked = t->nodes[l->map_idx];
+    char err[REDSEM__ERRMSG_LEN];
+    int rc = r == NULL || asked == NULL || r->type == REDIS_REPLY_ERROR
+                 ? REDSEM_ECONN
+                 : redsem__cluster_read_map(t, asked, r, err, sizeof err);
+    if (r != NULL)
+        freeReplyObject(r);
+    l->map_next = rc == REDSEM_OK ? l->map_idx : l->map_idx + 1;
+    if (rc != REDSEM_OK) {
+        t->refreshed_ns = 0;
+        return;
+    }
+    for (loop_op *o = l->ops; o != NULL; o = o->next)
+        if (o->mapwait && o->resend)
+            o->wake_ns = 1;
+}
+
 /* Whether call is followed by WAIT (a write that must reach the client's replicas). */
 static bool call_syncs(const redsem__loop *l, const redsem__call *call)
 {
     return (call->flags & REDSEM__REQ_SYNC) && l->c->sync_replicas > 0;
 }
 
-/* Queue call on the pipe as q: [SCRIPT LOAD body] EVALSHA sha nkeys keys args [WAIT n
- * timeout], in one write (node.c's format_requests); q->nreplies set; counted in the
- * loop's stats as a lane counts (the SCRIPT LOAD in script_loads, WAIT as a request). */
-static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call, bool load)
+/* Queue the command a on lc's pipe as q (one reply), with a command timeout. */
+static int send_cmd(redsem__loop *l, loop_conn *lc, redsem__preq *q, redsem__args *a)
 {
-    int rc = conn_open(l, &l->req);
+    char *cmd = NULL;
+    int len = redsem__args_format(a, &cmd);
+    int rc = len < 0 ? REDSEM_ENOMEM : conn_open(l, lc);
+    q->deadline_ns = redsem__now_ns() + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (rc == REDSEM_OK)
+        rc = redsem__pipe_send(&lc->pipe, q, cmd, (size_t)len);
+    if (rc == REDSEM_OK)
+        REDSEM__COUNT(&l->ctx, requests, 1);
+    redisFreeCommand(cmd);
+    return rc;
+}
+
+#define LOOP_ASKING "*1\r\n$6\r\nASKING\r\n"
+
+/* Queue call on lc's pipe as q: [ASKING] [SCRIPT LOAD body] EVALSHA sha nkeys keys args
+ * [WAIT n timeout], in one write (node.c's format_requests); q->nreplies set; counted in the
+ * loop's stats as a lane counts (the SCRIPT LOAD in script_loads, WAIT as a request). */
+static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const redsem__call *call,
+                     bool load, bool asking)
+{
+    int rc = conn_open(l, lc);
     if (rc != REDSEM_OK)
         return rc;
     const redsem__script_def *d = &redsem__script_defs[call->script];
@@ -359,27 +582,29 @@ static int send_call(redsem__loop *l, redsem__preq *q, const redsem__call *call,
     int plen = load ? redsem__args_format(&la, &pre) : 0;
     int clen = redsem__args_format(&a, &cmd);
     int wlen = sync ? redsem__args_format(&wa, &post) : 0;
-    size_t len = (size_t)plen + (size_t)clen + (size_t)wlen;
+    size_t alen = asking ? strlen(LOOP_ASKING) : 0;
+    size_t len = alen + (size_t)plen + (size_t)clen + (size_t)wlen;
     char *buf = plen >= 0 && clen >= 0 && wlen >= 0 ? redsem__malloc(len) : NULL;
     if (buf != NULL) {
+        memcpy(buf, LOOP_ASKING, alen);
         if (plen > 0)
-            memcpy(buf, pre, (size_t)plen);
-        memcpy(buf + plen, cmd, (size_t)clen);
+            memcpy(buf + alen, pre, (size_t)plen);
+        memcpy(buf + alen + plen, cmd, (size_t)clen);
         if (wlen > 0)
-            memcpy(buf + plen + clen, post, (size_t)wlen);
-        q->nreplies = (load ? 2 : 1) + (sync ? 1 : 0);
+            memcpy(buf + alen + plen + clen, post, (size_t)wlen);
+        q->nreplies = (asking ? 1 : 0) + (load ? 2 : 1) + (sync ? 1 : 0);
         int64_t cap = call->cap_ns;
         q->deadline_ns = redsem__now_ns() + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
         if (cap != 0 && cap < q->deadline_ns)
             q->deadline_ns = cap;
-        rc = redsem__pipe_send(&l->req.pipe, q, buf, len);
+        rc = redsem__pipe_send(&lc->pipe, q, buf, len);
     } else {
         rc = REDSEM_ENOMEM;
     }
     if (rc == REDSEM_OK) {
         REDSEM__COUNT(&l->ctx, requests, sync ? 2 : 1);
         REDSEM__COUNT(&l->ctx, script_loads, load ? 1 : 0);
-        if (l->req.pipe.inflight > 1)
+        if (lc->pipe.inflight > 1)
             REDSEM__COUNT(&l->ctx, pipelined, 1);
     }
     redsem__free(buf);
@@ -408,8 +633,9 @@ static void push_wakeups(redsem__loop *l, const char *sigprefix, redisReply *wra
         if (p == NULL)
             break;
         p->req.done = push_done;
-        bool load = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
-        if (send_call(l, &p->req, &wc->call, load) != REDSEM_OK)
+        loop_conn *lc = call_conn(l, &wc->call);
+        bool load = lc != NULL && !atomic_load(&lc->node.scripts->sent[REDSEM__SCRIPT_WAKE_PUSH]);
+        if (lc == NULL || send_call(l, lc, &p->req, &wc->call, load, false) != REDSEM_OK)
             redsem__free(p);
     }
     redsem__free(wc);
@@ -421,7 +647,7 @@ static void op_done(redsem__preq *q, void *arg)
     loop_op *o = arg;
     o->replied = true;
     if (q->rc != REDSEM_OK) /* the pipe's text now: a new connection clears it */
-        snprintf(o->err, sizeof o->err, "%s", o->loop->req.pipe.err);
+        snprintf(o->err, sizeof o->err, "%s", o->lc->pipe.err);
 }
 
 /* Send the call of o's current stage; a failure to send is the attempt's outcome. */
@@ -437,6 +663,8 @@ static void op_call(loop_op *o)
     o->noscript = 0;
     o->maybe = false;
     o->rw.until = 0;
+    o->hops = 0;
+    o->map_until = 0;
     op_send(o);
 }
 
@@ -470,11 +698,20 @@ static bool retry_pause(redsem__loop *l, loop_retry *w, int64_t cap_ns, int64_t 
 }
 
 /* o's request was lost or came back LOADING: whether its call (with REDSEM__REQ_RETRY) goes
- * again after a pause within its window (retry_pause), o's timer (o->resend). */
+ * again after a pause within its window (pause_resend). */
+static bool pause_resend(loop_op *o);
+
 static bool retry_later(loop_op *o)
 {
-    if (!(o->call.flags & REDSEM__REQ_RETRY) ||
-        !retry_pause(o->loop, &o->rw, o->call.cap_ns, &o->wake_ns))
+    return (o->call.flags & REDSEM__REQ_RETRY) && pause_resend(o);
+}
+
+/* retry_later's pause within o's window (retry_pause), for any call (a cluster's refusal:
+ * nothing ran): o's timer (o->resend), never a sleep. */
+static bool pause_resend(loop_op *o)
+{
+    o->mapwait = false;
+    if (!retry_pause(o->loop, &o->rw, o->call.cap_ns, &o->wake_ns))
         return false;
     o->resend = true;
     o->waiting = false;
@@ -572,6 +809,54 @@ static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info 
     op_step(o);
 }
 
+/* o's call was redirected or refused by a cluster node (MOVED, ASK, TRYAGAIN, CLUSTERDOWN):
+ * judged as a blocking routed call is (redsem__cluster_redirected): sent at once where it
+ * names (after an ASK with ASKING, once), or again after a pause within its retry window
+ * (nothing ran); the map read again on the loop when it may have changed. */
+static void op_redirected(loop_op *o, redsem__req_info *info)
+{
+    redsem__loop *l = o->loop;
+    bool again = false;
+    int rc = redsem__cluster_redirected(l->topo, &o->lc->node.redirect, &o->hops, &o->to,
+                                        &o->asking, &again);
+    if (again)
+        map_ask(l, NULL);
+    if (rc == REDSEM_OK) {
+        o->redirected = true;
+        op_send(o);
+        return;
+    }
+    rc = redsem__set_err(l->c, rc, "%s", l->ctx.errmsg);
+    if (rc == REDSEM_ESERVER && pause_resend(o))
+        return;
+    attempt_outcome(o, rc, NULL, info);
+}
+
+/* o's call has no node yet (a cluster whose map does not name its slot's: at the first
+ * call, or the slot unserved): the map is asked (map_ask), and o waits for its reply, within
+ * the connect timeout (and its call's cap), then within its retry window; false: not (any
+ * longer). */
+static bool map_wait(loop_op *o)
+{
+    redsem__loop *l = o->loop;
+    int64_t now = redsem__now_ns();
+    if (l->topo == NULL)
+        return false;
+    map_ask(l, NULL);
+    if (o->map_until == 0) {
+        o->map_until = now + l->c->connect_timeout_ms * REDSEM__NS_PER_MS;
+        if (o->call.cap_ns != 0 && o->call.cap_ns < o->map_until)
+            o->map_until = o->call.cap_ns;
+    }
+    if (now >= o->map_until)
+        return pause_resend(o);
+    o->resend = o->mapwait = true;
+    o->waiting = false;
+    o->wake_ns = now + 20 * REDSEM__NS_PER_MS < o->map_until ? now + 20 * REDSEM__NS_PER_MS
+                                                               : o->map_until;
+    return true;
+}
+
 /* The reply to o's request: a lost connection or LOADING sends it again within its retry
  * window ("maybe applied" kept when a copy was written); a NOSCRIPT is sent again with the
  * body; WAIT's reply becomes replicas_acked; an error reply becomes its code (with the text
@@ -588,6 +873,8 @@ static void op_reply(loop_op *o)
     if (q->rc != REDSEM_OK) {
         o->maybe = o->maybe || q->written;
         int rc = redsem__set_err(c, q->rc, "%s", o->err);
+        if ((rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) && l->topo != NULL)
+            map_ask(l, o->lc); /* a failover may have moved its slots: the others asked first */
         if (rc == REDSEM_ECONN && retry_later(o))
             return; /* timeouts are not retried: the server may be stalled */
         if (rc == REDSEM_ETIMEDOUT && o->maybe && redsem__now_ns() < q->deadline_ns) {
@@ -598,13 +885,16 @@ static void op_reply(loop_op *o)
         attempt_outcome(o, rc, NULL, &info);
         return;
     }
-    _Atomic bool *sent = &c->scripts.sent[o->call.script];
-    redisReply *r = q->replies[o->load ? 1 : 0];
+    _Atomic bool *sent = &o->lc->node.scripts->sent[o->call.script];
+    int a0 = o->asking ? 1 : 0; /* ASKING's +OK first */
+    redisReply *r = q->replies[a0 + (o->load ? 1 : 0)];
     redisReply *w = o->sync ? q->replies[q->nreplies - 1] : NULL;
-    if (o->load) {
-        if (q->replies[0]->type == REDIS_REPLY_STRING)
-            atomic_store(sent, true);
+    if (o->asking)
         freeReplyObject(q->replies[0]);
+    if (o->load) {
+        if (q->replies[a0]->type == REDIS_REPLY_STRING)
+            atomic_store(sent, true);
+        freeReplyObject(q->replies[a0]);
     }
     if (redsem__loading_reply(r) && retry_later(o)) {
         freeReplyObject(r);
@@ -614,7 +904,7 @@ static void op_reply(loop_op *o)
     }
     if (w != NULL) {
         l->ctx.errmsg[0] = '\0';
-        info.replicas_acked = redsem__node_wait_acked(&l->req.node, w);
+        info.replicas_acked = redsem__node_wait_acked(&o->lc->node, w);
         if (l->ctx.errmsg[0] != '\0')
             (void)redsem__set_err(c, REDSEM_EREPLICA, "%s", l->ctx.errmsg);
         freeReplyObject(w);
@@ -629,9 +919,13 @@ static void op_reply(loop_op *o)
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        int rc = redsem__node_error_reply(&l->req.node, r, redsem__script_defs[o->call.script].name);
+        int rc = redsem__node_error_reply(&o->lc->node, r, redsem__script_defs[o->call.script].name);
         (void)redsem__set_err(c, rc, "%s", l->ctx.errmsg);
         freeReplyObject(r);
+        if (rc == REDSEM__EREDIRECT) {
+            op_redirected(o, &info);
+            return;
+        }
         attempt_outcome(o, rc, NULL, &info);
         return;
     }
@@ -665,10 +959,22 @@ static void op_send(loop_op *o)
         return;
     }
     o->sync_turn = false;
-    o->load = !atomic_load(&l->c->scripts.sent[o->call.script]);
+    bool asking = o->redirected && o->asking;
+    o->lc = o->redirected ? node_conn(l, o->to) : call_conn(l, &o->call);
+    o->redirected = o->asking = false;
+    if (o->lc == NULL) {
+        int rc = l->route_rc; /* its text set */
+        if (map_wait(o))
+            return;
+        redsem__req_info info = {.maybe_applied = o->maybe, .replicas_acked = -1};
+        attempt_outcome(o, rc, NULL, &info);
+        return;
+    }
+    o->asking = asking;
+    o->load = !atomic_load(&o->lc->node.scripts->sent[o->call.script]);
     o->req.done = op_done;
     o->req.arg = o;
-    int rc = send_call(l, &o->req, &o->call, o->load);
+    int rc = send_call(l, o->lc, &o->req, &o->call, o->load, asking);
     if (rc == REDSEM_OK) {
         o->pending = true;
         l->sync_busy = l->sync_busy || o->sync;
@@ -824,7 +1130,7 @@ static void send_own(redsem__loop *l, redsem__preq *q, redsem__call *call, bool 
     q->done = wait_done;
     q->arg = l;
     bool load = !atomic_load(&l->c->scripts.sent[call->script]);
-    *pending = send_call(l, q, call, load) == REDSEM_OK;
+    *pending = send_call(l, &l->req, q, call, load, false) == REDSEM_OK;
 }
 
 /* The waits of the waiting ops (only the fair and locked ones, which wait by their id, if
@@ -906,6 +1212,8 @@ static void wait_sync(redsem__loop *l)
 {
     const char *keys[LOOP_WAIT_KEYS_MAX];
     int64_t until;
+    if (l->topo != NULL)
+        return; /* a Cluster client's waits end by their timers: its waiters poll */
     int n = wait_keys(l, keys, &until);
     if (l->blpop_pending) {
         for (int i = 0; i < n && !l->poked; i++)
@@ -921,7 +1229,7 @@ static void wait_sync(redsem__loop *l)
                 if (p != NULL) {
                     p->req.done = push_done;
                     bool load = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
-                    sent = send_call(l, &p->req, &call, load) == REDSEM_OK;
+                    sent = send_call(l, &l->req, &p->req, &call, load, false) == REDSEM_OK;
                     if (!sent)
                         redsem__free(p);
                 }
@@ -1117,13 +1425,26 @@ static void drain_reply(redsem__loop *l)
 
 /* ---------------------------------------------------------------- the loop's part */
 
+/* The engine's connections: req and wait, and a cluster's node connections; how many. */
+static int loop_conns(const redsem__loop *l, loop_conn *v[REDSEM__LOOP_CONNS_MAX])
+{
+    int n = 0;
+    v[n++] = (loop_conn *)&l->req;
+    v[n++] = (loop_conn *)&l->wait;
+    for (size_t i = 0; l->nconn != NULL && i < REDSEM__CLUSTER_NODES_MAX && n < REDSEM__LOOP_CONNS_MAX; i++)
+        if (l->nconn[i] != NULL)
+            v[n++] = l->nconn[i];
+    return n;
+}
+
 int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX],
                        int64_t *deadline_ns)
 {
     int n = 0;
     *deadline_ns = REDSEM__FOREVER;
-    const loop_conn *lcs[2] = {&l->req, &l->wait};
-    for (int i = 0; i < 2; i++) {
+    loop_conn *lcs[REDSEM__LOOP_CONNS_MAX];
+    int nc = loop_conns(l, lcs);
+    for (int i = 0; i < nc; i++) {
         int64_t d = REDSEM__FOREVER;
         const loop_conn *lc = lcs[i];
         if (lc->state == LC_OPEN || lc->state == LC_HANDSHAKE) {
@@ -1159,7 +1480,11 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
 
 unsigned redsem__loop_generation(const redsem__loop *l)
 {
-    return l->gen + l->req.dial.gen + l->wait.dial.gen;
+    loop_conn *lcs[REDSEM__LOOP_CONNS_MAX];
+    unsigned gen = l->gen;
+    for (int i = 0, nc = loop_conns(l, lcs); i < nc; i++)
+        gen += lcs[i]->dial.gen;
+    return gen;
 }
 
 /* Whether o has something due now: its request ended, or its timer (or its cancel). */
@@ -1265,10 +1590,15 @@ void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
     bool ran;
     do {
         /* writes what was queued (also by the last round), reads what arrived */
-        conn_step(l, &l->req, ready, n);
-        conn_step(l, &l->wait, ready, n);
+        loop_conn *lcs[REDSEM__LOOP_CONNS_MAX];
+        for (int i = 0, nc = loop_conns(l, lcs); i < nc; i++)
+            conn_step(l, lcs[i], ready, n);
         n = 0;
         ran = false;
+        if (l->map_replied) {
+            map_reply(l);
+            ran = true;
+        }
         if (l->blpop_replied) {
             blpop_reply(l);
             ran = true;
@@ -1315,6 +1645,7 @@ void redsem__loop_free(redsem__loop *l)
         redsem__free(l->bkeys[i]);
     for (int i = 0; i < LOOP_PEND_MAX; i++)
         redsem__free(l->pend[i]);
+    cluster_free(l);
     for (int i = 0; i < 2; i++)
         redsem__node_close(&lcs[i]->node);
     redsem__free(l);

@@ -615,9 +615,10 @@ int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
                          int64_t timeout_ms, redsem_permit **ret_permit, redsem__acquirer *q,
                          const redsem__kind **kind, char id[REDSEM_ID_BUFSIZE]);
 /* The event-loop driver of acquires (drive_loop.c): one connection of its own to a
- * one-server client's server, stepped by an event loop on one
+ * one-server client's server (a Cluster client's: one per node, by the key's slot), stepped
+ * by an event loop on one
  * thread; it starts no thread and never sleeps (nor does a connect: net/dial.c). new: made,
- * not connected yet (REDSEM_EINVAL for another client). acquire: start one acquire of
+ * not connected yet (REDSEM_EINVAL for a Sentinel client). acquire: start one acquire of
  * q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare); done(arg, rc,
  * permit) runs once from inside redsem__loop_step (or from here, if it is decided without
  * I/O), and *ret_cancel (may be NULL) is its cancel flag, valid until then. wants: the
@@ -645,9 +646,11 @@ typedef struct redsem__loop_watch {
     int fd;
     short events; /* POLLIN, POLLOUT */
 } redsem__loop_watch;
-/* The most descriptors wants names: per connection, its socket, or while it opens its socket
- * and c-ares' (net/dial.c). */
-#define REDSEM__LOOP_WATCH_MAX (2 * (REDSEM__DIAL_SOCKS + 1))
+/* The most descriptors wants names: per connection (at most REDSEM__LOOP_CONNS_MAX: a
+ * request and a wait connection, or a Cluster client's per node), its socket, or while it
+ * opens its socket and c-ares' (net/dial.c). */
+#define REDSEM__LOOP_CONNS_MAX 16
+#define REDSEM__LOOP_WATCH_MAX (REDSEM__LOOP_CONNS_MAX * (REDSEM__DIAL_SOCKS + 1))
 int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX],
                        int64_t *deadline_ns);
 struct pollfd;

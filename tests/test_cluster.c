@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -1037,6 +1039,341 @@ Test(cluster, a_thousand_address_changes_keep_the_node_table_small, TO)
                  redsem__cluster_live_nodes(t));
     cr_expect(most <= REDSEM__CLUSTER_NODES_MAX);
     redsem__lane_put(cl, l, REDSEM_OK);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
+/* ---------------------------------------------------------------- the event-loop API */
+
+/* The ids of this process's threads (/proc/self/task), at most cap; how many. */
+static int task_ids(long *ids, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    cr_assert_not_null(d);
+    for (struct dirent *de; (de = readdir(d)) != NULL && n < cap;)
+        if (de->d_name[0] != '.')
+            ids[n++] = atol(de->d_name);
+    closedir(d);
+    return n;
+}
+
+/* How many threads run now that were not among before (nb ids). */
+static int fresh_threads(const long *before, int nb)
+{
+    long now[256];
+    int n = task_ids(now, 256), fresh = 0;
+    for (int i = 0; i < n; i++) {
+        bool old = false;
+        for (int j = 0; j < nb && !old; j++)
+            old = now[i] == before[j];
+        fresh += !old;
+    }
+    return fresh;
+}
+
+/* A poll() loop that gives the redsem_async its descriptor and its one timer (so that the loop
+ * engine, when built, runs its operations). */
+typedef struct cl_loop {
+    redsem_async *a;
+    int fd;
+    int64_t timer_at; /* ms, -1: none */
+} cl_loop;
+
+static void cl_socket(redsem_async *a, int fd, int what, void *data)
+{
+    (void)a;
+    ((cl_loop *)data)->fd = what & REDSEM_WATCH_REMOVE ? -1 : fd;
+}
+
+static void cl_timer(redsem_async *a, int64_t ms, void *data)
+{
+    (void)a;
+    ((cl_loop *)data)->timer_at = ms < 0 ? -1 : tf_now_ms() + ms;
+}
+
+typedef struct cl_op {
+    int done, rc;
+    redsem_permit *permit;
+} cl_op;
+
+static void cl_done(redsem_async *a, const redsem_result *r, void *user)
+{
+    (void)a;
+    cl_op *o = user;
+    o->rc = r->rc;
+    o->permit = r->permit;
+    o->done = 1;
+}
+
+/* Run the loop until op is done (or ms pass); whether it is. */
+static bool cl_run(cl_loop *x, const cl_op *op, int64_t ms)
+{
+    int64_t end = tf_now_ms() + ms;
+    while (!op->done && tf_now_ms() < end) {
+        int64_t wait = 5;
+        if (x->timer_at >= 0 && x->timer_at - tf_now_ms() < wait)
+            wait = x->timer_at - tf_now_ms();
+        struct pollfd p = {x->fd, POLLIN, 0};
+        int n = poll(&p, x->fd >= 0 ? 1 : 0, wait > 0 ? (int)wait : 0);
+        if (n > 0 && (p.revents & POLLIN))
+            (void)redsem_async_action(x->a, x->fd, REDSEM_WATCH_IN);
+        if (x->timer_at >= 0 && tf_now_ms() >= x->timer_at) {
+            x->timer_at = -1;
+            (void)redsem_async_action(x->a, -1, 0);
+        }
+    }
+    return op->done;
+}
+
+/* One acquire of n on the loop, waiting up to timeout_ms: its code (*ret_permit on OK). */
+static int cl_acquire(cl_loop *x, redsem_sem *s, int64_t timeout_ms, redsem_permit **ret_permit)
+{
+    cl_op op = {0};
+    cr_assert_eq(redsem_sem_acquire_async(x->a, s, 1, timeout_ms, cl_done, &op, NULL), REDSEM_OK);
+    cr_assert(cl_run(x, &op, timeout_ms + 30000), "the acquire was not called back");
+    *ret_permit = op.permit;
+    return op.rc;
+}
+
+static int cl_release(cl_loop *x, redsem_permit *p)
+{
+    cl_op op = {0};
+    cr_assert_eq(redsem_permit_release_async(x->a, p, cl_done, &op, NULL), REDSEM_OK);
+    cr_assert(cl_run(x, &op, 30000), "the release was not called back");
+    redsem_permit_free(p);
+    return op.rc;
+}
+
+/* The holders of s now, as the server counts them (a blocking status). */
+static size_t cl_holders(redsem_sem *s)
+{
+    redsem_status *st = NULL;
+    cr_assert_eq(redsem_sem_status(s, 0, &st), REDSEM_OK);
+    size_t n = redsem_status_holder_count(st);
+    redsem_status_free(st);
+    return n;
+}
+
+/* A name (base-N) whose slot primary `node` owns. */
+static void name_on(const ts_cluster *c, int node, const char *base, char *name, size_t len)
+{
+    for (int i = 0; i < 1000; i++) {
+        snprintf(name, len, "%s-%d", base, i);
+        if (ts_cluster_owner(c, 0, slot_of(c, name)) == node)
+            return;
+    }
+    cr_assert_fail("no name on node %d", node);
+}
+
+/* The event-loop API on a Cluster client, on a loop that gives a timer: acquires on
+ * semaphores served by each of the three primaries are granted, up to each limit (a try
+ * beyond is EBUSY), a waiter is granted after a release (a Cluster client's waiters poll on
+ * the engine), releases go to the right node; and on the loop engine's build no thread is
+ * started for any of it (each node's connection is the engine's, on the loop). */
+Test(cluster, the_event_loop_api_on_every_primary_starts_no_thread, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_client *cl = client(&c, -1);
+    long before[256];
+    int nb = task_ids(before, 256);
+    cl_loop x = {.fd = -1, .timer_at = -1};
+    OK(cl, redsem_async_new(cl, &x.a));
+    OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+    for (int node = 0; node < 3; node++) {
+        char name[64];
+        name_on(&c, node, "looped", name, sizeof name);
+        redsem_sem *s = NULL;
+        OK(cl, redsem_sem_open(cl, name, node == 1 ? REDSEM_STRATEGY_FAIR : REDSEM_STRATEGY_BASIC,
+                               2, 10000, &s));
+        redsem_permit *p[3] = {NULL};
+        for (int i = 0; i < 2; i++)
+            cr_expect_eq(cl_acquire(&x, s, 1000, &p[i]), REDSEM_OK, "node %d, acquire %d", node, i);
+        cr_expect_eq(cl_acquire(&x, s, 0, &p[2]), REDSEM_EBUSY, "node %d: over the limit", node);
+        cr_expect_eq(cl_holders(s), 2);
+        /* a waiter, granted once a holder releases */
+        cl_op w = {0};
+        cr_assert_eq(redsem_sem_acquire_async(x.a, s, 1, 20000, cl_done, &w, NULL), REDSEM_OK);
+        cl_op none = {0};
+        (void)cl_run(&x, &none, 100);
+        cr_expect_eq(w.done, 0, "node %d: the waiter was not kept waiting", node);
+        cr_expect_eq(cl_release(&x, p[0]), REDSEM_OK);
+        cr_assert(cl_run(&x, &w, 30000));
+        cr_expect_eq(w.rc, REDSEM_OK, "node %d: the waiter: %s", node, redsem_err_name(w.rc));
+        cr_expect_eq(cl_holders(s), 2);
+        if (w.permit != NULL)
+            cr_expect_eq(cl_release(&x, w.permit), REDSEM_OK);
+        cr_expect_eq(cl_release(&x, p[1]), REDSEM_OK);
+        cr_expect_eq(cl_holders(s), 0);
+        redsem_sem_free(s);
+    }
+    int fresh = fresh_threads(before, nb);
+#if REDSEM_ASYNC_LOOP
+    cr_expect_eq(fresh, 0, "the loop engine started %d thread(s)", fresh);
+#else
+    (void)fresh; /* the workers' build starts them */
+#endif
+    redsem_async_free(x.a);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
+/* A slot moved while the event-loop API holds a permit there: the next acquire on the loop
+ * is answered MOVED, follows it to the new owner and is granted; the permit moved with the
+ * keys, so the holders never exceed the limit (a try beyond is EBUSY); no thread started. */
+Test(cluster, the_event_loop_api_follows_a_moved_slot, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_client *cl = client(&c, -1);
+    long before[256];
+    int nb = task_ids(before, 256);
+    cl_loop x = {.fd = -1, .timer_at = -1};
+    OK(cl, redsem_async_new(cl, &x.a));
+    OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loopmoving", REDSEM_STRATEGY_BASIC, 2, 10000, &s));
+    redsem_permit *p = NULL, *p2 = NULL, *p3 = NULL;
+    cr_assert_eq(cl_acquire(&x, s, 1000, &p), REDSEM_OK);
+    int slot = slot_of(&c, "loopmoving");
+    int from = ts_cluster_owner(&c, 0, slot), to = (from + 1) % 3;
+    cr_assert_eq(ts_cluster_move_slot(&c, slot, from, to, NULL, NULL), 0);
+    cr_assert_eq(ts_cluster_wait_ok(&c, slot, 20000), 0);
+    redsem_client_stats st;
+    OK(cl, redsem_client_get_stats(cl, &st));
+    uint64_t redirects = st.redirects;
+    cr_expect_eq(cl_acquire(&x, s, 1000, &p2), REDSEM_OK, "after the move");
+    cr_expect_eq(cl_acquire(&x, s, 0, &p3), REDSEM_EBUSY, "the limit holds after the move");
+    OK(cl, redsem_client_get_stats(cl, &st)); /* (before a blocking call's own MOVED) */
+    cr_expect(st.redirects > redirects, "no redirection followed: %llu",
+              (unsigned long long)st.redirects);
+    cr_expect_eq(cl_holders(s), 2);
+    cr_expect_eq(cl_release(&x, p), REDSEM_OK);
+    if (p2 != NULL)
+        cr_expect_eq(cl_release(&x, p2), REDSEM_OK);
+    cr_expect_eq(cl_holders(s), 0);
+    int fresh = fresh_threads(before, nb);
+#if REDSEM_ASYNC_LOOP
+    cr_expect_eq(fresh, 0, "the loop engine started %d thread(s)", fresh);
+#else
+    (void)fresh; /* the workers' build starts them */
+#endif
+    redsem_sem_free(s);
+    redsem_async_free(x.a);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
+/* A slot half-moved (IMPORTING / MIGRATING, the semaphore's keys on the importing node)
+ * while an acquire runs on the loop: the old owner answers ASK, the importing node (ASKING and
+ * the call in one write) TRYAGAIN while not every key of the call is there; the op pauses on
+ * its timer and sends again within its retry window, the loop keeps running; once the move
+ * ends the call is MOVED to the new owner and granted. */
+Test(cluster, the_event_loop_api_waits_out_a_migration, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_client *cl = client(&c, 20000);
+    cl_loop x = {.fd = -1, .timer_at = -1};
+    OK(cl, redsem_async_new(cl, &x.a));
+    OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+    const char *name = "loopasked";
+    int slot = slot_of(&c, name);
+    int from = ts_cluster_owner(&c, 0, slot), to = (from + 1) % 3;
+    char s[16];
+    snprintf(s, sizeof s, "%d", slot);
+    cr_assert_eq(ts_command(&c.node[to], NULL, 0, "CLUSTER", "SETSLOT", s, "IMPORTING",
+                            c.id[from], NULL), 0);
+    cr_assert_eq(ts_command(&c.node[from], NULL, 0, "CLUSTER", "SETSLOT", s, "MIGRATING",
+                            c.id[to], NULL), 0);
+    redsem_sem *sem = NULL;
+    OK(cl, redsem_sem_open(cl, name, REDSEM_STRATEGY_BASIC, 1, 5000, &sem));
+    redsem_client_stats st;
+    OK(cl, redsem_client_get_stats(cl, &st));
+    uint64_t redirects = st.redirects, retries = st.retries;
+    cl_op op = {0};
+    cr_assert_eq(redsem_sem_acquire_async(x.a, sem, 1, 15000, cl_done, &op, NULL), REDSEM_OK);
+    cl_op none = {0};
+    (void)cl_run(&x, &none, 300);
+    OK(cl, redsem_client_get_stats(cl, &st));
+    cr_expect(st.redirects > redirects, "no ASK followed on the loop");
+    cr_expect(st.retries > retries, "no TRYAGAIN waited out on the loop");
+    cr_expect_eq(op.done, 0, "granted before the move ended");
+    for (int i = 0; i < 3; i++)
+        (void)ts_command(&c.node[i], NULL, 0, "CLUSTER", "SETSLOT", s, "NODE", c.id[to], NULL);
+    cr_assert(cl_run(&x, &op, 30000), "the acquire was not called back");
+    cr_expect_eq(op.rc, REDSEM_OK, "%s", redsem_err_name(op.rc));
+    if (op.permit != NULL)
+        cr_expect_eq(cl_release(&x, op.permit), REDSEM_OK);
+    redsem_sem_free(sem);
+    redsem_async_free(x.a);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
+/* The engine's connection to a node is killed between two acquires on the loop: the next
+ * one's request is lost with it, the map is asked for again and the request sent again on a
+ * new connection within the retry window: granted, one permit. */
+Test(cluster, the_event_loop_api_resends_after_a_lost_node_connection, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    redsem_client *cl = client(&c, 5000);
+    cl_loop x = {.fd = -1, .timer_at = -1};
+    OK(cl, redsem_async_new(cl, &x.a));
+    OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loopkilled", REDSEM_STRATEGY_BASIC, 2, 10000, &s));
+    redsem_permit *p = NULL, *p2 = NULL;
+    cr_assert_eq(cl_acquire(&x, s, 1000, &p), REDSEM_OK);
+    int owner = ts_cluster_owner(&c, 0, slot_of(&c, "loopkilled"));
+    cr_assert_eq(ts_command(&c.node[owner], NULL, 0, "CLIENT", "KILL", "TYPE", "normal", NULL), 0);
+    redsem_client_stats st;
+    OK(cl, redsem_client_get_stats(cl, &st));
+    uint64_t connects = st.connects;
+    cr_expect_eq(cl_acquire(&x, s, 1000, &p2), REDSEM_OK);
+    OK(cl, redsem_client_get_stats(cl, &st));
+    cr_expect(st.connects > connects, "no new connection");
+    cr_expect_eq(cl_holders(s), 2);
+    cr_expect_eq(cl_release(&x, p), REDSEM_OK);
+    if (p2 != NULL)
+        cr_expect_eq(cl_release(&x, p2), REDSEM_OK);
+    cr_expect_eq(cl_holders(s), 0);
+    redsem_sem_free(s);
+    redsem_async_free(x.a);
+    redsem_client_free(cl);
+    ts_cluster_stop(&c);
+}
+
+/* The primary serving a semaphore is killed (SIGKILL) while the event-loop API uses it: the
+ * next acquire on the loop finds its node gone (refused), asks the other nodes for the map
+ * and sends again within its retry window until the map names the promoted replica: granted
+ * there, the loop never blocked. */
+Test(cluster_failover, the_event_loop_api_follows_a_failover, TO)
+{
+    ts_cluster c;
+    start(&c, 1);
+    redsem_client *cl = client(&c, 30000);
+    cl_loop x = {.fd = -1, .timer_at = -1};
+    OK(cl, redsem_async_new(cl, &x.a));
+    OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loopfailed", REDSEM_STRATEGY_BASIC, 2, 60000, &s));
+    redsem_permit *p = NULL, *p2 = NULL;
+    cr_assert_eq(cl_acquire(&x, s, 1000, &p), REDSEM_OK);
+    int slot = slot_of(&c, "loopfailed");
+    int primary = ts_cluster_owner(&c, 0, slot), replica = primary + 3;
+    kill(c.node[primary].pid, SIGKILL);
+    waitpid(c.node[primary].pid, NULL, 0);
+    c.node[primary].pid = 0;
+    cr_expect_eq(cl_acquire(&x, s, 25000, &p2), REDSEM_OK, "after the failover");
+    cr_expect_eq(ts_cluster_owner(&c, replica, slot), replica, "the replica was not promoted");
+    if (p2 != NULL)
+        cr_expect_eq(cl_release(&x, p2), REDSEM_OK);
+    redsem_permit_free(p); /* held on the killed primary: its lease lapses */
+    redsem_sem_free(s);
+    redsem_async_free(x.a);
     redsem_client_free(cl);
     ts_cluster_stop(&c);
 }

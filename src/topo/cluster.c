@@ -434,6 +434,43 @@ static void refresh_soon(redsem__topo *t, const redsem__node *avoid)
 
 #define REDSEM__CLUSTER_HOPS_MAX 16
 
+int redsem__cluster_node_at(redsem__topo *t, const char *host, int port, size_t *ret_index)
+{
+    return node_at(t, host, port, NULL, NULL, ret_index);
+}
+
+int redsem__cluster_redirected(redsem__topo *t, const redsem__redirect *d, int *hops,
+                               size_t *ret_index, bool *asking, bool *refresh)
+{
+    *asking = false;
+    *refresh = true;
+    if (d->kind == REDSEM__REDIR_TRYAGAIN) /* TRYAGAIN, CLUSTERDOWN, UNBLOCKED: the text is
+                                            * in errmsg; a slot being moved, or a failover
+                                            * under way; the map may have changed */
+        return REDSEM_ESERVER;
+    int rc = node_at(t, d->host, d->port, NULL, NULL, ret_index);
+    if (rc != REDSEM_OK) {
+        *refresh = false;
+        return rc;
+    }
+    REDSEM__COUNT(t->ctx, redirects, 1);
+    if (++*hops > REDSEM__CLUSTER_HOPS_MAX) {
+        /* nodes that disagree (a slot's new owner not yet known to all): wait for them to
+         * agree, within the retry window */
+        *hops = 0;
+        return redsem__ctx_err(t->ctx, REDSEM_ESERVER,
+                               "more than %d cluster redirections for one request (last: "
+                               "%s:%d)", REDSEM__CLUSTER_HOPS_MAX, d->host, d->port);
+    }
+    if (d->kind == REDSEM__REDIR_ASK) { /* this key only, this once: the map stays */
+        *asking = true;
+        *refresh = false;
+        return REDSEM_OK;
+    }
+    t->slots[d->slot] = (uint16_t)(*ret_index + 1);
+    return REDSEM_OK;
+}
+
 int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flags,
                           redsem__req_info *info, redsem__node_call call, void *arg)
 {
@@ -480,37 +517,21 @@ int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flag
             }
             next = NULL;
             asking = false;
-            if (rc == REDSEM__EREDIRECT && n->redirect.kind != REDSEM__REDIR_TRYAGAIN) {
+            if (rc == REDSEM__EREDIRECT) {
                 redsem__redirect d = n->redirect;
+                bool again = false;
                 size_t idx;
-                rc = node_at(t, d.host, d.port, NULL, NULL, &idx);
-                if (rc != REDSEM_OK)
-                    return rc;
-                REDSEM__COUNT(t->ctx, redirects, 1);
-                if (++hops > REDSEM__CLUSTER_HOPS_MAX) {
-                    /* nodes that disagree (a slot's new owner not yet known to all): wait
-                     * for them to agree, within the retry window */
-                    hops = 0;
-                    rc = redsem__ctx_err(t->ctx, REDSEM_ESERVER, "more than %d cluster "
-                                         "redirections for one request (last: %s:%d)",
-                                         REDSEM__CLUSTER_HOPS_MAX, d.host, d.port);
-                    refresh_soon(t, NULL);
-                } else if (d.kind == REDSEM__REDIR_ASK) {
-                    next = t->nodes[idx]; /* this key only, this once: the map stays */
-                    asking = true;
-                } else {
-                    t->slots[d.slot] = (uint16_t)(idx + 1);
+                rc = redsem__cluster_redirected(t, &d, &hops, &idx, &asking, &again);
+                if (again)
                     refresh_soon(t, NULL); /* more slots have likely moved with it */
+                if (rc == REDSEM_OK && d.kind == REDSEM__REDIR_MOVED)
                     t->slots[d.slot] = (uint16_t)(idx + 1);
+                if (rc == REDSEM_OK) {
                     next = t->nodes[idx]; /* where the node said, whatever the map says */
-                }
-                if (hops > 0)
                     continue;
-            } else if (rc == REDSEM__EREDIRECT) {
-                /* TRYAGAIN, CLUSTERDOWN, UNBLOCKED (the text is in errmsg): a slot being
-                 * moved, or a failover under way; the map may have changed */
-                rc = REDSEM_ESERVER;
-                refresh_soon(t, NULL);
+                }
+                if (rc != REDSEM_ESERVER)
+                    return rc;
             } else if (rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) {
                 /* The node did not answer: refused or reset (a process gone), or timed out
                  * connecting or waiting for the reply (a host down, a partition, a stopped

@@ -121,6 +121,21 @@ int redsem__cluster_connect(redsem__topo *t, char *err, size_t errlen);
  * the map); REDSEM_ENOMEM; with the reason in err. Used by cluster.c and the tests. */
 int redsem__cluster_read_map(redsem__topo *t, redsem__node *asked, const struct redisReply *r,
                              char *err, size_t errlen);
+/* The node at host:port, made (not connected) if new (node_at: a free entry or a new one, or
+ * one freed by dropping the nodes out of the map when the table is full); its index in
+ * *ret_index. REDSEM_OK, REDSEM_ENOMEM, REDSEM_EINVAL (a TLS file) or REDSEM_ESERVER (the
+ * table full of nodes in use), with the reason in t's context. */
+int redsem__cluster_node_at(redsem__topo *t, const char *host, int port, size_t *ret_index);
+/* Judge a redirection d a node of t gave a call (its REDSEM__EREDIRECT), as every routed
+ * path does (redsem__cluster_route, and the loop engine's, drive_loop.c): REDSEM_OK: send
+ * the call to t->nodes[*ret_index] now, with ASKING first if *asking (an ASK); for a MOVED
+ * the map's entry for d->slot points there (set it again after a refresh); *hops counts the
+ * redirections of the call (start at 0). REDSEM_ESERVER: nothing ran and nowhere to go yet
+ * (TRYAGAIN, CLUSTERDOWN, UNBLOCKED, or more than 16 redirections: the text in t's context):
+ * send again after a pause within the retry window. Else node_at's failure. *refresh: the
+ * map should be read again (rate-limited by the caller). Counts stats.redirects. */
+int redsem__cluster_redirected(redsem__topo *t, const redsem__redirect *d, int *hops,
+                               size_t *ret_index, bool *asking, bool *refresh);
 /* The nodes t holds now (not NULL entries). */
 size_t redsem__cluster_live_nodes(const redsem__topo *t);
 void redsem__cluster_close(redsem__topo *t);
