@@ -757,12 +757,14 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                "this redsem_async was created by process %ld (after fork)",
                                (long)async->pid);
 #if REDSEM_ASYNC_LOOP
-    /* the engine takes the acquires of a one-server client when the loop gives a timer; made
-     * before the loop is published, since other threads may submit from then on */
+    /* the engine takes the acquires of a one-server or Sentinel client when the loop gives a
+     * timer; made before the loop is published, since other threads may submit from then on */
     redsem_client *c = async->c;
     redsem__loop *engine = NULL;
     redsem__renewer *renewer = NULL;
-    if (timer_fn != NULL && (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX) &&
+    if (timer_fn != NULL &&
+        (c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX ||
+         c->ep.kind == REDSEM__EP_SENTINEL) &&
         redsem__loop_new(c, &engine) != REDSEM_OK)
         engine = NULL;
     if (engine != NULL && redsem__renew_loop_new(c, async->pipefd[1], &renewer) != REDSEM_OK) {

@@ -82,6 +82,7 @@ typedef struct loop_conn {
     bool hs_replied;      /* ... which has ended, judged: */
     int hs_rc;
     char hs_err[256];
+    redsem__sentinel_ask ask; /* Sentinel: the question before its dial (LC_RESOLVING) */
 } loop_conn;
 
 #define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
@@ -91,6 +92,9 @@ typedef struct loop_conn {
 struct redsem__loop {
     redsem_client *c;
     redsem__ctx ctx;
+    /* Sentinel: the Sentinels asked, the client's watch (its node: the data endpoint, not
+     * connected); kind 0: a one-server client */
+    redsem__topo topo;
     loop_conn req;  /* the attempts, releases, drains and pushes */
     loop_conn wait; /* one BLPOP at a time on the waiters' lists (and ctl) */
     loop_op *ops;   /* under way */
@@ -118,25 +122,45 @@ struct redsem__loop {
 
 int redsem__loop_new(redsem_client *c, redsem__loop **ret)
 {
-    if (c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX)
-        return redsem__set_err(c, REDSEM_EINVAL, "the loop driver takes a one-server client");
+    if (c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX &&
+        c->ep.kind != REDSEM__EP_SENTINEL)
+        return redsem__set_err(c, REDSEM_EINVAL,
+                               "the loop driver takes a one-server or Sentinel client");
     redsem__loop *l = redsem__calloc(1, sizeof *l);
     if (l == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     l->c = c;
     char err[REDSEM__ERRMSG_LEN] = "";
-    loop_conn *lcs[2] = {&l->req, &l->wait};
-    for (int i = 0; i < 2; i++) {
-        int rc = redsem__node_init(&lcs[i]->node, &l->ctx, &c->ep, &c->cfg, err, sizeof err);
+    const redsem__endpoint *ep = &c->ep;
+    if (c->ep.kind == REDSEM__EP_SENTINEL) {
+        int rc = redsem__topo_init(&l->topo, &l->ctx, &c->ep, &c->cfg, err, sizeof err);
         if (rc != REDSEM_OK) {
-            if (i == 1)
-                redsem__node_close(&l->req.node);
+            redsem__topo_close(&l->topo);
             redsem__free(l);
             return redsem__set_err(c, rc, "%s", err);
         }
-        /* one server: the client's clock and script cache */
+        l->topo.watch = c->sentinel_watch;
+        ep = &l->topo.single.ep; /* the data node's: credentials, db, TLS */
+    }
+    loop_conn *lcs[2] = {&l->req, &l->wait};
+    for (int i = 0; i < 2; i++) {
+        int rc = redsem__node_init(&lcs[i]->node, &l->ctx, ep, &c->cfg, err, sizeof err);
+        if (rc != REDSEM_OK) {
+            if (i == 1)
+                redsem__node_close(&l->req.node);
+            if (l->topo.kind != 0)
+                redsem__topo_close(&l->topo);
+            redsem__free(l);
+            return redsem__set_err(c, rc, "%s", err);
+        }
+        /* one server (the primary, under Sentinel): the client's clock and script cache */
         lcs[i]->node.clock = &c->clock;
         lcs[i]->node.scripts = &c->scripts;
+        if (l->topo.kind != 0) { /* never called here: the node is found through Sentinel
+                                  * (ROLE in its handshake, READONLY a lost connection) */
+            lcs[i]->node.resolve = redsem__sentinel_resolve;
+            lcs[i]->node.resolve_arg = &l->topo;
+        }
     }
     char tag[REDSEM_ID_BUFSIZE];
     (void)redsem__new_id(tag);
@@ -180,7 +204,7 @@ static void hs_done(redsem__preq *q, void *arg)
 /* Queue lc's handshake (its steps in one write) on its pipe, and hold what comes after. */
 static int hs_queue(loop_conn *lc)
 {
-    redsem__handshake_plan(&lc->node, false, &lc->hs);
+    redsem__handshake_plan(&lc->node, true, &lc->hs); /* ROLE under Sentinel */
     size_t total = 0;
     char *cmd[REDSEM__HS_MAX], *all = NULL;
     int len[REDSEM__HS_MAX], rc = REDSEM_OK;
@@ -209,6 +233,7 @@ static int hs_queue(loop_conn *lc)
  * (not applied). */
 static void conn_fail(redsem__loop *l, loop_conn *lc, int rc, const char *err)
 {
+    redsem__sentinel_ask_cancel(&lc->ask);
     redsem__dial_cancel(&lc->dial);
     lc->state = LC_CLOSED;
     if (lc->pipe.rc == REDSEM_OK)
@@ -267,8 +292,37 @@ static void dial_moved(redsem__loop *l, loop_conn *lc)
 /* Open the connection lc if it is not, without blocking: the dial starts, the handshake is
  * queued, and the requests sent until it is open wait behind it. REDSEM_OK (open or
  * opening), or a failure at once (then nothing was queued). */
+/* Start lc's dial to its node's address. */
+static int dial_begin(redsem__loop *l, loop_conn *lc, char *err, size_t errlen)
+{
+    redsem__conn_tls tls = {lc->node.tls_ctx, lc->node.tls_server_name};
+    return redsem__dial_start(&lc->dial, &lc->node.conn, &lc->node.ep, &tls,
+                              l->c->command_timeout_ms, err, errlen);
+}
+
+/* Sentinel: the resolve step, before the dial: the question to the Sentinels starts
+ * (sentinel_loop.c). REDSEM_OK: under way (lc resolving), or answered at once by the watch
+ * (*asking false: dial). Else the failure (err). */
+static int resolve_begin(redsem__loop *l, loop_conn *lc, bool *asking, char *err,
+                         size_t errlen)
+{
+    *asking = false;
+    int rc = redsem__sentinel_ask_start(&lc->ask, &l->topo, &lc->node, lc->open_by);
+    if (rc != REDSEM_OK)
+        snprintf(err, errlen, "%s", lc->ask.err);
+    else if (lc->ask.state != REDSEM__ASK_IDLE)
+        *asking = true;
+    return rc;
+}
+
 static int conn_open(redsem__loop *l, loop_conn *lc)
 {
+    /* Sentinel: an open connection to a primary the watch says moved is given up first, as
+     * node.c's primary_moved (what is in flight on it is lost: resent within its window) */
+    char why[256];
+    if (lc->state == LC_OPEN && lc->pipe.rc == REDSEM_OK && lc->node.resolve != NULL &&
+        redsem__sentinel_moved_nb(&l->topo, &lc->node, why, sizeof why))
+        redsem__pipe_fail(&lc->pipe, REDSEM_ECONN, why);
     if (lc->state != LC_CLOSED && (lc->state != LC_OPEN || lc->pipe.rc == REDSEM_OK))
         return REDSEM_OK;
     if (lc->state == LC_OPEN) {
@@ -281,19 +335,23 @@ static int conn_open(redsem__loop *l, loop_conn *lc)
     lc->open_by = redsem__now_ns() + l->c->connect_timeout_ms * REDSEM__NS_PER_MS;
     lc->hs_replied = false;
     char err[REDSEM__ERRMSG_LEN] = "";
-    redsem__conn_tls tls = {lc->node.tls_ctx, lc->node.tls_server_name};
+    bool asking = false;
     int rc = hs_queue(lc);
-    if (rc == REDSEM_OK)
-        rc = redsem__dial_start(&lc->dial, &lc->node.conn, &lc->node.ep, &tls,
-                                l->c->command_timeout_ms, err, sizeof err);
-    else
+    if (rc != REDSEM_OK)
         snprintf(err, sizeof err, "out of memory");
+    if (rc == REDSEM_OK && lc->node.resolve != NULL)
+        rc = resolve_begin(l, lc, &asking, err, sizeof err);
+    if (rc == REDSEM_OK && !asking)
+        rc = dial_begin(l, lc, err, sizeof err);
     l->gen++;
     if (rc != REDSEM_OK) {
         redsem__pipe_reset(&lc->pipe); /* the handshake, not called back: LC_CLOSED */
         return redsem__set_err(l->c, rc, "%s", err);
     }
-    dial_moved(l, lc);
+    if (asking)
+        lc->state = LC_RESOLVING;
+    else
+        dial_moved(l, lc);
     return REDSEM_OK;
 }
 
@@ -548,6 +606,22 @@ static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info 
     op_step(o);
 }
 
+/* Sentinel: whether r says the primary was demoted under us (READONLY: a failover; the call
+ * was refused before anything was written). Then the connection is given up (the next
+ * request resolves the primary again) and o->err says why, as node.c's READONLY branch. */
+static bool demoted_reply(redsem__loop *l, loop_op *o, const redisReply *r)
+{
+    loop_conn *lc = &l->req;
+    if (lc->node.resolve == NULL || r->type != REDIS_REPLY_ERROR || r->str == NULL ||
+        strncmp(r->str, "READONLY", 8) != 0)
+        return false;
+    snprintf(o->err, sizeof o->err, "%s:%d became a replica (READONLY)", lc->node.ep.host,
+             lc->node.ep.port);
+    if (lc->pipe.rc == REDSEM_OK)
+        redsem__pipe_fail(&lc->pipe, REDSEM_ECONN, o->err);
+    return true;
+}
+
 /* The reply to o's request: a lost connection or LOADING sends it again within its retry
  * window ("maybe applied" kept when a copy was written); a NOSCRIPT is sent again with the
  * body; WAIT's reply becomes replicas_acked; an error reply becomes its code (with the text
@@ -586,6 +660,17 @@ static void op_reply(loop_op *o)
         freeReplyObject(r);
         if (w != NULL)
             freeReplyObject(w);
+        return;
+    }
+    if (demoted_reply(l, o, r)) { /* nothing applied: as a connection lost before writing */
+        freeReplyObject(r);
+        if (w != NULL)
+            freeReplyObject(w);
+        int rc = redsem__set_err(c, REDSEM_ECONN, "%s", o->err);
+        if (retry_later(o))
+            return;
+        info.maybe_applied = o->maybe;
+        attempt_outcome(o, rc, NULL, &info);
         return;
     }
     if (w != NULL) {
@@ -1033,7 +1118,9 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
                 w[n++] = (redsem__loop_watch){redsem__pipe_fd(&lc->pipe), ev};
         } else if (lc->state != LC_CLOSED) { /* its dial: its sockets, c-ares' timeout */
             struct pollfd p[REDSEM__DIAL_SOCKS + 1];
-            int k = redsem__dial_wants(&lc->dial, p, REDSEM__DIAL_SOCKS + 1, &d);
+            int k = lc->ask.state != REDSEM__ASK_IDLE
+                        ? redsem__sentinel_ask_wants(&lc->ask, p, REDSEM__DIAL_SOCKS + 1, &d)
+                        : redsem__dial_wants(&lc->dial, p, REDSEM__DIAL_SOCKS + 1, &d);
             for (int j = 0; j < k; j++)
                 w[n++] = (redsem__loop_watch){p[j].fd, p[j].events};
             int64_t by = open_deadline(lc);
@@ -1055,7 +1142,8 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
 
 unsigned redsem__loop_generation(const redsem__loop *l)
 {
-    return l->gen + l->req.dial.gen + l->wait.dial.gen;
+    return l->gen + l->req.dial.gen + l->wait.dial.gen + l->req.ask.gen + l->req.ask.dial.gen +
+           l->wait.ask.gen + l->wait.ask.dial.gen;
 }
 
 /* Whether o has something due now: its request ended, or its timer (or its cancel). */
@@ -1122,6 +1210,20 @@ static bool run_all_due(redsem__loop *l)
 static void dial_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready, int n)
 {
     char err[REDSEM__ERRMSG_LEN] = "";
+    if (lc->ask.state != REDSEM__ASK_IDLE) { /* Sentinel: asked first, then the dial */
+        int rc = redsem__now_ns() >= open_deadline(lc)
+                     ? redsem__sentinel_ask_timeout(&lc->ask)
+                     : redsem__sentinel_ask_step(&lc->ask, ready, n);
+        if (rc == REDSEM_OK && lc->ask.state == REDSEM__ASK_IDLE)
+            rc = dial_begin(l, lc, err, sizeof err);
+        else if (rc != REDSEM_OK)
+            snprintf(err, sizeof err, "%s", lc->ask.err);
+        if (rc != REDSEM_OK)
+            conn_fail(l, lc, rc, err);
+        else if (lc->ask.state == REDSEM__ASK_IDLE)
+            dial_moved(l, lc);
+        return;
+    }
     int rc = redsem__dial_step(&lc->dial, ready, n, err, sizeof err);
     if (rc == REDSEM_OK && lc->dial.state != REDSEM__DIAL_DONE &&
         redsem__now_ns() >= open_deadline(lc))
@@ -1193,6 +1295,7 @@ void redsem__loop_free(redsem__loop *l)
     redsem__stats_detach(l->c, &l->ctx); /* its counters stay in the client's */
     loop_conn *lcs[2] = {&l->req, &l->wait};
     for (int i = 0; i < 2; i++) {
+        redsem__sentinel_ask_cancel(&lcs[i]->ask);
         redsem__dial_cancel(&lcs[i]->dial);
         lcs[i]->state = LC_CLOSED;
         redsem__pipe_reset(&lcs[i]->pipe); /* requests end (ops: not called back) */
@@ -1208,5 +1311,7 @@ void redsem__loop_free(redsem__loop *l)
         redsem__free(l->pend[i]);
     for (int i = 0; i < 2; i++)
         redsem__node_close(&lcs[i]->node);
+    if (l->topo.kind != 0)
+        redsem__topo_close(&l->topo);
     redsem__free(l);
 }
