@@ -13,8 +13,14 @@
  * A connection opens without blocking either (conn_open: closed, resolving, connecting, tls
  * through net/dial.c; then its handshake as one request on its pipe, judged by node.c's
  * redsem__handshake_judge; open): the requests sent meanwhile wait behind it in the pipe
- * (held) and end with the connect's code, never written, if it fails.
- * Not yet: a Sentinel or a Cluster client (docs/design.md section 16). */
+ * (held) and end with the connect's code, never written, if it fails. Under Sentinel the
+ * resolve step comes first (LC_RESOLVING): the client's watch gives the primary's address,
+ * or the Sentinels are asked without blocking (topo/sentinel_loop.c: dialled, asked and
+ * judged as the blocking resolve asks them, same codes and texts); the handshake then checks
+ * ROLE; an open connection to a primary the watch says moved, or one that answers READONLY
+ * (demoted_reply), is given up, and its calls are resent within their retry windows,
+ * resolving again, as node.c's primary_moved and READONLY branch.
+ * Not yet: a Cluster client (docs/design.md section 16). */
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
