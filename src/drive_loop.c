@@ -1148,8 +1148,7 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
 
 unsigned redsem__loop_generation(const redsem__loop *l)
 {
-    return l->gen + l->req.dial.gen + l->wait.dial.gen + l->req.ask.gen + l->req.ask.dial.gen +
-           l->wait.ask.gen + l->wait.ask.dial.gen;
+    return l->gen + l->req.dial.gen + l->wait.dial.gen + l->req.ask.gen + l->wait.ask.gen;
 }
 
 /* Whether o has something due now: its request ended, or its timer (or its cancel). */

@@ -182,6 +182,7 @@ int redsem__sentinel_ask_step(redsem__sentinel_ask *a, const struct pollfd *read
     int64_t now = redsem__now_ns();
     if (a->state == REDSEM__ASK_DIALING) {
         rc = redsem__dial_step(&a->dial, ready, n, why, sizeof why);
+        a->gen++; /* c-ares' sockets may have changed (gen only grows: dial.gen restarts) */
         if (rc == REDSEM_OK && a->dial.state != REDSEM__DIAL_DONE && now >= a->share_ns)
             rc = redsem__dial_timeout(&a->dial, why, sizeof why);
         if (rc == REDSEM_OK && a->dial.state == REDSEM__DIAL_DONE)

@@ -152,7 +152,7 @@ typedef struct redsem__sentinel_ask {
     redsem__preq q;
     size_t qlen;            /* its bytes (AUTH's password wiped) */
     bool auth, replied;
-    unsigned gen;           /* bumped when its descriptors change */
+    unsigned gen;           /* bumped when its descriptors may have changed (only grows) */
     char err[512];          /* why it failed */
 } redsem__sentinel_ask;
 /* Start asking for n's address (n->ep.host, port) within deadline_ns. REDSEM_OK: under way
