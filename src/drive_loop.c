@@ -295,9 +295,6 @@ static void dial_moved(redsem__loop *l, loop_conn *lc)
         lc->state = of[lc->dial.state];
 }
 
-/* Open the connection lc if it is not, without blocking: the dial starts, the handshake is
- * queued, and the requests sent until it is open wait behind it. REDSEM_OK (open or
- * opening), or a failure at once (then nothing was queued). */
 /* Start lc's dial to its node's address. */
 static int dial_begin(redsem__loop *l, loop_conn *lc, char *err, size_t errlen)
 {
@@ -321,6 +318,10 @@ static int resolve_begin(redsem__loop *l, loop_conn *lc, bool *asking, char *err
     return rc;
 }
 
+/* Open the connection lc if it is not, without blocking: the dial starts (under Sentinel,
+ * the question to the Sentinels first), the handshake is queued, and the requests sent until
+ * it is open wait behind it. REDSEM_OK (open or opening), or a failure at once (then nothing
+ * was queued). */
 static int conn_open(redsem__loop *l, loop_conn *lc)
 {
     /* Sentinel: an open connection to a primary the watch says moved is given up first, as
