@@ -1014,3 +1014,42 @@ Test(sentinel, the_event_loop_api_follows_a_sentinel_failover, TO)
     redsem_client_free(cl);
     stop_cluster(&c);
 }
+
+/* rediss+sentinel:// on the loop: the Sentinel asked over TLS on the loop (its subscription
+ * cut, the loop's connections killed), then the primary dialled over TLS, its ROLE checked;
+ * granted there, no thread started. */
+Test(sentinel, the_event_loop_api_asks_a_tls_sentinel, TO)
+{
+    tls_sentinel e;
+    tls_sentinel_start(&e, "server.crt");
+    char url[300];
+    snprintf(url, sizeof url, "rediss+sentinel://127.0.0.1:%s/mymaster", e.port[1]);
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK, "%s", url);
+    cr_assert_eq(redsem_options_set_tls_ca(o, e.file[3], NULL), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, 5000), REDSEM_OK);
+    redsem_client *cl = NULL;
+    char err[512] = "";
+    int rc = redsem_client_new_verbose(o, &cl, err, sizeof err);
+    redsem_options_free(o);
+    cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
+    int before = thread_count();
+    sloop l;
+    sl_up(&l, cl);
+    loop_acquire_release(&l, cl, "loop-tls-0");
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loop-tls-1", REDSEM_STRATEGY_FAIR, 1, 60000, &s));
+    cr_assert_eq(ts_command(&e.sentinel, NULL, 0, "CLIENT", "KILL", "TYPE", "pubsub", NULL), 0);
+    cr_assert_eq(ts_command(&e.primary, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", NULL), 0);
+    redsem_client_stats a, b;
+    OK(cl, redsem_client_get_stats(cl, &a));
+    loop_acquire_release_of(&l, s, "loop-tls-1");
+    OK(cl, redsem_client_get_stats(cl, &b));
+    cr_expect_gt(b.connects, a.connects, "the loop did not connect again");
+    expect_threads(before, thread_count());
+    redsem_sem_free(s);
+    redsem_async_free(l.a);
+    redsem_client_free(cl);
+    tls_sentinel_stop(&e);
+}
