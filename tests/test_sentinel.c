@@ -1053,3 +1053,45 @@ Test(sentinel, the_event_loop_api_asks_a_tls_sentinel, TO)
     redsem_client_free(cl);
     tls_sentinel_stop(&e);
 }
+
+/* The primary demoted under the loop's open connection, no connection closed (REPLICAOF by
+ * an operator; the Sentinels converge later): the next acquire on the loop is answered
+ * READONLY there (nothing applied), gives the connection up and is resent, resolving again
+ * (the old address refused by ROLE until the Sentinels name the new primary), within its
+ * retry window: granted on the new primary, never an error. */
+Test(sentinel, the_event_loop_api_follows_a_demotion_answered_readonly, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 60000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    sloop l;
+    sl_up(&l, cl);
+    loop_acquire_release(&l, cl, "loop-ro-0"); /* the loop's connection is open */
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loop-ro-1", REDSEM_STRATEGY_BASIC, 1, 60000, &s));
+    int old_port = ts_sentinels_primary_port(&c);
+    ts_server *old = server_on(&c, old_port);
+    cr_assert_not_null(old);
+    replicaof_failover(&c, old);
+    cr_assert(is_primary(old, false), "the primary was not demoted");
+    redsem_client_stats a, b;
+    OK(cl, redsem_client_get_stats(cl, &a));
+    loop_acquire_release_of(&l, s, "loop-ro-1");
+    OK(cl, redsem_client_get_stats(cl, &b));
+    cr_expect_gt(b.retries, a.retries, "no resend");
+    int new_port = ts_sentinels_primary_port(&c);
+    ts_server *now = server_on(&c, new_port);
+    cr_assert(now != NULL && now != old, "the Sentinels name no new primary");
+    char out[64] = "";
+    cr_assert_eq(ts_command(now, out, sizeof out, "HEXISTS", "redsem:{loop-ro-1}:meta", "fence",
+                            NULL),
+                 0);
+    cr_assert_str_eq(out, "1", "not granted on the new primary");
+    redsem_sem_free(s);
+    redsem_async_free(l.a);
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
