@@ -17,9 +17,10 @@
  * resolve step comes first (LC_RESOLVING): the client's watch gives the primary's address,
  * or the Sentinels are asked without blocking (topo/sentinel_loop.c: dialled, asked and
  * judged as the blocking resolve asks them, same codes and texts); the handshake then checks
- * ROLE; an open connection to a primary the watch says moved, or one that answers READONLY
- * (demoted_reply), is given up, and its calls are resent within their retry windows,
- * resolving again, as node.c's primary_moved and READONLY branch.
+ * ROLE, and so does a request every REDSEM__ROLE_CHECK_MS (role_recheck); an open connection
+ * to a primary the watch says moved, one that answers READONLY (demoted_reply) or whose ROLE
+ * is no longer "master" is given up, and its calls are resent within their retry windows,
+ * resolving again, as node.c's primary_moved, READONLY branch and roundtrip_checked.
  * Not yet: a Cluster client (docs/design.md section 16). */
 #include <poll.h>
 #include <stdio.h>
@@ -89,6 +90,8 @@ typedef struct loop_conn {
     int hs_rc;
     char hs_err[256];
     redsem__sentinel_ask ask; /* Sentinel: the question before its dial (LC_RESOLVING) */
+    redsem__preq roleq;       /* Sentinel: ROLE re-checked on the open connection */
+    bool role_pending, role_demoted; /* ... in flight; answered "not the primary" */
 } loop_conn;
 
 #define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
@@ -322,6 +325,42 @@ static int resolve_begin(redsem__loop *l, loop_conn *lc, bool *asking, char *err
  * the question to the Sentinels first), the handshake is queued, and the requests sent until
  * it is open wait behind it. REDSEM_OK (open or opening), or a failure at once (then nothing
  * was queued). */
+/* The ROLE re-check's reply: judged as the handshake's; not the primary (or no answer to
+ * judge by) marks the connection to be given up after this pipe step (conn_step). */
+static void role_done(redsem__preq *q, void *arg)
+{
+    loop_conn *lc = arg;
+    lc->role_pending = false;
+    if (q->rc != REDSEM_OK)
+        return; /* the connection's fault: its requests end with it */
+    int rc = redsem__handshake_judge(&lc->node, REDSEM__HS_ROLE, REDSEM_OK, q->replies[0],
+                                     q->recv_ns, lc->hs_err, sizeof lc->hs_err);
+    freeReplyObject(q->replies[0]);
+    lc->role_demoted = rc != REDSEM_OK;
+}
+
+/* Sentinel: ROLE goes ahead of the next request on lc (open) once the last check is
+ * REDSEM__ROLE_CHECK_MS old, as node.c's roundtrip_checked sends it (counted as a request). */
+static void role_recheck(redsem__loop *l, loop_conn *lc)
+{
+    int64_t now = redsem__now_ns();
+    if (lc->role_pending ||
+        now - lc->node.role_checked_ns < REDSEM__ROLE_CHECK_MS * REDSEM__NS_PER_MS)
+        return;
+    char *cmd = NULL;
+    int len = redsem__handshake_format(&lc->node, REDSEM__HS_ROLE, &cmd);
+    if (len < 0)
+        return; /* checked next time */
+    lc->roleq = (redsem__preq){.nreplies = 1, .done = role_done, .arg = lc};
+    lc->roleq.deadline_ns = now + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (redsem__pipe_send(&lc->pipe, &lc->roleq, cmd, (size_t)len) == REDSEM_OK) {
+        lc->role_pending = true;
+        lc->node.role_checked_ns = now;
+        REDSEM__COUNT(&l->ctx, requests, 1);
+    }
+    redsem__handshake_free(cmd, len);
+}
+
 static int conn_open(redsem__loop *l, loop_conn *lc)
 {
     /* Sentinel: an open connection to a primary the watch says moved is given up first, as
@@ -330,6 +369,8 @@ static int conn_open(redsem__loop *l, loop_conn *lc)
     if (lc->state == LC_OPEN && lc->pipe.rc == REDSEM_OK && lc->node.resolve != NULL &&
         redsem__sentinel_moved_nb(&l->topo, &lc->node, why, sizeof why))
         redsem__pipe_fail(&lc->pipe, REDSEM_ECONN, why);
+    if (lc->state == LC_OPEN && lc->pipe.rc == REDSEM_OK && lc->node.resolve != NULL)
+        role_recheck(l, lc);
     if (lc->state != LC_CLOSED && (lc->state != LC_OPEN || lc->pipe.rc == REDSEM_OK))
         return REDSEM_OK;
     if (lc->state == LC_OPEN) {
@@ -1255,6 +1296,11 @@ static void conn_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready
             w = (ready[i].revents & POLLOUT) != 0;
         }
     (void)redsem__pipe_step(&lc->pipe, r, w, redsem__now_ns());
+    if (lc->role_demoted) { /* Sentinel: given up, its requests resent, resolving again */
+        lc->role_demoted = false;
+        if (lc->pipe.rc == REDSEM_OK)
+            redsem__pipe_fail(&lc->pipe, REDSEM_ECONN, lc->hs_err);
+    }
     if (lc->hs_replied) {
         lc->hs_replied = false;
         if (lc->hs_rc == REDSEM_OK)

@@ -1095,3 +1095,50 @@ Test(sentinel, the_event_loop_api_follows_a_demotion_answered_readonly, TO)
     redsem_client_free(cl);
     stop_cluster(&c);
 }
+
+/* A status on the loop, waited for. */
+static void loop_status(sloop *l, redsem_sem *s)
+{
+    sgot g = {0};
+    cr_assert_eq(redsem_sem_status_async(l->a, s, 4, sl_done, &g, NULL), REDSEM_OK);
+    cr_assert(sl_run(l, &g, 30000), "no status callback");
+    cr_assert_eq(g.rc, REDSEM_OK, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+}
+
+/* On the loop too, the primary's ROLE is re-checked on an open connection once the last
+ * check is more than a second old, ahead of a request in the same write (one more request
+ * counted, no new connection), and not more often. */
+Test(sentinel, role_is_rechecked_every_second_on_the_loop, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 20000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    sloop l;
+    sl_up(&l, cl);
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loop-role", REDSEM_STRATEGY_BASIC, 1, 60000, &s));
+    loop_status(&l, s); /* the loop's connection is open */
+    redsem_client_stats a, b, d;
+    tf_sleep_ms(1100);
+    OK(cl, redsem_client_get_stats(cl, &a));
+    loop_status(&l, s);
+    OK(cl, redsem_client_get_stats(cl, &b));
+    cr_assert_eq(b.requests - a.requests, 2, "a status after 1.1 s idle: %llu requests",
+                 (unsigned long long)(b.requests - a.requests));
+    cr_assert_eq(b.connects, a.connects, "no new connection");
+    int64_t t0 = tf_now_ms();
+    for (int i = 0; i < 20; i++)
+        loop_status(&l, s);
+    int64_t secs = (tf_now_ms() - t0) / 1000;
+    OK(cl, redsem_client_get_stats(cl, &d));
+    cr_assert(d.requests - b.requests >= 20 && d.requests - b.requests <= 20 + 1 + (uint64_t)secs,
+              "20 statuses in %lld s: %llu requests", (long long)secs,
+              (unsigned long long)(d.requests - b.requests));
+    redsem_sem_free(s);
+    redsem_async_free(l.a);
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
