@@ -825,6 +825,7 @@ static void sl_done(redsem_async *a, const redsem_result *r, void *user)
     sgot *g = user;
     g->rc = r->rc;
     g->permit = r->permit;
+    redsem_status_free(r->status); /* a status: only its outcome is looked at */
     snprintf(g->errmsg, sizeof g->errmsg, "%s", r->errmsg);
     g->done = true;
 }
