@@ -771,15 +771,15 @@ int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                "this redsem_async was created by process %ld (after fork)",
                                (long)async->pid);
 #if REDSEM_ASYNC_LOOP
-    /* the engine takes the operations of a one-server or Cluster client, its timer a timerfd in the
-     * epoll set (timer_fn given or not); made before the loop is published, since other
+    /* the engine takes the operations of every client (one server, Sentinel, Cluster), its timer a
+     * timerfd in the epoll set (timer_fn given or not); made before the loop is published, since other
      * threads may submit from then on */
     redsem_client *c = async->c;
     redsem__loop *engine = NULL;
     redsem__renewer *renewer = NULL;
     int tfd = -1;
     if ((c->ep.kind == REDSEM__EP_TCP || c->ep.kind == REDSEM__EP_UNIX ||
-         c->ep.kind == REDSEM__EP_CLUSTER) &&
+         c->ep.kind == REDSEM__EP_SENTINEL || c->ep.kind == REDSEM__EP_CLUSTER) &&
         redsem__loop_new(c, &engine) != REDSEM_OK)
         engine = NULL;
     if (engine != NULL && ((tfd = loop_timerfd_new(async)) < 0 ||

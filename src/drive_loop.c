@@ -24,7 +24,15 @@
  * (redsem__cluster_redirected) and followed as states of the op (op_redirected): at once to
  * the node named, or after a pause within the retry window; a lost node asks for the map
  * again. Its waiters poll (no BLPOP: one takes the keys of one slot only).
- * Not yet: a Sentinel client (docs/design.md section 16). */
+ * Under Sentinel the
+ * resolve step comes first (LC_RESOLVING): the client's watch gives the primary's address,
+ * or the Sentinels are asked without blocking (topo/sentinel_loop.c: dialled, asked and
+ * judged as the blocking resolve asks them, same codes and texts); the handshake then checks
+ * ROLE, and so does a request every REDSEM__ROLE_CHECK_MS (role_recheck); an open connection
+ * to a primary the watch says moved, one that answers READONLY (demoted_reply) or whose ROLE
+ * is no longer "master" is given up, and its calls are resent within their retry windows,
+ * resolving again, as node.c's primary_moved, READONLY branch and roundtrip_checked.
+ * What it does not do yet: docs/design.md section 16. */
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -107,6 +115,9 @@ struct loop_conn {
     bool hs_replied;      /* ... which has ended, judged: */
     int hs_rc;
     char hs_err[256];
+    redsem__sentinel_ask ask; /* Sentinel: the question before its dial (LC_RESOLVING) */
+    redsem__preq roleq;       /* Sentinel: ROLE re-checked on the open connection */
+    bool role_pending, role_demoted; /* ... in flight; answered "not the primary" */
 };
 
 #define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
@@ -119,6 +130,9 @@ struct loop_conn {
 struct redsem__loop {
     redsem_client *c;
     redsem__ctx ctx;
+    /* Sentinel: the Sentinels asked, the client's watch (its node: the data endpoint, not
+     * connected); kind 0: a one-server client */
+    redsem__topo sent;
     loop_conn req;  /* the attempts, releases, drains and pushes */
     loop_conn wait; /* one BLPOP at a time on the waiters' lists (and ctl) */
     loop_op *ops;   /* under way */
@@ -165,30 +179,51 @@ static void cluster_free(redsem__loop *l);
 int redsem__loop_new(redsem_client *c, redsem__loop **ret)
 {
     bool cluster = c->ep.kind == REDSEM__EP_CLUSTER;
-    if (c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX && !cluster)
-        return redsem__set_err(c, REDSEM_EINVAL, "the loop driver takes a one-server or a "
-                               "Cluster client");
+    if (c->ep.kind != REDSEM__EP_TCP && c->ep.kind != REDSEM__EP_UNIX &&
+        c->ep.kind != REDSEM__EP_SENTINEL && !cluster)
+        return redsem__set_err(c, REDSEM_EINVAL, "the loop driver takes a one-server, Sentinel "
+                                                 "or Cluster client");
     redsem__loop *l = redsem__calloc(1, sizeof *l);
     if (l == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     l->c = c;
     char err[REDSEM__ERRMSG_LEN] = "";
-    loop_conn *lcs[2] = {&l->req, &l->wait};
-    redsem__endpoint ep = c->ep; /* a cluster's req and wait: its first seed, never opened */
-    if (cluster)
-        ep = (redsem__endpoint){.kind = REDSEM__EP_TCP, .host = c->ep.hosts[0].host,
-                                .port = c->ep.hosts[0].port};
-    for (int i = 0; i < 2; i++) {
-        int rc = redsem__node_init(&lcs[i]->node, &l->ctx, &ep, &c->cfg, err, sizeof err);
+    redsem__endpoint cep; /* a cluster's req and wait: its first seed, never opened */
+    const redsem__endpoint *ep = &c->ep;
+    if (cluster) {
+        cep = (redsem__endpoint){.kind = REDSEM__EP_TCP, .host = c->ep.hosts[0].host,
+                                 .port = c->ep.hosts[0].port};
+        ep = &cep;
+    }
+    if (c->ep.kind == REDSEM__EP_SENTINEL) {
+        int rc = redsem__topo_init(&l->sent, &l->ctx, &c->ep, &c->cfg, err, sizeof err);
         if (rc != REDSEM_OK) {
-            if (i == 1)
-                redsem__node_close(&l->req.node);
+            redsem__topo_close(&l->sent);
             redsem__free(l);
             return redsem__set_err(c, rc, "%s", err);
         }
-        /* one server: the client's clock and script cache */
+        l->sent.watch = c->sentinel_watch;
+        ep = &l->sent.single.ep; /* the data node's: credentials, db, TLS */
+    }
+    loop_conn *lcs[2] = {&l->req, &l->wait};
+    for (int i = 0; i < 2; i++) {
+        int rc = redsem__node_init(&lcs[i]->node, &l->ctx, ep, &c->cfg, err, sizeof err);
+        if (rc != REDSEM_OK) {
+            if (i == 1)
+                redsem__node_close(&l->req.node);
+            if (l->sent.kind != 0)
+                redsem__topo_close(&l->sent);
+            redsem__free(l);
+            return redsem__set_err(c, rc, "%s", err);
+        }
+        /* one server (the primary, under Sentinel): the client's clock and script cache */
         lcs[i]->node.clock = &c->clock;
         lcs[i]->node.scripts = &c->scripts;
+        if (l->sent.kind != 0) { /* never called here: the node is found through Sentinel
+                                  * (ROLE in its handshake, READONLY a lost connection) */
+            lcs[i]->node.resolve = redsem__sentinel_resolve;
+            lcs[i]->node.resolve_arg = &l->sent;
+        }
     }
     int crc = cluster ? cluster_new(l, err, sizeof err) : REDSEM_OK;
     if (crc != REDSEM_OK) {
@@ -240,7 +275,7 @@ static void hs_done(redsem__preq *q, void *arg)
 /* Queue lc's handshake (its steps in one write) on its pipe, and hold what comes after. */
 static int hs_queue(loop_conn *lc)
 {
-    redsem__handshake_plan(&lc->node, false, &lc->hs);
+    redsem__handshake_plan(&lc->node, true, &lc->hs); /* ROLE under Sentinel */
     size_t total = 0;
     char *cmd[REDSEM__HS_MAX], *all = NULL;
     int len[REDSEM__HS_MAX], rc = REDSEM_OK;
@@ -269,6 +304,7 @@ static int hs_queue(loop_conn *lc)
  * (not applied). */
 static void conn_fail(redsem__loop *l, loop_conn *lc, int rc, const char *err)
 {
+    redsem__sentinel_ask_cancel(&lc->ask);
     redsem__dial_cancel(&lc->dial);
     lc->state = LC_CLOSED;
     if (lc->pipe.rc == REDSEM_OK)
@@ -324,11 +360,79 @@ static void dial_moved(redsem__loop *l, loop_conn *lc)
         lc->state = of[lc->dial.state];
 }
 
-/* Open the connection lc if it is not, without blocking: the dial starts, the handshake is
- * queued, and the requests sent until it is open wait behind it. REDSEM_OK (open or
- * opening), or a failure at once (then nothing was queued). */
+/* Start lc's dial to its node's address. */
+static int dial_begin(redsem__loop *l, loop_conn *lc, char *err, size_t errlen)
+{
+    redsem__conn_tls tls = {lc->node.tls_ctx, lc->node.tls_server_name};
+    return redsem__dial_start(&lc->dial, &lc->node.conn, &lc->node.ep, &tls,
+                              l->c->command_timeout_ms, err, errlen);
+}
+
+/* Sentinel: the resolve step, before the dial: the question to the Sentinels starts
+ * (sentinel_loop.c). REDSEM_OK: under way (lc resolving), or answered at once by the watch
+ * (*asking false: dial). Else the failure (err). */
+static int resolve_begin(redsem__loop *l, loop_conn *lc, bool *asking, char *err,
+                         size_t errlen)
+{
+    *asking = false;
+    int rc = redsem__sentinel_ask_start(&lc->ask, &l->sent, &lc->node, lc->open_by);
+    if (rc != REDSEM_OK)
+        snprintf(err, errlen, "%s", lc->ask.err);
+    else if (lc->ask.state != REDSEM__ASK_IDLE)
+        *asking = true;
+    return rc;
+}
+
+/* Open the connection lc if it is not, without blocking: the dial starts (under Sentinel,
+ * the question to the Sentinels first), the handshake is queued, and the requests sent until
+ * it is open wait behind it. REDSEM_OK (open or opening), or a failure at once (then nothing
+ * was queued). */
+/* The ROLE re-check's reply: judged as the handshake's; not the primary (or no answer to
+ * judge by) marks the connection to be given up after this pipe step (conn_step). */
+static void role_done(redsem__preq *q, void *arg)
+{
+    loop_conn *lc = arg;
+    lc->role_pending = false;
+    if (q->rc != REDSEM_OK)
+        return; /* the connection's fault: its requests end with it */
+    int rc = redsem__handshake_judge(&lc->node, REDSEM__HS_ROLE, REDSEM_OK, q->replies[0],
+                                     q->recv_ns, lc->hs_err, sizeof lc->hs_err);
+    freeReplyObject(q->replies[0]);
+    lc->role_demoted = rc != REDSEM_OK;
+}
+
+/* Sentinel: ROLE goes ahead of the next request on lc (open) once the last check is
+ * REDSEM__ROLE_CHECK_MS old, as node.c's roundtrip_checked sends it (counted as a request). */
+static void role_recheck(redsem__loop *l, loop_conn *lc)
+{
+    int64_t now = redsem__now_ns();
+    if (lc->role_pending ||
+        now - lc->node.role_checked_ns < REDSEM__ROLE_CHECK_MS * REDSEM__NS_PER_MS)
+        return;
+    char *cmd = NULL;
+    int len = redsem__handshake_format(&lc->node, REDSEM__HS_ROLE, &cmd);
+    if (len < 0)
+        return; /* checked next time */
+    lc->roleq = (redsem__preq){.nreplies = 1, .done = role_done, .arg = lc};
+    lc->roleq.deadline_ns = now + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
+    if (redsem__pipe_send(&lc->pipe, &lc->roleq, cmd, (size_t)len) == REDSEM_OK) {
+        lc->role_pending = true;
+        lc->node.role_checked_ns = now;
+        REDSEM__COUNT(&l->ctx, requests, 1);
+    }
+    redsem__handshake_free(cmd, len);
+}
+
 static int conn_open(redsem__loop *l, loop_conn *lc)
 {
+    /* Sentinel: an open connection to a primary the watch says moved is given up first, as
+     * node.c's primary_moved (what is in flight on it is lost: resent within its window) */
+    char why[256];
+    if (lc->state == LC_OPEN && lc->pipe.rc == REDSEM_OK && lc->node.resolve != NULL &&
+        redsem__sentinel_moved_nb(&l->sent, &lc->node, why, sizeof why))
+        redsem__pipe_fail(&lc->pipe, REDSEM_ECONN, why);
+    if (lc->state == LC_OPEN && lc->pipe.rc == REDSEM_OK && lc->node.resolve != NULL)
+        role_recheck(l, lc);
     if (lc->state != LC_CLOSED && (lc->state != LC_OPEN || lc->pipe.rc == REDSEM_OK))
         return REDSEM_OK;
     if (lc->state == LC_OPEN) {
@@ -341,19 +445,23 @@ static int conn_open(redsem__loop *l, loop_conn *lc)
     lc->open_by = redsem__now_ns() + l->c->connect_timeout_ms * REDSEM__NS_PER_MS;
     lc->hs_replied = false;
     char err[REDSEM__ERRMSG_LEN] = "";
-    redsem__conn_tls tls = {lc->node.tls_ctx, lc->node.tls_server_name};
+    bool asking = false;
     int rc = hs_queue(lc);
-    if (rc == REDSEM_OK)
-        rc = redsem__dial_start(&lc->dial, &lc->node.conn, &lc->node.ep, &tls,
-                                l->c->command_timeout_ms, err, sizeof err);
-    else
+    if (rc != REDSEM_OK)
         snprintf(err, sizeof err, "out of memory");
+    if (rc == REDSEM_OK && lc->node.resolve != NULL)
+        rc = resolve_begin(l, lc, &asking, err, sizeof err);
+    if (rc == REDSEM_OK && !asking)
+        rc = dial_begin(l, lc, err, sizeof err);
     l->gen++;
     if (rc != REDSEM_OK) {
         redsem__pipe_reset(&lc->pipe); /* the handshake, not called back: LC_CLOSED */
         return redsem__set_err(l->c, rc, "%s", err);
     }
-    dial_moved(l, lc);
+    if (asking)
+        lc->state = LC_RESOLVING;
+    else
+        dial_moved(l, lc);
     return REDSEM_OK;
 }
 
@@ -857,6 +965,23 @@ static bool map_wait(loop_op *o)
     return true;
 }
 
+/* Sentinel: whether r says the primary was demoted under us (READONLY: a failover; the call
+ * was refused before anything was written). Then the connection is given up (the next
+ * request resolves the primary again) and o->err says why, as node.c's READONLY branch. */
+static bool demoted_reply(redsem__loop *l, loop_op *o, const redisReply *r)
+{
+    (void)l;
+    loop_conn *lc = o->lc;
+    if (lc->node.resolve == NULL || r->type != REDIS_REPLY_ERROR || r->str == NULL ||
+        strncmp(r->str, "READONLY", 8) != 0)
+        return false;
+    snprintf(o->err, sizeof o->err, "%s:%d became a replica (READONLY)", lc->node.ep.host,
+             lc->node.ep.port);
+    if (lc->pipe.rc == REDSEM_OK)
+        redsem__pipe_fail(&lc->pipe, REDSEM_ECONN, o->err);
+    return true;
+}
+
 /* The reply to o's request: a lost connection or LOADING sends it again within its retry
  * window ("maybe applied" kept when a copy was written); a NOSCRIPT is sent again with the
  * body; WAIT's reply becomes replicas_acked; an error reply becomes its code (with the text
@@ -900,6 +1025,17 @@ static void op_reply(loop_op *o)
         freeReplyObject(r);
         if (w != NULL)
             freeReplyObject(w);
+        return;
+    }
+    if (demoted_reply(l, o, r)) { /* nothing applied: as a connection lost before writing */
+        freeReplyObject(r);
+        if (w != NULL)
+            freeReplyObject(w);
+        int rc = redsem__set_err(c, REDSEM_ECONN, "%s", o->err);
+        if (retry_later(o))
+            return;
+        info.maybe_applied = o->maybe;
+        attempt_outcome(o, rc, NULL, &info);
         return;
     }
     if (w != NULL) {
@@ -1453,7 +1589,9 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
                 w[n++] = (redsem__loop_watch){redsem__pipe_fd(&lc->pipe), ev};
         } else if (lc->state != LC_CLOSED) { /* its dial: its sockets, c-ares' timeout */
             struct pollfd p[REDSEM__DIAL_SOCKS + 1];
-            int k = redsem__dial_wants(&lc->dial, p, REDSEM__DIAL_SOCKS + 1, &d);
+            int k = lc->ask.state != REDSEM__ASK_IDLE
+                        ? redsem__sentinel_ask_wants(&lc->ask, p, REDSEM__DIAL_SOCKS + 1, &d)
+                        : redsem__dial_wants(&lc->dial, p, REDSEM__DIAL_SOCKS + 1, &d);
             for (int j = 0; j < k; j++)
                 w[n++] = (redsem__loop_watch){p[j].fd, p[j].events};
             int64_t by = open_deadline(lc);
@@ -1483,7 +1621,7 @@ unsigned redsem__loop_generation(const redsem__loop *l)
     loop_conn *lcs[REDSEM__LOOP_CONNS_MAX];
     unsigned gen = l->gen;
     for (int i = 0, nc = loop_conns(l, lcs); i < nc; i++)
-        gen += lcs[i]->dial.gen;
+        gen += lcs[i]->dial.gen + lcs[i]->ask.gen;
     return gen;
 }
 
@@ -1551,6 +1689,20 @@ static bool run_all_due(redsem__loop *l)
 static void dial_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready, int n)
 {
     char err[REDSEM__ERRMSG_LEN] = "";
+    if (lc->ask.state != REDSEM__ASK_IDLE) { /* Sentinel: asked first, then the dial */
+        int rc = redsem__now_ns() >= open_deadline(lc)
+                     ? redsem__sentinel_ask_timeout(&lc->ask)
+                     : redsem__sentinel_ask_step(&lc->ask, ready, n);
+        if (rc == REDSEM_OK && lc->ask.state == REDSEM__ASK_IDLE)
+            rc = dial_begin(l, lc, err, sizeof err);
+        else if (rc != REDSEM_OK)
+            snprintf(err, sizeof err, "%s", lc->ask.err);
+        if (rc != REDSEM_OK)
+            conn_fail(l, lc, rc, err);
+        else if (lc->ask.state == REDSEM__ASK_IDLE)
+            dial_moved(l, lc);
+        return;
+    }
     int rc = redsem__dial_step(&lc->dial, ready, n, err, sizeof err);
     if (rc == REDSEM_OK && lc->dial.state != REDSEM__DIAL_DONE &&
         redsem__now_ns() >= open_deadline(lc))
@@ -1576,6 +1728,11 @@ static void conn_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready
             w = (ready[i].revents & POLLOUT) != 0;
         }
     (void)redsem__pipe_step(&lc->pipe, r, w, redsem__now_ns());
+    if (lc->role_demoted) { /* Sentinel: given up, its requests resent, resolving again */
+        lc->role_demoted = false;
+        if (lc->pipe.rc == REDSEM_OK)
+            redsem__pipe_fail(&lc->pipe, REDSEM_ECONN, lc->hs_err);
+    }
     if (lc->hs_replied) {
         lc->hs_replied = false;
         if (lc->hs_rc == REDSEM_OK)
@@ -1632,6 +1789,7 @@ void redsem__loop_free(redsem__loop *l)
     redsem__stats_detach(l->c, &l->ctx); /* its counters stay in the client's */
     loop_conn *lcs[2] = {&l->req, &l->wait};
     for (int i = 0; i < 2; i++) {
+        redsem__sentinel_ask_cancel(&lcs[i]->ask);
         redsem__dial_cancel(&lcs[i]->dial);
         lcs[i]->state = LC_CLOSED;
         redsem__pipe_reset(&lcs[i]->pipe); /* requests end (ops: not called back) */
@@ -1648,5 +1806,7 @@ void redsem__loop_free(redsem__loop *l)
     cluster_free(l);
     for (int i = 0; i < 2; i++)
         redsem__node_close(&lcs[i]->node);
+    if (l->sent.kind != 0)
+        redsem__topo_close(&l->sent);
     redsem__free(l);
 }

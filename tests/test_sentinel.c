@@ -3,6 +3,8 @@
  * redis-sentinel runs), with short down-after and failover timeouts. Using it, a failover
  * under a client, and the clear refusals. The failover under contended load, with counts, is
  * in the fault suite. */
+#include <dirent.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -782,6 +784,362 @@ Test(sentinel, role_is_rechecked_every_second, TO)
     cr_assert(d.requests - b.requests >= 50 && d.requests - b.requests <= 50 + 1 + (uint64_t)secs,
               "50 PINGs in %lld s: %llu requests", (long long)secs,
               (unsigned long long)(d.requests - b.requests));
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
+
+/* ------------------------------------------------------------ the event-loop API */
+
+/* A poll() loop with a timer of the test's own (on the loop engine's build, the engine takes
+ * the operations of a client whose loop gives a timer). */
+typedef struct sloop {
+    redsem_async *a;
+    int fd;
+    int64_t timer_at; /* ms, -1: none */
+} sloop;
+
+typedef struct sgot {
+    bool done;
+    int rc;
+    redsem_permit *permit;
+    char errmsg[512];
+} sgot;
+
+static void sl_socket(redsem_async *a, int fd, int what, void *data)
+{
+    (void)a;
+    sloop *l = data;
+    l->fd = (what & REDSEM_WATCH_REMOVE) ? -1 : fd;
+}
+
+static void sl_timer(redsem_async *a, int64_t ms, void *data)
+{
+    (void)a;
+    sloop *l = data;
+    l->timer_at = ms < 0 ? -1 : tf_now_ms() + ms;
+}
+
+static void sl_done(redsem_async *a, const redsem_result *r, void *user)
+{
+    (void)a;
+    sgot *g = user;
+    g->rc = r->rc;
+    g->permit = r->permit;
+    redsem_status_free(r->status); /* a status: only its outcome is looked at */
+    snprintf(g->errmsg, sizeof g->errmsg, "%s", r->errmsg);
+    g->done = true;
+}
+
+/* Run the loop until g is done or ms passed; whether it is done. */
+static bool sl_run(sloop *l, sgot *g, int64_t ms)
+{
+    int64_t end = tf_now_ms() + ms;
+    while (!g->done && tf_now_ms() < end) {
+        int64_t wait = 5;
+        if (l->timer_at >= 0 && l->timer_at - tf_now_ms() < wait)
+            wait = l->timer_at - tf_now_ms();
+        struct pollfd p = {l->fd, POLLIN, 0};
+        int n = poll(&p, l->fd >= 0 ? 1 : 0, wait > 0 ? (int)wait : 0);
+        if (n > 0 && (p.revents & POLLIN))
+            (void)redsem_async_action(l->a, l->fd, REDSEM_WATCH_IN);
+        if (l->timer_at >= 0 && tf_now_ms() >= l->timer_at) {
+            l->timer_at = -1;
+            (void)redsem_async_action(l->a, -1, 0);
+        }
+    }
+    return g->done;
+}
+
+static void sl_up(sloop *l, redsem_client *cl)
+{
+    *l = (sloop){.fd = -1, .timer_at = -1};
+    cr_assert_eq(redsem_async_new(cl, &l->a), REDSEM_OK);
+    cr_assert_eq(redsem_async_set_loop(l->a, sl_socket, sl_timer, l), REDSEM_OK);
+}
+
+/* The threads of this process now (/proc/self/task). */
+static int thread_count(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    cr_assert_not_null(d);
+    for (struct dirent *de; (de = readdir(d)) != NULL;)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* On the loop engine's build the threads started are none; else (workers) some. */
+static void expect_threads(int before, int after)
+{
+#if REDSEM_ASYNC_LOOP
+    cr_expect_eq(after, before, "threads were started: %d before, %d after", before, after);
+#else
+    cr_expect_geq(after, before + 1, "no worker seen");
+#endif
+}
+
+/* One acquire of s (named name) and its release, on the loop. */
+static void loop_acquire_release_of(sloop *l, redsem_sem *s, const char *name)
+{
+    sgot g = {0};
+    cr_assert_eq(redsem_sem_acquire_async(l->a, s, 1, 5000, sl_done, &g, NULL), REDSEM_OK);
+    cr_assert(sl_run(l, &g, 30000), "%s: no callback", name);
+    cr_assert_eq(g.rc, REDSEM_OK, "%s: %s: %s", name, redsem_err_name(g.rc), g.errmsg);
+    sgot r = {0};
+    cr_assert_eq(redsem_permit_release_async(l->a, g.permit, sl_done, &r, NULL), REDSEM_OK);
+    cr_assert(sl_run(l, &r, 30000), "%s: no release callback", name);
+    cr_assert(r.rc == REDSEM_OK || r.rc == REDSEM_ELOST, "%s: release: %s: %s", name,
+              redsem_err_name(r.rc), r.errmsg);
+    redsem_permit_free(g.permit);
+}
+
+/* The same on a fresh fair semaphore `name` (opened by the blocking API). */
+static void loop_acquire_release(sloop *l, redsem_client *cl, const char *name)
+{
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, name, REDSEM_STRATEGY_FAIR, 1, 60000, &s));
+    loop_acquire_release_of(l, s, name);
+    redsem_sem_free(s);
+}
+
+/* A Sentinel client's operations on the loop: granted on the primary with no thread
+ * started, the primary's address from the client's watch at first; then, the watch's
+ * Sentinel stopped (its subscription lost: the loop never subscribes again) and the loop's
+ * connections killed, asked of the remaining Sentinels on the loop (dialled, asked, judged
+ * without blocking), the first Sentinel of the URL down. */
+Test(sentinel, the_event_loop_api_on_a_sentinel_client_starts_no_thread, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512], url[600];
+    int rc;
+    snprintf(url, sizeof url, "redis+sentinel://127.0.0.1:%d,%s", ts_free_port(),
+             c.url + strlen("redis+sentinel://"));
+    redsem_client *cl = tf_client_try(url, 20000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
+    int before = thread_count();
+    sloop l;
+    sl_up(&l, cl);
+    loop_acquire_release(&l, cl, "loop-sent-0");
+    redsem_sem *s = NULL; /* opened now: a blocking call would subscribe the watch again */
+    OK(cl, redsem_sem_open(cl, "loop-sent-1", REDSEM_STRATEGY_FAIR, 1, 60000, &s));
+    ts_server_stop(&c.sentinel[0]); /* the one the watch subscribed to */
+    cr_assert_eq(ts_command(&c.primary, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", NULL), 0);
+    redsem_client_stats a, b;
+    OK(cl, redsem_client_get_stats(cl, &a));
+    loop_acquire_release_of(&l, s, "loop-sent-1");
+    OK(cl, redsem_client_get_stats(cl, &b));
+    redsem_sem_free(s);
+    int after = thread_count();
+    cr_expect_gt(b.connects, a.connects, "the loop did not connect again");
+    char out[64] = "";
+    cr_assert_eq(ts_command(&c.primary, out, sizeof out, "HEXISTS", "redsem:{loop-sent-1}:meta",
+                            "fence", NULL),
+                 0);
+    cr_assert_str_eq(out, "1", "the semaphore was not granted on the primary");
+    expect_threads(before, after);
+    redsem_async_free(l.a);
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
+
+/* Every Sentinel down when the loop must find the primary again: the acquire ends with the
+ * blocking resolve's code and text (what each Sentinel said, and the primary's name) once
+ * its retry window ends, never granted elsewhere. */
+Test(sentinel, no_sentinel_on_the_loop_reads_as_on_a_blocking_resolve, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 500, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    sloop l;
+    sl_up(&l, cl);
+    loop_acquire_release(&l, cl, "loop-nos-0");
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loop-nos-1", REDSEM_STRATEGY_BASIC, 1, 60000, &s));
+    for (int i = 0; i < 3; i++)
+        ts_server_stop(&c.sentinel[i]);
+    cr_assert_eq(ts_command(&c.primary, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", NULL), 0);
+    sgot g = {0};
+    OK(cl, redsem_sem_acquire_async(l.a, s, 1, 0, sl_done, &g, NULL));
+    cr_assert(sl_run(&l, &g, 30000), "no callback");
+    /* EUNKNOWN: its first copy went to the connection killed (not read yet) */
+    cr_assert(g.rc == REDSEM_ECONN || g.rc == REDSEM_EUNKNOWN, "%s: %s", redsem_err_name(g.rc),
+              g.errmsg);
+    cr_assert(strstr(g.errmsg, "Sentinel 127.0.0.1:") != NULL &&
+                  strstr(g.errmsg, "(primary 'mymaster')") != NULL,
+              "%s", g.errmsg);
+    redsem_sem_free(s);
+    redsem_async_free(l.a);
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
+
+/* After SENTINEL FAILOVER the next acquire on the loop reaches the new primary (its keys
+ * there, not on the old one), with no thread started. */
+Test(sentinel, the_event_loop_api_follows_a_sentinel_failover, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 20000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    int before = thread_count();
+    sloop l;
+    sl_up(&l, cl);
+    loop_acquire_release(&l, cl, "loop-fo-0"); /* the loop's connections are open */
+    int old_port = ts_sentinels_primary_port_of(&c, 0);
+    ts_server *old = server_on(&c, old_port);
+    cr_assert_not_null(old);
+    cr_assert_eq(ts_command(&c.sentinel[0], NULL, 0, "SENTINEL", "FAILOVER", "mymaster", NULL),
+                 0, "SENTINEL FAILOVER refused");
+    int new_port = old_port;
+    int64_t t0 = tf_now_ms();
+    while (tf_now_ms() - t0 < 30000 && (new_port <= 0 || new_port == old_port)) {
+        tf_sleep_ms(20);
+        new_port = ts_sentinels_primary_port_of(&c, 0);
+    }
+    cr_assert(new_port > 0 && new_port != old_port, "no failover within 30 s");
+    ts_server *now = server_on(&c, new_port);
+    cr_assert_not_null(now);
+    tf_sleep_ms(500); /* the announcement reaches the client's watch (a loaded machine) */
+    loop_acquire_release(&l, cl, "loop-fo-1");
+    cr_assert_eq(granted_on_new(old, now, "loop-fo-1"), 1,
+                 "the acquire after the failover was not granted on the new primary");
+    expect_threads(before, thread_count());
+    redsem_async_free(l.a);
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
+
+/* rediss+sentinel:// on the loop: the Sentinel asked over TLS on the loop (its subscription
+ * cut, the loop's connections killed), then the primary dialled over TLS, its ROLE checked;
+ * granted there, no thread started. */
+Test(sentinel, the_event_loop_api_asks_a_tls_sentinel, TO)
+{
+    tls_sentinel e;
+    tls_sentinel_start(&e, "server.crt");
+    char url[300];
+    snprintf(url, sizeof url, "rediss+sentinel://127.0.0.1:%s/mymaster", e.port[1]);
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK, "%s", url);
+    cr_assert_eq(redsem_options_set_tls_ca(o, e.file[3], NULL), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_retry_ms(o, 5000), REDSEM_OK);
+    redsem_client *cl = NULL;
+    char err[512] = "";
+    int rc = redsem_client_new_verbose(o, &cl, err, sizeof err);
+    redsem_options_free(o);
+    cr_assert_eq(rc, REDSEM_OK, "%s: %s", redsem_err_name(rc), err);
+    int before = thread_count();
+    sloop l;
+    sl_up(&l, cl);
+    loop_acquire_release(&l, cl, "loop-tls-0");
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loop-tls-1", REDSEM_STRATEGY_FAIR, 1, 60000, &s));
+    cr_assert_eq(ts_command(&e.sentinel, NULL, 0, "CLIENT", "KILL", "TYPE", "pubsub", NULL), 0);
+    cr_assert_eq(ts_command(&e.primary, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", NULL), 0);
+    redsem_client_stats a, b;
+    OK(cl, redsem_client_get_stats(cl, &a));
+    loop_acquire_release_of(&l, s, "loop-tls-1");
+    OK(cl, redsem_client_get_stats(cl, &b));
+    cr_expect_gt(b.connects, a.connects, "the loop did not connect again");
+    expect_threads(before, thread_count());
+    redsem_sem_free(s);
+    redsem_async_free(l.a);
+    redsem_client_free(cl);
+    tls_sentinel_stop(&e);
+}
+
+/* The primary demoted under the loop's open connection, no connection closed (REPLICAOF by
+ * an operator; the Sentinels converge later): the next acquire on the loop is answered
+ * READONLY there (nothing applied), gives the connection up and is resent, resolving again
+ * (the old address refused by ROLE until the Sentinels name the new primary), within its
+ * retry window: granted on the new primary, never an error. */
+Test(sentinel, the_event_loop_api_follows_a_demotion_answered_readonly, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 60000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    sloop l;
+    sl_up(&l, cl);
+    loop_acquire_release(&l, cl, "loop-ro-0"); /* the loop's connection is open */
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loop-ro-1", REDSEM_STRATEGY_BASIC, 1, 60000, &s));
+    int old_port = ts_sentinels_primary_port(&c);
+    ts_server *old = server_on(&c, old_port);
+    cr_assert_not_null(old);
+    replicaof_failover(&c, old);
+    cr_assert(is_primary(old, false), "the primary was not demoted");
+    redsem_client_stats a, b;
+    OK(cl, redsem_client_get_stats(cl, &a));
+    loop_acquire_release_of(&l, s, "loop-ro-1");
+    OK(cl, redsem_client_get_stats(cl, &b));
+    cr_expect_gt(b.retries, a.retries, "no resend");
+    int new_port = ts_sentinels_primary_port(&c);
+    ts_server *now = server_on(&c, new_port);
+    cr_assert(now != NULL && now != old, "the Sentinels name no new primary");
+    char out[64] = "";
+    cr_assert_eq(ts_command(now, out, sizeof out, "HEXISTS", "redsem:{loop-ro-1}:meta", "fence",
+                            NULL),
+                 0);
+    cr_assert_str_eq(out, "1", "not granted on the new primary");
+    redsem_sem_free(s);
+    redsem_async_free(l.a);
+    redsem_client_free(cl);
+    stop_cluster(&c);
+}
+
+/* A status on the loop, waited for. */
+static void loop_status(sloop *l, redsem_sem *s)
+{
+    sgot g = {0};
+    cr_assert_eq(redsem_sem_status_async(l->a, s, 4, sl_done, &g, NULL), REDSEM_OK);
+    cr_assert(sl_run(l, &g, 30000), "no status callback");
+    cr_assert_eq(g.rc, REDSEM_OK, "%s: %s", redsem_err_name(g.rc), g.errmsg);
+}
+
+/* On the loop too, the primary's ROLE is re-checked on an open connection once the last
+ * check is more than a second old, ahead of a request in the same write (one more request
+ * counted, no new connection), and not more often. */
+Test(sentinel, role_is_rechecked_every_second_on_the_loop, TO)
+{
+    cluster c;
+    start_cluster(&c);
+    char err[512];
+    int rc;
+    redsem_client *cl = tf_client_try(c.url, 20000, &rc, err, sizeof err);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    sloop l;
+    sl_up(&l, cl);
+    redsem_sem *s = NULL;
+    OK(cl, redsem_sem_open(cl, "loop-role", REDSEM_STRATEGY_BASIC, 1, 60000, &s));
+    loop_status(&l, s); /* the loop's connection is open */
+    redsem_client_stats a, b, d;
+    tf_sleep_ms(1100);
+    OK(cl, redsem_client_get_stats(cl, &a));
+    loop_status(&l, s);
+    OK(cl, redsem_client_get_stats(cl, &b));
+    cr_assert_eq(b.requests - a.requests, 2, "a status after 1.1 s idle: %llu requests",
+                 (unsigned long long)(b.requests - a.requests));
+    cr_assert_eq(b.connects, a.connects, "no new connection");
+    int64_t t0 = tf_now_ms();
+    for (int i = 0; i < 20; i++)
+        loop_status(&l, s);
+    int64_t secs = (tf_now_ms() - t0) / 1000;
+    OK(cl, redsem_client_get_stats(cl, &d));
+    cr_assert(d.requests - b.requests >= 20 && d.requests - b.requests <= 20 + 1 + (uint64_t)secs,
+              "20 statuses in %lld s: %llu requests", (long long)secs,
+              (unsigned long long)(d.requests - b.requests));
+    redsem_sem_free(s);
+    redsem_async_free(l.a);
     redsem_client_free(cl);
     stop_cluster(&c);
 }

@@ -137,9 +137,9 @@ int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t err
 void redsem__node_opened(redsem__node *n);
 
 /* The handshake of a connect as requests, in this order: AUTH (a password), SELECT (db not
- * 0), TIME (the clock's offset not measured yet), ROLE (a node found through Sentinel; the
- * blocking connect only), INFO memory (eviction not allowed: refused with REDSEM_EEVICTION
- * when the server may evict). redsem__node_connect runs them one at a time; the loop engine
+ * 0), TIME (the clock's offset not measured yet), ROLE (a node found through Sentinel),
+ * INFO memory (eviction not allowed: refused with REDSEM_EEVICTION when the server may
+ * evict). redsem__node_connect runs them one at a time; the loop engine
  * (drive_loop.c) sends them in one write on its pipe. Both build each with
  * redsem__handshake_format and judge its outcome with redsem__handshake_judge, in order,
  * stopping at the first failure. */

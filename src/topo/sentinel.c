@@ -258,6 +258,60 @@ static int sentinel_request(redsem__conn *c, const redsem__args *a, const redsem
     return redsem__io_status(io, err_no, err, errlen);
 }
 
+void redsem__sentinel_args(const redsem__topo *t, bool auth, redsem__args *a)
+{
+    const redsem__endpoint *se = &t->given;
+    redsem__args_init(a);
+    if (auth) {
+        redsem__args_str(a, "AUTH");
+        if (se->sentinel_user != NULL)
+            redsem__args_str(a, se->sentinel_user);
+        redsem__args_str(a, se->sentinel_password);
+        return;
+    }
+    redsem__args_str(a, "SENTINEL");
+    redsem__args_str(a, "get-master-addr-by-name");
+    redsem__args_str(a, se->master);
+}
+
+int redsem__sentinel_judge_auth(const redisReply *r, char *err, size_t errlen)
+{
+    if (r->type != REDIS_REPLY_ERROR)
+        return REDSEM_OK;
+    snprintf(err, errlen, "AUTH: %.200s", r->str);
+    return REDSEM_EPERM;
+}
+
+int redsem__sentinel_judge(const redsem__topo *t, const redisReply *r, char **host, int *port,
+                           char *err, size_t errlen)
+{
+    long p = 0;
+    if (r->type == REDIS_REPLY_NIL) {
+        snprintf(err, errlen, "knows no primary named '%s'", t->given.master);
+        return REDSEM_ECONN;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        snprintf(err, errlen, "%.200s", r->str);
+        return strncmp(r->str, "NOAUTH", 6) == 0 || strncmp(r->str, "NOPERM", 6) == 0 ||
+                       strncmp(r->str, "WRONGPASS", 9) == 0
+                   ? REDSEM_EPERM
+                   : REDSEM_ECONN;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING ||
+        r->element[0]->len == 0 || r->element[0]->len > 253 ||
+        (p = strtol(r->element[1]->str, NULL, 10)) < 1 || p > 65535) {
+        snprintf(err, errlen, "unexpected reply to SENTINEL get-master-addr-by-name");
+        return REDSEM_EPROTO;
+    }
+    if ((*host = redsem__strdup(r->element[0]->str)) == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return REDSEM_ENOMEM;
+    }
+    *port = (int)p;
+    return REDSEM_OK;
+}
+
 /* Ask one Sentinel. On REDSEM_OK, *host (new string) and *port. With keep (not NULL), SUBSCRIBE
  * +switch-master goes in the same write as the question, and a subscribed connection is
  * handed over in *keep (NULL if the Sentinel refused the subscription: the answer stands). */
@@ -279,25 +333,16 @@ static int ask(redsem__topo *t, redsem__node *n, const redsem__hostport *s, int6
     redsem__args a;
     redisReply *r = NULL, *sub = NULL;
     if (rc == REDSEM_OK && se->sentinel_password != NULL) {
-        redsem__args_init(&a);
-        redsem__args_str(&a, "AUTH");
-        if (se->sentinel_user != NULL)
-            redsem__args_str(&a, se->sentinel_user);
-        redsem__args_str(&a, se->sentinel_password);
+        redsem__sentinel_args(t, true, &a);
         rc = sentinel_request(conn, &a, NULL, deadline_ns, &r, NULL, err, errlen);
-        if (rc == REDSEM_OK && r->type == REDIS_REPLY_ERROR) {
-            snprintf(err, errlen, "AUTH: %.200s", r->str);
-            rc = REDSEM_EPERM;
-        }
+        if (rc == REDSEM_OK)
+            rc = redsem__sentinel_judge_auth(r, err, errlen);
         if (r != NULL)
             freeReplyObject(r);
         r = NULL;
     }
     if (rc == REDSEM_OK) {
-        redsem__args_init(&a);
-        redsem__args_str(&a, "SENTINEL");
-        redsem__args_str(&a, "get-master-addr-by-name");
-        redsem__args_str(&a, se->master);
+        redsem__sentinel_args(t, false, &a);
         redsem__args then;
         redsem__args_init(&then);
         redsem__args_str(&then, "SUBSCRIBE");
@@ -306,30 +351,8 @@ static int ask(redsem__topo *t, redsem__node *n, const redsem__hostport *s, int6
         rc = sentinel_request(conn, &a, keep != NULL ? &then : NULL, deadline_ns, &r,
                               keep != NULL ? &sub : NULL, err, errlen);
     }
-    if (rc == REDSEM_OK) {
-        long p = 0;
-        if (r->type == REDIS_REPLY_NIL) {
-            snprintf(err, errlen, "knows no primary named '%s'", se->master);
-            rc = REDSEM_ECONN;
-        } else if (r->type == REDIS_REPLY_ERROR) {
-            snprintf(err, errlen, "%.200s", r->str);
-            rc = strncmp(r->str, "NOAUTH", 6) == 0 || strncmp(r->str, "NOPERM", 6) == 0 ||
-                         strncmp(r->str, "WRONGPASS", 9) == 0
-                     ? REDSEM_EPERM
-                     : REDSEM_ECONN;
-        } else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-                   r->element[0]->type != REDIS_REPLY_STRING ||
-                   r->element[1]->type != REDIS_REPLY_STRING || r->element[0]->len == 0 ||
-                   r->element[0]->len > 253 || (p = strtol(r->element[1]->str, NULL, 10)) < 1 ||
-                   p > 65535) {
-            snprintf(err, errlen, "unexpected reply to SENTINEL get-master-addr-by-name");
-            rc = REDSEM_EPROTO;
-        } else if ((*host = redsem__strdup(r->element[0]->str)) == NULL) {
-            rc = REDSEM_ENOMEM;
-        } else {
-            *port = (int)p;
-        }
-    }
+    if (rc == REDSEM_OK)
+        rc = redsem__sentinel_judge(t, r, host, port, err, errlen);
     if (r != NULL)
         freeReplyObject(r);
     /* ["subscribe", "+switch-master", 1]: the connection now carries the announcements */
@@ -351,55 +374,55 @@ static int ask(redsem__topo *t, redsem__node *n, const redsem__hostport *s, int6
     return rc;
 }
 
-/* Ask the Sentinels in turn from the first (t->first, or the watch's), each within a fair
- * share of the time left. On REDSEM_OK *host (new string), *port, *which (the Sentinel that
- * answered) and, with keep, its subscribed connection (or NULL). Otherwise the code (ECONN,
- * ETIMEDOUT, EPERM, ETLS, ENOMEM) and err says what each Sentinel said. */
-static int ask_all(redsem__topo *t, redsem__node *n, size_t first, int64_t deadline_ns,
-                   char **host, int *port, size_t *which, redsem__conn **keep, char *err,
-                   size_t errlen)
+void redsem__sentinel_round_begin(redsem__sentinel_round *r, size_t first, char *err)
+{
+    *r = (redsem__sentinel_round){.first = first, .worst = REDSEM_ECONN};
+    err[0] = '\0';
+}
+
+bool redsem__sentinel_round_next(const redsem__topo *t, redsem__sentinel_round *r,
+                                 int64_t deadline_ns, size_t *which, int64_t *share_ns)
 {
     size_t count = t->given.nhosts;
-    size_t used = 0, refused_tls = 0;
-    int worst = REDSEM_ECONN;
-    err[0] = '\0';
-    for (size_t k = 0; k < count; k++) {
-        size_t i = (first + k) % count;
-        const redsem__hostport *s = &t->given.hosts[i];
-        /* each Sentinel gets a fair share of what is left, so that one that hangs does not
-         * use up the time the others need */
-        int64_t now = redsem__now_ns();
-        if (now >= deadline_ns)
-            break;
-        int64_t share = (deadline_ns - now) / (int64_t)(count - k);
-        int64_t dl = deadline_ns == REDSEM__FOREVER || share < 100 * REDSEM__NS_PER_MS
-                         ? deadline_ns
-                         : now + share;
-        char why[256] = "";
-        int rc = ask(t, n, s, dl, host, port, keep, why, sizeof why);
-        if (rc == REDSEM_OK) {
-            *which = i;
-            return REDSEM_OK;
-        }
-        if (rc == REDSEM_ENOMEM) {
-            snprintf(err, errlen, "out of memory");
-            return rc;
-        }
-        if (rc == REDSEM_EPERM)
-            worst = rc;
-        if (rc == REDSEM_ETLS)
-            refused_tls++;
-        int w = snprintf(err + used, used < errlen ? errlen - used : 0, "%sSentinel %s:%d: %s",
-                         used ? "; " : "", s->host, s->port, why);
-        if (w > 0)
-            used += (size_t)w;
-    }
-    if (used == 0)
+    int64_t now = redsem__now_ns();
+    if (r->asked >= count || now >= deadline_ns)
+        return false;
+    /* each Sentinel gets a fair share of what is left, so that one that hangs does not use
+     * up the time the others need */
+    int64_t share = (deadline_ns - now) / (int64_t)(count - r->asked);
+    *share_ns = deadline_ns == REDSEM__FOREVER || share < 100 * REDSEM__NS_PER_MS
+                    ? deadline_ns
+                    : now + share;
+    *which = (r->first + r->asked) % count;
+    r->asked++;
+    return true;
+}
+
+void redsem__sentinel_round_failed(const redsem__topo *t, redsem__sentinel_round *r,
+                                   size_t which, int rc, const char *why, char *err,
+                                   size_t errlen)
+{
+    const redsem__hostport *s = &t->given.hosts[which];
+    if (rc == REDSEM_EPERM)
+        r->worst = rc;
+    if (rc == REDSEM_ETLS)
+        r->refused_tls++;
+    int w = snprintf(err + r->used, r->used < errlen ? errlen - r->used : 0,
+                     "%sSentinel %s:%d: %s", r->used ? "; " : "", s->host, s->port, why);
+    if (w > 0)
+        r->used += (size_t)w;
+}
+
+int redsem__sentinel_round_end(const redsem__topo *t, const redsem__sentinel_round *r,
+                               char *err, size_t errlen)
+{
+    int worst = r->worst;
+    if (r->used == 0)
         snprintf(err, errlen, "no Sentinel could be asked before the deadline");
     /* Every Sentinel refused TLS (its certificate did not verify): a configuration error that
      * retrying will not mend, as for a data node. With any other failure among them (one
      * down, one slow) it stays ECONN, retried: the others may answer on the next try. */
-    if (worst != REDSEM_EPERM && refused_tls == count)
+    if (worst != REDSEM_EPERM && r->refused_tls == t->given.nhosts)
         worst = REDSEM_ETLS;
     /* err is "Sentinel h:p: why; ..." */
     char tail[64];
@@ -408,6 +431,34 @@ static int ask_all(redsem__topo *t, redsem__node *n, size_t first, int64_t deadl
     if (l + strlen(tail) < errlen)
         memcpy(err + l, tail, strlen(tail) + 1);
     return worst;
+}
+
+/* Ask the Sentinels in turn from the first (t->first, or the watch's), each within a fair
+ * share of the time left. On REDSEM_OK *host (new string), *port, *which (the Sentinel that
+ * answered) and, with keep, its subscribed connection (or NULL). Otherwise the code (ECONN,
+ * ETIMEDOUT, EPERM, ETLS, ENOMEM) and err says what each Sentinel said. */
+static int ask_all(redsem__topo *t, redsem__node *n, size_t first, int64_t deadline_ns,
+                   char **host, int *port, size_t *which, redsem__conn **keep, char *err,
+                   size_t errlen)
+{
+    redsem__sentinel_round round;
+    redsem__sentinel_round_begin(&round, first, err);
+    size_t i;
+    int64_t dl;
+    while (redsem__sentinel_round_next(t, &round, deadline_ns, &i, &dl)) {
+        char why[256] = "";
+        int rc = ask(t, n, &t->given.hosts[i], dl, host, port, keep, why, sizeof why);
+        if (rc == REDSEM_OK) {
+            *which = i;
+            return REDSEM_OK;
+        }
+        if (rc == REDSEM_ENOMEM) {
+            snprintf(err, errlen, "out of memory");
+            return rc;
+        }
+        redsem__sentinel_round_failed(t, &round, i, rc, why, err, errlen);
+    }
+    return redsem__sentinel_round_end(t, &round, err, errlen);
 }
 
 /* Under mu, by the thread that set w->subscribing: hand over what its asking found. */
@@ -429,6 +480,49 @@ static void subscribed(redsem__topo *t, redsem__sentinel_watch *w, int rc, const
     set_known(w, host, port);
 }
 
+/* The resolve's first part: the primary's address into n->ep from the watch, while it is
+ * subscribed (pending announcements read first, without waiting). REDSEM_OK: set; 1: not
+ * known, *first is the Sentinel to ask first, and with subscribe (not NULL) *subscribe says
+ * whether the caller is to take the subscription (w->subscribing set); REDSEM_ENOMEM. */
+static int watch_lookup(redsem__topo *t, redsem__node *n, size_t *first, bool *subscribe,
+                        char *err, size_t errlen)
+{
+    redsem__sentinel_watch *w = t->watch;
+    n->watch_epoch = 0; /* the hook compares the next request's address anew */
+    if (w == NULL)
+        return 1;
+    pthread_mutex_lock(&w->mu);
+    pump(t, w);
+    if (w->known) {
+        /* the subscribed Sentinel's answer, kept current by its announcements */
+        char *host = redsem__strdup(w->host);
+        if (host == NULL) {
+            pthread_mutex_unlock(&w->mu);
+            snprintf(err, errlen, "out of memory");
+            return REDSEM_ENOMEM;
+        }
+        redsem__free(n->ep.host);
+        n->ep.host = host;
+        n->ep.port = w->port;
+        n->watch_epoch = atomic_load(&w->epoch);
+        pthread_mutex_unlock(&w->mu);
+        return REDSEM_OK;
+    }
+    *first = w->first;
+    if (subscribe != NULL && w->sub == NULL && !w->subscribing)
+        *subscribe = w->subscribing = true;
+    pthread_mutex_unlock(&w->mu);
+    return 1;
+}
+
+int redsem__sentinel_watched(void *topo, redsem__node *n, size_t *first, char *err,
+                             size_t errlen)
+{
+    redsem__topo *t = topo;
+    *first = t->first;
+    return watch_lookup(t, n, first, NULL, err, errlen);
+}
+
 int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, char *err,
                              size_t errlen)
 {
@@ -436,30 +530,9 @@ int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, c
     redsem__sentinel_watch *w = t->watch;
     size_t first = t->first;
     bool subscribe = false;
-    n->watch_epoch = 0; /* the hook compares the next request's address anew */
-    if (w != NULL) {
-        pthread_mutex_lock(&w->mu);
-        pump(t, w);
-        if (w->known) {
-            /* the subscribed Sentinel's answer, kept current by its announcements */
-            char *host = redsem__strdup(w->host);
-            if (host == NULL) {
-                pthread_mutex_unlock(&w->mu);
-                snprintf(err, errlen, "out of memory");
-                return REDSEM_ENOMEM;
-            }
-            redsem__free(n->ep.host);
-            n->ep.host = host;
-            n->ep.port = w->port;
-            n->watch_epoch = atomic_load(&w->epoch);
-            pthread_mutex_unlock(&w->mu);
-            return REDSEM_OK;
-        }
-        first = w->first;
-        if (w->sub == NULL && !w->subscribing)
-            subscribe = w->subscribing = true;
-        pthread_mutex_unlock(&w->mu);
-    }
+    int known = watch_lookup(t, n, &first, &subscribe, err, errlen);
+    if (known != 1)
+        return known;
     char *host = NULL;
     int port = 0;
     size_t which = 0;
@@ -480,7 +553,8 @@ int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, c
     return REDSEM_OK;
 }
 
-bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errlen)
+/* The moved hook; subscribe: may subscribe again (blocking), else only reads the watch. */
+static bool moved_check(void *topo, redsem__node *n, bool subscribe, char *err, size_t errlen)
 {
     redsem__topo *t = topo;
     redsem__sentinel_watch *w = t->watch;
@@ -496,7 +570,7 @@ bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errle
     pump(t, w);
     /* lost, or never made (no Sentinel could be asked): subscribe again, on the next Sentinel,
      * here (this request waits for it: rare), at most every RESUBSCRIBE_MS */
-    if (w->sub == NULL && !w->subscribing && now >= w->retry_ns) {
+    if (subscribe && w->sub == NULL && !w->subscribing && now >= w->retry_ns) {
         w->subscribing = true;
         size_t first = w->first;
         pthread_mutex_unlock(&w->mu);
@@ -523,4 +597,14 @@ bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errle
         n->watch_epoch = atomic_load_explicit(&w->epoch, memory_order_relaxed);
     pthread_mutex_unlock(&w->mu);
     return moved;
+}
+
+bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errlen)
+{
+    return moved_check(topo, n, true, err, errlen);
+}
+
+bool redsem__sentinel_moved_nb(void *topo, redsem__node *n, char *err, size_t errlen)
+{
+    return moved_check(topo, n, false, err, errlen);
 }

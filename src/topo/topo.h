@@ -93,6 +93,84 @@ int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, c
  * watch's mutex). */
 bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errlen);
 
+/* sentinel.c, shared by the blocking resolve and the loop's question (sentinel_loop.c):
+ * the non-blocking reads of the watch: redsem__sentinel_watched is the resolve's first part
+ * (the watch's address into n->ep while it is subscribed: REDSEM_OK; 1: not known, *first
+ * the Sentinel to ask first; REDSEM_ENOMEM), redsem__sentinel_moved_nb the moved hook
+ * without its subscribing again (never blocks). */
+int redsem__sentinel_watched(void *topo, redsem__node *n, size_t *first, char *err,
+                             size_t errlen);
+bool redsem__sentinel_moved_nb(void *topo, redsem__node *n, char *err, size_t errlen);
+/* The question's arguments (a initialised here): auth, the Sentinels' AUTH (their user and
+ * password; only when the URL gives a password), else SENTINEL get-master-addr-by-name. */
+void redsem__sentinel_args(const redsem__topo *t, bool auth, redsem__args *a);
+/* AUTH's reply r: REDSEM_OK, or REDSEM_EPERM with "AUTH: <text>" in err. */
+int redsem__sentinel_judge_auth(const struct redisReply *r, char *err, size_t errlen);
+/* The question's reply r: REDSEM_OK with *host (new string) and *port; else ECONN (a nil:
+ * "knows no primary named ..."; an error reply), EPERM (NOAUTH, NOPERM, WRONGPASS), EPROTO
+ * (malformed) or ENOMEM, with the text in err. */
+int redsem__sentinel_judge(const redsem__topo *t, const struct redisReply *r, char **host,
+                           int *port, char *err, size_t errlen);
+/* One round of questions over the Sentinels, from the first, each once, each given a fair
+ * share of the time left (at least 100 ms): round_next names the next one to ask (false: all
+ * asked, or the deadline passed), round_failed adds what it said to err ("Sentinel h:p: why;
+ * ..."), round_end ends err with " (primary 'name')" and gives the round's code: ECONN, EPERM
+ * (one refused the credentials), ETLS (every one refused TLS). */
+typedef struct redsem__sentinel_round {
+    size_t first, asked, used, refused_tls;
+    int worst;
+} redsem__sentinel_round;
+void redsem__sentinel_round_begin(redsem__sentinel_round *r, size_t first, char *err);
+bool redsem__sentinel_round_next(const redsem__topo *t, redsem__sentinel_round *r,
+                                 int64_t deadline_ns, size_t *which, int64_t *share_ns);
+void redsem__sentinel_round_failed(const redsem__topo *t, redsem__sentinel_round *r,
+                                   size_t which, int rc, const char *why, char *err,
+                                   size_t errlen);
+int redsem__sentinel_round_end(const redsem__topo *t, const redsem__sentinel_round *r,
+                               char *err, size_t errlen);
+
+/* sentinel_loop.c: the primary's address asked of the Sentinels without blocking, for an
+ * event loop (the loop engine's resolve step, drive_loop.c), as redsem__sentinel_resolve
+ * asks them on a calling thread: the watch's address if it is subscribed; else each Sentinel
+ * in turn (a round) is dialled (net/dial.c), asked on a pipe ([AUTH] SENTINEL
+ * get-master-addr-by-name in one write) and its reply judged, the first that answers moving
+ * to the front (t->first). The same codes and texts as the blocking resolve; it takes no
+ * subscription (the watch is the blocking client's). Not thread-safe: one loop steps it. */
+enum { REDSEM__ASK_IDLE = 0, REDSEM__ASK_DIALING = 1, REDSEM__ASK_ASKING = 2 };
+typedef struct redsem__sentinel_ask {
+    int state;              /* IDLE: not under way (done, failed, or never started) */
+    redsem__topo *t;        /* borrowed */
+    redsem__node *n;        /* its ep gets the address (borrowed) */
+    redsem__sentinel_round round;
+    size_t which;           /* the Sentinel asked now */
+    int64_t deadline_ns;    /* the whole question's */
+    int64_t share_ns;       /* this Sentinel's */
+    redsem__endpoint ep;    /* this Sentinel's (host borrowed from t) */
+    redsem__conn conn;
+    redsem__dial dial;
+    redsem__pipe pipe;
+    redsem__preq q;
+    size_t qlen;            /* its bytes (AUTH's password wiped) */
+    bool auth, replied;
+    unsigned gen;           /* bumped when its descriptors may have changed (only grows) */
+    char err[512];          /* why it failed */
+} redsem__sentinel_ask;
+/* Start asking for n's address (n->ep.host, port) within deadline_ns. REDSEM_OK: under way
+ * (a->state not IDLE), or done at once (IDLE: the watch knew it); else the failure (a->err). */
+int redsem__sentinel_ask_start(redsem__sentinel_ask *a, redsem__topo *t, redsem__node *n,
+                               int64_t deadline_ns);
+/* What it waits for, as redsem__dial_wants (at most REDSEM__DIAL_SOCKS + 1 descriptors). */
+int redsem__sentinel_ask_wants(const redsem__sentinel_ask *a, struct pollfd *w, int max,
+                               int64_t *deadline_ns);
+/* Do what is due (ready: n descriptors, revents as poll()'s; its deadlines are checked).
+ * REDSEM_OK (under way, or done: IDLE, n->ep set), or the failure with its text in a->err. */
+int redsem__sentinel_ask_step(redsem__sentinel_ask *a, const struct pollfd *ready, int n);
+/* The caller's deadline (earlier than the question's) passed: it ends as the blocking
+ * resolve's round ends then (ECONN, what each Sentinel said in a->err). */
+int redsem__sentinel_ask_timeout(redsem__sentinel_ask *a);
+/* End a question under way (nothing stays open). */
+void redsem__sentinel_ask_cancel(redsem__sentinel_ask *a);
+
 /* The watch (sentinel.c): one subscription to +switch-master on one Sentinel and the address
  * it names, shared by every lane of a client (each lane's topology points to it). Made
  * before the lanes (NULL: out of memory), freed after them; in a forked child its memory
