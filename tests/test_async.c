@@ -298,19 +298,6 @@ Test(async, try_status_refresh_release)
     env_down(&e);
 }
 
-/* The threads of this process (their ids), at most cap. */
-static int task_ids(long *ids, int cap)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/task");
-    cr_assert_not_null(d);
-    for (struct dirent *de; (de = readdir(d)) != NULL && n < cap;)
-        if (de->d_name[0] != '.')
-            ids[n++] = atol(de->d_name);
-    closedir(d);
-    return n;
-}
-
 /* Whether thread tid blocks signal sig (SigBlk of /proc/self/task/TID/status). */
 static bool task_blocks(long tid, int sig)
 {
@@ -334,7 +321,7 @@ static bool task_blocks(long tid, int sig)
 Test(async, workers_take_no_signals)
 {
     long before[256], after[256];
-    int nb = task_ids(before, 256);
+    int nb = tf_thread_ids(before, 256);
     env e;
     env_up(&e);
     redsem_sem *s = NULL;
@@ -343,7 +330,7 @@ Test(async, workers_take_no_signals)
     OK(e.c, redsem_sem_acquire_async(e.a, s, 1, 0, on_done, &g, NULL));
     cr_assert(run_until(&e.loop, &g.done, 10000));
     cr_assert_eq(g.rc, REDSEM_OK);
-    int na = task_ids(after, 256), fresh = 0;
+    int na = tf_thread_ids(after, 256), fresh = 0;
     for (int i = 0; i < na; i++) {
         bool old = false;
         for (int j = 0; j < nb && !old; j++)
@@ -796,7 +783,7 @@ static void release_and_drain(env *e, redsem_permit *held, many *m, int n)
 Test(async, the_loop_engine_starts_no_thread, .timeout = 120)
 {
     long before[256];
-    int nb = task_ids(before, 256);
+    int nb = tf_thread_ids(before, 256);
     env e;
     env_up(&e);
     redsem_sem *s = NULL;
@@ -807,8 +794,8 @@ Test(async, the_loop_engine_starts_no_thread, .timeout = 120)
     redsem_permit *held = submit_behind(&e, s, &m, ops, N);
     release_and_drain(&e, held, &m, N);
     long after[256];
-    cr_expect_eq(task_ids(after, 256), nb, "threads were started: %d before, %d after", nb,
-                 task_ids(after, 256));
+    cr_expect_eq(tf_thread_ids(after, 256), nb, "threads were started: %d before, %d after", nb,
+                 tf_thread_ids(after, 256));
     redsem_sem_free(s);
     env_down(&e);
 }
@@ -819,7 +806,7 @@ Test(async, the_loop_engine_starts_no_thread, .timeout = 120)
 Test(async, the_loop_engine_waits_for_replicas_without_a_thread, .timeout = 120)
 {
     long before[256];
-    int nb = task_ids(before, 256);
+    int nb = tf_thread_ids(before, 256);
     redsem_options *o = NULL;
     cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
     cr_assert_eq(redsem_options_set_url(o, tf_url()), REDSEM_OK);
@@ -841,8 +828,8 @@ Test(async, the_loop_engine_waits_for_replicas_without_a_thread, .timeout = 120)
     cr_assert_eq(redsem_status_holder_count(st), 0, "the grant was not given back");
     redsem_status_free(st);
     long after[256];
-    cr_expect_eq(task_ids(after, 256), nb, "threads were started: %d before, %d after", nb,
-                 task_ids(after, 256));
+    cr_expect_eq(tf_thread_ids(after, 256), nb, "threads were started: %d before, %d after", nb,
+                 tf_thread_ids(after, 256));
     redsem_sem_free(s);
     env_down(&e);
 }
@@ -903,7 +890,7 @@ static void *release_elsewhere(void *arg)
 Test(async, renewal_on_the_loop_starts_no_thread, .timeout = 120)
 {
     long ids[256];
-    int nb = task_ids(ids, 256);
+    int nb = tf_thread_ids(ids, 256);
     env e;
     env_up(&e);
     redsem_sem *s = NULL;
@@ -912,8 +899,8 @@ Test(async, renewal_on_the_loop_starts_no_thread, .timeout = 120)
     grant_renewed(&e, s, &rg);
     int never = 0;
     run_until(&e.loop, &never, 1500);
-    cr_expect_eq(task_ids(ids, 256), nb, "threads were started: %d before, %d after", nb,
-                 task_ids(ids, 256));
+    cr_expect_eq(tf_thread_ids(ids, 256), nb, "threads were started: %d before, %d after", nb,
+                 tf_thread_ids(ids, 256));
     cr_expect_eq(atomic_load(&rg.lost.calls), 0, "lost: reason %d", atomic_load(&rg.lost.reason));
     cr_assert(redsem_permit_held(rg.g.permit));
     got rf = {.loop = &e.loop};
@@ -949,7 +936,7 @@ Test(async, renewal_on_the_loop_starts_no_thread, .timeout = 120)
 Test(async, a_lost_lease_on_the_loop_is_told_on_the_loop_thread, .timeout = 120)
 {
     long ids[256];
-    int nb = task_ids(ids, 256);
+    int nb = tf_thread_ids(ids, 256);
     env e;
     env_up(&e);
     const char *name = tf_name("async-loop-lost");
@@ -968,7 +955,7 @@ Test(async, a_lost_lease_on_the_loop_is_told_on_the_loop_thread, .timeout = 120)
     cr_expect_eq(atomic_load(&rg.lost.reason), REDSEM_LOST_EXPIRED);
     cr_expect(pthread_equal(rg.lost.thread, pthread_self()), "told on another thread");
     cr_expect_not(redsem_permit_held(rg.g.permit));
-    cr_expect_eq(task_ids(ids, 256), nb, "threads were started");
+    cr_expect_eq(tf_thread_ids(ids, 256), nb, "threads were started");
     redsem_renew_stats rs;
     OK(e.c, redsem_client_renew_stats(e.c, &rs));
     cr_expect_eq(rs.lost_expired, 1);
@@ -1003,7 +990,7 @@ Test(async, a_stalled_server_is_told_on_the_loop_before_validity_ends, .timeout 
     ts_server srv;
     cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
     long ids[256];
-    int nb = task_ids(ids, 256);
+    int nb = tf_thread_ids(ids, 256);
     env e;
     env_up_with(&e, tf_client_for(srv.url, 1000, 2000));
     redsem_sem *s = NULL;
@@ -1021,7 +1008,7 @@ Test(async, a_stalled_server_is_told_on_the_loop_before_validity_ends, .timeout 
     cr_expect_lt(rg.lost.at_ms, rg.lost.deadline_ms, "told at %lld, validity ended at %lld",
                  (long long)rg.lost.at_ms, (long long)rg.lost.deadline_ms);
     cr_expect(pthread_equal(rg.lost.thread, pthread_self()), "told on another thread");
-    cr_expect_eq(task_ids(ids, 256), nb, "threads were started");
+    cr_expect_eq(tf_thread_ids(ids, 256), nb, "threads were started");
     ts_server_pause(&srv, false);
     redsem_permit_free(rg.g.permit);
     redsem_sem_free(s);
@@ -1038,7 +1025,7 @@ Test(async, a_stalled_server_is_told_on_the_loop_before_validity_ends, .timeout 
 Test(async, a_loop_without_a_timer_keeps_deadlines_without_a_thread, .timeout = 120)
 {
     long ids[256];
-    int nb = task_ids(ids, 256);
+    int nb = tf_thread_ids(ids, 256);
     env e;
     env_up(&e);
     redsem_sem *s = NULL;
@@ -1061,8 +1048,8 @@ Test(async, a_loop_without_a_timer_keeps_deadlines_without_a_thread, .timeout = 
     cr_expect_eq(w.rc, REDSEM_OK, "%s: %s", redsem_err_name(w.rc), w.errmsg);
     cr_assert(run_until(&e.loop, &rel.done, 10000));
     cr_expect_eq(rel.rc, REDSEM_OK);
-    cr_expect_eq(task_ids(ids, 256), nb, "threads were started: %d before, %d after", nb,
-                 task_ids(ids, 256));
+    cr_expect_eq(tf_thread_ids(ids, 256), nb, "threads were started: %d before, %d after", nb,
+                 tf_thread_ids(ids, 256));
     if (w.rc == REDSEM_OK) {
         OK(e.c, redsem_permit_release(w.permit));
         redsem_permit_free(w.permit);
@@ -1949,17 +1936,7 @@ static void xf_timer(redsem_async *a, int64_t ms, void *data)
 
 static void xf_once(xf_run *x)
 {
-    int64_t wait = 5;
-    if (x->timer_at >= 0 && x->timer_at - tf_now_ms() < wait)
-        wait = x->timer_at - tf_now_ms();
-    struct pollfd p = {x->fd, POLLIN, 0};
-    int n = poll(&p, x->fd >= 0 ? 1 : 0, wait > 0 ? (int)wait : 0);
-    if (n > 0 && (p.revents & POLLIN))
-        (void)redsem_async_action(x->a, x->fd, REDSEM_WATCH_IN);
-    if (x->timer_at >= 0 && tf_now_ms() >= x->timer_at) {
-        x->timer_at = -1;
-        (void)redsem_async_action(x->a, -1, 0);
-    }
+    tf_poll_turn(x->a, &x->fd, &x->timer_at);
 }
 
 typedef struct xf_arg {

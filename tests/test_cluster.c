@@ -1045,24 +1045,11 @@ Test(cluster, a_thousand_address_changes_keep_the_node_table_small, TO)
 
 /* ---------------------------------------------------------------- the event-loop API */
 
-/* The ids of this process's threads (/proc/self/task), at most cap; how many. */
-static int task_ids(long *ids, int cap)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/task");
-    cr_assert_not_null(d);
-    for (struct dirent *de; (de = readdir(d)) != NULL && n < cap;)
-        if (de->d_name[0] != '.')
-            ids[n++] = atol(de->d_name);
-    closedir(d);
-    return n;
-}
-
 /* How many threads run now that were not among before (nb ids). */
 static int fresh_threads(const long *before, int nb)
 {
     long now[256];
-    int n = task_ids(now, 256), fresh = 0;
+    int n = tf_thread_ids(now, 256), fresh = 0;
     for (int i = 0; i < n; i++) {
         bool old = false;
         for (int j = 0; j < nb && !old; j++)
@@ -1111,17 +1098,7 @@ static bool cl_run(cl_loop *x, const cl_op *op, int64_t ms)
 {
     int64_t end = tf_now_ms() + ms;
     while (!op->done && tf_now_ms() < end) {
-        int64_t wait = 5;
-        if (x->timer_at >= 0 && x->timer_at - tf_now_ms() < wait)
-            wait = x->timer_at - tf_now_ms();
-        struct pollfd p = {x->fd, POLLIN, 0};
-        int n = poll(&p, x->fd >= 0 ? 1 : 0, wait > 0 ? (int)wait : 0);
-        if (n > 0 && (p.revents & POLLIN))
-            (void)redsem_async_action(x->a, x->fd, REDSEM_WATCH_IN);
-        if (x->timer_at >= 0 && tf_now_ms() >= x->timer_at) {
-            x->timer_at = -1;
-            (void)redsem_async_action(x->a, -1, 0);
-        }
+        tf_poll_turn(x->a, &x->fd, &x->timer_at);
     }
     return op->done;
 }
@@ -1177,7 +1154,7 @@ Test(cluster, the_event_loop_api_on_every_primary_starts_no_thread, TO)
     start(&c, 0);
     redsem_client *cl = client(&c, -1);
     long before[256];
-    int nb = task_ids(before, 256);
+    int nb = tf_thread_ids(before, 256);
     cl_loop x = {.fd = -1, .timer_at = -1};
     OK(cl, redsem_async_new(cl, &x.a));
     OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
@@ -1228,7 +1205,7 @@ Test(cluster, the_event_loop_api_follows_a_moved_slot, TO)
     start(&c, 0);
     redsem_client *cl = client(&c, -1);
     long before[256];
-    int nb = task_ids(before, 256);
+    int nb = tf_thread_ids(before, 256);
     cl_loop x = {.fd = -1, .timer_at = -1};
     OK(cl, redsem_async_new(cl, &x.a));
     OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));

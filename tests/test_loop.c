@@ -650,29 +650,7 @@ Test(loop, a_server_loading_its_data_is_waited_for_on_the_loop, .timeout = 60)
 
 /* ---------------------------------------------------------------- sync_replicas */
 
-static redsem_client *sync_client(const char *url, int replicas, int64_t timeout_ms)
-{
-    redsem_options *o = NULL;
-    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_sync_replicas(o, replicas, timeout_ms), REDSEM_OK);
-    redsem_client *c = NULL;
-    char err[512];
-    int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
-    redsem_options_free(o);
-    cr_assert_eq(rc, REDSEM_OK, "%s", err);
-    return c;
-}
 
-static size_t holders(redsem_sem *s)
-{
-    redsem_status *st = NULL;
-    if (redsem_sem_status(s, 0, &st) != REDSEM_OK)
-        return (size_t)-1;
-    size_t n = redsem_status_holder_count(st);
-    redsem_status_free(st);
-    return n;
-}
 
 /* A client that waits for replicas, on the loop: with its one replica up, a grant reaches
  * it (the script and WAIT in one write: 2 requests); a client that asks for 2 replicas gets
@@ -693,7 +671,7 @@ STRATEGY_TEST(loop, waits_for_replicas_on_the_loop, .timeout = 60)
         cr_assert_lt(tf_now_ms(), end, "the replica did not sync: %s", out);
         usleep(20000);
     }
-    redsem_client *one = sync_client(prim.url, 1, 1500), *two = sync_client(prim.url, 2, 300);
+    redsem_client *one = tf_sync_client(prim.url, 1, 1500), *two = tf_sync_client(prim.url, 2, 300);
     redsem_sem *s1 = NULL, *s2 = NULL;
     OK(one, redsem_sem_open(one, "sync", strategy, 4, 10000, &s1));
     OK(two, redsem_sem_open(two, "sync", strategy, 4, 10000, &s2));
@@ -714,7 +692,7 @@ STRATEGY_TEST(loop, waits_for_replicas_on_the_loop, .timeout = 60)
     cr_assert_eq(st1.requests - st0.requests, asked,
                  "a synced grant is the script and WAIT: %llu requests",
                  (unsigned long long)(st1.requests - st0.requests));
-    cr_assert_eq(holders(s1), 2);
+    cr_assert_eq(tf_holders(s1), 2);
     outcome f[3] = {{0}};
     for (int i = 0; i < 3; i++) /* blocking: locked tries at once may find the guard taken */
         sem_start(l2, s2, 5000, &f[i], NULL);
@@ -726,7 +704,7 @@ STRATEGY_TEST(loop, waits_for_replicas_on_the_loop, .timeout = 60)
     }
     cr_assert(strstr(redsem_client_errmsg(two), "1 of the 2 replicas") != NULL, "%s",
               redsem_client_errmsg(two));
-    cr_assert_eq(holders(s1), 2, "a grant that did not reach 2 replicas was not given back");
+    cr_assert_eq(tf_holders(s1), 2, "a grant that did not reach 2 replicas was not given back");
     OK(one, redsem_permit_release(w.permit));
     OK(one, redsem_permit_release(o.permit));
     redsem_permit_free(w.permit);

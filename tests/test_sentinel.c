@@ -160,29 +160,7 @@ Test(sentinel, refusals_are_clear, TO)
     stop_cluster(&c);
 }
 
-static redsem_client *sync_client(const char *url, int replicas, int64_t timeout_ms)
-{
-    redsem_options *o = NULL;
-    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
-    cr_assert_eq(redsem_options_set_sync_replicas(o, replicas, timeout_ms), REDSEM_OK);
-    redsem_client *c = NULL;
-    char err[512];
-    int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
-    redsem_options_free(o);
-    cr_assert_eq(rc, REDSEM_OK, "%s", err);
-    return c;
-}
 
-static size_t holders(redsem_sem *s)
-{
-    redsem_status *st = NULL;
-    if (redsem_sem_status(s, 0, &st) != REDSEM_OK)
-        return (size_t)-1;
-    size_t n = redsem_status_holder_count(st);
-    redsem_status_free(st);
-    return n;
-}
 
 /* WAIT after grants and refreshes: with both replicas up, acquire and refresh succeed, each
  * in one round trip (the script and WAIT pipelined: 2 requests); with one replica stopped, a
@@ -192,7 +170,7 @@ Test(sentinel, wait_for_replicas, TO)
 {
     cluster c;
     start_cluster(&c);
-    redsem_client *two = sync_client(c.url, 2, 300), *one = sync_client(c.url, 1, 300);
+    redsem_client *two = tf_sync_client(c.url, 2, 300), *one = tf_sync_client(c.url, 1, 300);
     redsem_sem *s2 = NULL, *s1 = NULL;
     OK(two, redsem_sem_open(two, "sync", REDSEM_STRATEGY_FAIR, 2, 10000, &s2));
     OK(one, redsem_sem_open(one, "sync", REDSEM_STRATEGY_FAIR, 2, 10000, &s1));
@@ -216,7 +194,7 @@ Test(sentinel, wait_for_replicas, TO)
     cr_assert_null(p);
     cr_assert(strstr(redsem_client_errmsg(two), "1 of the 2 replicas") != NULL, "%s",
               redsem_client_errmsg(two));
-    cr_assert_eq(holders(s1), 1, "the grant that did not reach 2 replicas was not given back");
+    cr_assert_eq(tf_holders(s1), 1, "the grant that did not reach 2 replicas was not given back");
     redsem_permit *q2 = NULL;
     OK(one, redsem_sem_try_acquire(s1, &q2)); /* 1 replica is enough for this client */
     OK(one, redsem_permit_release(q2));
@@ -835,17 +813,7 @@ static bool sl_run(sloop *l, sgot *g, int64_t ms)
 {
     int64_t end = tf_now_ms() + ms;
     while (!g->done && tf_now_ms() < end) {
-        int64_t wait = 5;
-        if (l->timer_at >= 0 && l->timer_at - tf_now_ms() < wait)
-            wait = l->timer_at - tf_now_ms();
-        struct pollfd p = {l->fd, POLLIN, 0};
-        int n = poll(&p, l->fd >= 0 ? 1 : 0, wait > 0 ? (int)wait : 0);
-        if (n > 0 && (p.revents & POLLIN))
-            (void)redsem_async_action(l->a, l->fd, REDSEM_WATCH_IN);
-        if (l->timer_at >= 0 && tf_now_ms() >= l->timer_at) {
-            l->timer_at = -1;
-            (void)redsem_async_action(l->a, -1, 0);
-        }
+        tf_poll_turn(l->a, &l->fd, &l->timer_at);
     }
     return g->done;
 }

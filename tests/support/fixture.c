@@ -2,6 +2,8 @@
 #include "fixture.h"
 
 #include <criterion/hooks.h>
+#include <dirent.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,4 +153,55 @@ void *tf_restart_later(void *arg)
     while (!atomic_load(&r->done))
         usleep(10000);
     return NULL;
+}
+
+int tf_thread_ids(long *ids, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    cr_assert_not_null(d);
+    for (struct dirent *de; (de = readdir(d)) != NULL && n < cap;)
+        if (de->d_name[0] != '.')
+            ids[n++] = atol(de->d_name);
+    closedir(d);
+    return n;
+}
+
+redsem_client *tf_sync_client(const char *url, int replicas, int64_t timeout_ms)
+{
+    redsem_options *o = NULL;
+    cr_assert_eq(redsem_options_new(&o), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_url(o, url), REDSEM_OK);
+    cr_assert_eq(redsem_options_set_sync_replicas(o, replicas, timeout_ms), REDSEM_OK);
+    redsem_client *c = NULL;
+    char err[512];
+    int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
+    redsem_options_free(o);
+    cr_assert_eq(rc, REDSEM_OK, "%s", err);
+    return c;
+}
+
+size_t tf_holders(redsem_sem *sem)
+{
+    redsem_status *st = NULL;
+    if (redsem_sem_status(sem, 0, &st) != REDSEM_OK)
+        return (size_t)-1;
+    size_t n = redsem_status_holder_count(st);
+    redsem_status_free(st);
+    return n;
+}
+
+void tf_poll_turn(redsem_async *a, const int *fd, int64_t *timer_at)
+{
+    int64_t wait = 5;
+    if (*timer_at >= 0 && *timer_at - tf_now_ms() < wait)
+        wait = *timer_at - tf_now_ms();
+    struct pollfd p = {*fd, POLLIN, 0};
+    int n = poll(&p, *fd >= 0 ? 1 : 0, wait > 0 ? (int)wait : 0);
+    if (n > 0 && (p.revents & POLLIN))
+        (void)redsem_async_action(a, *fd, REDSEM_WATCH_IN);
+    if (*timer_at >= 0 && tf_now_ms() >= *timer_at) {
+        *timer_at = -1;
+        (void)redsem_async_action(a, -1, 0);
+    }
 }

@@ -46,6 +46,17 @@ typedef struct tf_restarter {
 } tf_restarter;
 void *tf_restart_later(void *arg);
 
+/* The ids of this process's threads (/proc/self/task), at most cap; how many. */
+int tf_thread_ids(long *ids, int cap);
+/* A client of url that waits for `replicas` replicas (sync_replicas, timeout_ms). */
+redsem_client *tf_sync_client(const char *url, int replicas, int64_t timeout_ms);
+/* Holders of sem on the server now; (size_t)-1 if its status cannot be read. */
+size_t tf_holders(redsem_sem *sem);
+/* One turn of a poll() loop of a test's own on a redsem_async's one descriptor (*fd, -1:
+ * none) and its timer (*timer_at, tf_now_ms()'s clock, -1: none): waits at most 5 ms (or
+ * until the timer), then reports what is due to a. */
+void tf_poll_turn(redsem_async *a, const int *fd, int64_t *timer_at);
+
 /* Assert that expr returned want; on failure print the name and the client's message. */
 void tf_expect(redsem_client *c, int got, int want, const char *expr, const char *file,
                int line);
