@@ -503,7 +503,8 @@ typedef struct redsem_client_stats {
     uint64_t redirects;    /* Redis Cluster MOVED and ASK replies followed (Since: 0.3) */
     uint64_t pool_waits;   /* requests that waited for a free request connection, all of
                               them busy with other threads' requests (Since: 0.4) */
-    uint64_t pipelined;    /* script calls written while other threads' calls were in
+    uint64_t pipelined;    /* script calls written while other calls (other threads', or
+                              other operations' on a redsem_async's loop engine) were in
                               flight on the same connection, and renewals due together sent
                               in one write (a batch of 2 counts 2) (Since: 0.4) */
     uint64_t direct_grants; /* fair and locked acquires decided by a wake-up that carried the
