@@ -96,6 +96,7 @@ typedef struct op {
     /* a waiting acquire's deadline, counted from its submission (redsem__now_ns(); 0: none,
      * REDSEM_WAIT_FOREVER); late: it started at or after it, as one try-acquire */
     int64_t deadline_ns;
+    int64_t submit_ns; /* when it was submitted (redsem__now_ns()) */
     bool late;
     size_t max_entries;
     redsem_async_cb cb;
@@ -1111,8 +1112,8 @@ static void loop_start(redsem_async *a, op *o)
     }
     atomic_bool *cancel = NULL;
     if (rc == REDSEM_OK)
-        rc = redsem__loop_acquire(a->loop, &q, kind, id, timeout_ms, lease_ms, loop_done, o,
-                                  &cancel);
+        rc = redsem__loop_acquire(a->loop, &q, kind, id, timeout_ms, lease_ms, o->submit_ns,
+                                  loop_done, o, &cancel);
     if (rc != REDSEM_OK)
         loop_done(o, rc, NULL);
     pthread_mutex_lock(&a->mu);
@@ -1497,8 +1498,9 @@ static int submit(redsem_async *a, redsem_client *owner, op_kind kind, void *han
                                                          : "no loop set (redsem_async_set_loop)");
     }
     o->id = a->next_id++;
+    o->submit_ns = redsem__now_ns();
     if (o->waits && o->timeout_ms > 0) {
-        o->deadline_ns = redsem__now_ns() + o->timeout_ms * REDSEM__NS_PER_MS;
+        o->deadline_ns = o->submit_ns + o->timeout_ms * REDSEM__NS_PER_MS;
         if (o->deadline_ns < a->expiry_ns) {
             a->expiry_ns = o->deadline_ns;
             a->expiry_moved = true;

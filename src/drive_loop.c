@@ -1186,13 +1186,15 @@ static loop_op *op_new(redsem__loop *l, redsem__loop_done done, void *arg)
 }
 
 int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
-                         const char *id, int64_t timeout_ms, int64_t lease_ms,
+                         const char *id, int64_t timeout_ms, int64_t lease_ms, int64_t since_ns,
                          redsem__loop_done done, void *arg, atomic_bool **ret_cancel)
 {
     loop_op *o = op_new(l, done, arg);
     if (o == NULL)
         return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
     redsem__acquire_begin(&o->s, q, kind, id, timeout_ms, lease_ms);
+    if (since_ns != 0 && since_ns < o->s.since_ns)
+        o->s.since_ns = since_ns; /* its call: its wait (metrics, age) counts from then */
     o->s.cancel = &o->cancel;
     if (ret_cancel != NULL)
         *ret_cancel = &o->cancel;

@@ -618,8 +618,9 @@ int redsem__lock_prepare(redsem_lock *l, const char *token, bool token_required,
  * one-server client's server (a Cluster client's: one per node, by the key's slot), stepped
  * by an event loop on one
  * thread; it starts no thread and never sleeps (nor does a connect: net/dial.c). new: made,
- * not connected yet (REDSEM_EINVAL for a Sentinel client). acquire: start one acquire of
- * q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare); done(arg, rc,
+ * not connected yet (REDSEM_EINVAL for another kind of client). acquire: start one acquire
+ * of q's handle (prepared by redsem__sem_prepare or redsem__lock_prepare), called at
+ * since_ns (redsem__now_ns()'s clock; 0: now: its wait is timed and aged from then); done(arg, rc,
  * permit) runs once from inside redsem__loop_step (or from here, if it is decided without
  * I/O), and *ret_cancel (may be NULL) is its cancel flag, valid until then. wants: the
  * descriptors to watch (its request connection and its wait connection, which holds one
@@ -633,7 +634,7 @@ typedef struct redsem__loop redsem__loop;
 typedef void (*redsem__loop_done)(void *arg, int rc, redsem_permit *p);
 int redsem__loop_new(redsem_client *c, redsem__loop **ret);
 int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
-                         const char *id, int64_t timeout_ms, int64_t lease_ms,
+                         const char *id, int64_t timeout_ms, int64_t lease_ms, int64_t since_ns,
                          redsem__loop_done done, void *arg, atomic_bool **ret_cancel);
 /* One script call on the loop: build(arg, call) builds it in place; reply(arg, rc, r, info)
  * takes its outcome (rc; on REDSEM_OK its reply r, borrowed) and returns the operation's

@@ -89,7 +89,7 @@ static void sem_start(redsem__loop *l, redsem_sem *s, int64_t timeout_ms, outcom
     redsem_permit *unused = NULL;
     OK(s->client,
        redsem__sem_prepare(s, NULL, false, 1, timeout_ms, &unused, &q, &kind, id));
-    OK(s->client, redsem__loop_acquire(l, &q, kind, id, timeout_ms, s->lease_ms, on_done, o,
+    OK(s->client, redsem__loop_acquire(l, &q, kind, id, timeout_ms, s->lease_ms, 0, on_done, o,
                                        cancel));
 }
 
@@ -180,7 +180,7 @@ Test(loop, a_lock_on_the_loop, .timeout = 60)
         char id[REDSEM_ID_BUFSIZE];
         redsem_permit *unused = NULL;
         OK(c, redsem__lock_prepare(k, NULL, false, 0, &unused, &q, &kind, id));
-        OK(c, redsem__loop_acquire(l, &q, kind, id, 0, k->lease_ms, on_done, &o[i], NULL));
+        OK(c, redsem__loop_acquire(l, &q, kind, id, 0, k->lease_ms, 0, on_done, &o[i], NULL));
         run_until(l, &o[i], 1);
     }
     OK(c, o[0].rc);
