@@ -464,6 +464,13 @@ Test(errors, connection_faults, .timeout = 90)
             int rc = fh_acquire(s, l, 600, &p);
             pthread_join(t, NULL);
             int want = retry0 ? REDSEM_ECONN : REDSEM_EBUSY;
+            /* with retry 0 the kill may land on an attempt in flight between two waits (a
+             * lock's waiter attempts again as its backoff ends): that one was written, so
+             * the documented outcome is REDSEM_EUNKNOWN (may have been applied), never a
+             * grant or EBUSY */
+            if (retry0 && rc == REDSEM_EUNKNOWN &&
+                strstr(redsem_client_errmsg(c), "may have been applied") != NULL)
+                want = REDSEM_EUNKNOWN;
             checks++;
             good += rc == want;
             cr_expect_eq(rc, want, "%s, retry %s: a killed connection during a wait gave %s (%s)",
