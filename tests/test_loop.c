@@ -594,15 +594,8 @@ Test(loop, a_request_behind_a_stalled_one_gives_up_at_its_own_deadline, .timeout
  * on the loop finds the permit the AOF kept (REDSEM_EBUSY) and its release ends OK. */
 Test(loop, a_server_loading_its_data_is_waited_for_on_the_loop, .timeout = 60)
 {
-    const char *args[] = {"--appendonly", "yes", "--key-load-delay", "300",
-                          "--loading-process-events-interval-bytes", "1024", NULL};
     ts_server srv;
-    cr_assert_eq(ts_server_start(&srv, args, false), 0);
-    char out[64];
-    cr_assert_eq(ts_command(&srv, out, sizeof out, "EVAL",
-                            "for i=1,5000 do redis.call('SET','k'..i,'v') end return 1", "0",
-                            NULL),
-                 0, "%s", out);
+    tf_slow_loading_server(&srv);
     redsem_client *c = tf_client_for(srv.url, 4000, 0);
     redsem_sem *s = NULL;
     OK(c, redsem_sem_open(c, "loading", REDSEM_STRATEGY_BASIC, 1, 10000, &s));

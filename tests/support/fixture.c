@@ -205,3 +205,15 @@ void tf_poll_turn(redsem_async *a, const int *fd, int64_t *timer_at)
         (void)redsem_async_action(a, -1, 0);
     }
 }
+
+void tf_slow_loading_server(ts_server *srv)
+{
+    const char *args[] = {"--appendonly", "yes", "--key-load-delay", "300",
+                          "--loading-process-events-interval-bytes", "1024", NULL};
+    cr_assert_eq(ts_server_start(srv, args, false), 0);
+    char out[64];
+    cr_assert_eq(ts_command(srv, out, sizeof out, "EVAL",
+                            "for i=1,5000 do redis.call('SET','k'..i,'v') end return 1", "0",
+                            NULL),
+                 0, "%s", out);
+}

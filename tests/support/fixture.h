@@ -46,6 +46,9 @@ typedef struct tf_restarter {
 } tf_restarter;
 void *tf_restart_later(void *arg);
 
+/* Start srv: a server of its own with an AOF of 5,000 keys loaded slowly after a restart
+ * (key-load-delay: the load lasts about 1.5 s, answering LOADING meanwhile). */
+void tf_slow_loading_server(ts_server *srv);
 /* The ids of this process's threads (/proc/self/task), at most cap; how many. */
 int tf_thread_ids(long *ids, int cap);
 /* A client of url that waits for `replicas` replicas (sync_replicas, timeout_ms). */
