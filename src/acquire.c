@@ -356,9 +356,6 @@ static bool direct_grant(const redsem__acq_state *s, redsem__attempt *att)
     return true;
 }
 
-_Thread_local const atomic_bool *redsem__cancel;
-_Thread_local redsem__acq_state **redsem__park_slot;
-
 /* The loop's state before its first attempt. */
 static void state_init(redsem__acq_state *s, const redsem__acquirer *q, const char *id,
                        int64_t timeout_ms)
@@ -371,7 +368,6 @@ static void state_init(redsem__acq_state *s, const redsem__acquirer *q, const ch
     s->since_ns = redsem__now_ns();
     s->mode = s->blocking ? REDSEM__MODE_WAIT : REDSEM__MODE_TRY;
     s->backoff_ms = q->wake_meta != NULL ? BACKOFF_BY_ID_MS : BACKOFF_MIN_MS;
-    s->cancel = redsem__cancel;
 }
 
 /* A waiter not granted by its attempt: the wait it asks for (REDSEM__WAIT), or the end of
@@ -680,32 +676,8 @@ int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, 
                            int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit)
 {
     int64_t start = q->metrics != NULL ? redsem__now_ns() : 0;
-    if (redsem__park_slot != NULL && timeout_ms != 0 &&
-        q->client->ep.kind != REDSEM__EP_CLUSTER) {
-        /* the event-loop API: a wait parks the acquire (its state kept on the heap) and
-         * returns to the worker instead of blocking it */
-        redsem__acq_state *s = redsem__malloc(sizeof *s);
-        if (s == NULL)
-            return redsem__set_err(q->client, REDSEM_ENOMEM, "out of memory");
-        state_init(s, q, id, timeout_ms);
-        s->kind = kind;
-        s->lease_ms = lease_ms;
-        *redsem__park_slot = s;
-        return redsem__acquire_resume(s, ret_permit);
-    }
     redsem__attempt att;
     int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
     rc = acquire_done(q, kind, id, lease_ms, rc, att, false, ret_permit);
     return recorded(q, rc, start, ret_permit);
-}
-
-int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit)
-{
-    int rc = step_blocking(s);
-    if (rc == REDSEM__WAIT)
-        return REDSEM__PARKED; /* s stays with the caller, which waits and calls again */
-    rc = redsem__acquire_finish(s, rc, ret_permit);
-    *redsem__park_slot = NULL;
-    redsem__free(s);
-    return rc;
 }

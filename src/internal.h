@@ -350,7 +350,7 @@ void redsem__metrics_free(redsem_client *c);
  * NULL when recording is off or no memory was left (then nothing is recorded). */
 redsem__mslot *redsem__metrics_of(redsem_client *c, redsem__mslot *_Atomic *cache,
                                   const char *name, int kind);
-/* An acquire's result rc (REDSEM__PARKED: not decided, nothing recorded), started at
+/* An acquire's result rc, started at
  * start_ns and decided at now_ns (our clock): its wait by outcome, a grant, and for a rate
  * limiter its outcome. */
 void redsem__metrics_acquired(redsem__mslot *s, int rc, int64_t start_ns, int64_t now_ns);
@@ -445,14 +445,6 @@ typedef struct redsem__acquirer {
 int redsem__parse_attempt(redsem_client *c, const struct redisReply *r, redsem__attempt *att,
                           const char *what);
 
-/* The cancel flag of the operation this thread runs for the event-loop API (async.c), or
- * NULL: a blocking acquire that finds it set stops waiting (it leaves the queue, as at its
- * deadline) and fails with REDSEM_ECANCELED. */
-extern _Thread_local const atomic_bool *redsem__cancel;
-static inline bool redsem__cancelled(void)
-{
-    return redsem__cancel != NULL && atomic_load(redsem__cancel);
-}
 /* wake.c: a script's reply that came with wake-ups for waiters it granted ({'wake', reply,
  * kind, target, element, ...}: prelude.lua's grant_heads, rate.lua): *reply becomes the
  * script's own reply (owned by the caller; the wrapper is freed), and the wake-ups are pushed
@@ -514,8 +506,6 @@ void redsem__wake_lead(redsem_client *c, const atomic_bool *stop);
 int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t timeout_ms,
                          redsem__attempt *att);
 
-/* A blocking acquire between two of its attempts (acquire.c): the loop's state, and the wait
- * it asks for. The event-loop API keeps one per parked acquire. */
 /* A direct grant given with a fair waiter's wake-up (prelude.lua's grant_heads: the element
  * "<id> <meta> <token> <server us> <lease ms>"): token 0 if the wake-up carried none. */
 typedef struct redsem__wake_grant {
@@ -566,13 +556,12 @@ typedef struct redsem__acq_state {
     const char *why;
     int64_t give_up;
     char saved[REDSEM__ERRMSG_LEN];
-    const atomic_bool *cancel; /* the operation's cancel flag (redsem__cancel), or NULL */
+    const atomic_bool *cancel; /* the operation's cancel flag (the event-loop API's), or NULL */
     bool given_back; /* its driver gave back a grant short of its replicas (drive_loop.c) */
 } redsem__acq_state;
-/* acquire_step()'s "wait, then call again", and redsem__acquire_resume()'s "parked". Internal
- * codes: never returned by a public function except to the event-loop API's workers. */
+/* acquire_step()'s "wait, then call again". An internal code: never returned by a public
+ * function. */
 #define REDSEM__WAIT (-1000)
-#define REDSEM__PARKED (-1001)
 /* acquire_step()'s "run the attempt s->att_mode (redsem__attempt_run), set s->att_rc, s->att
  * and s->att_info, and call again"; REDSEM__NAP: the same once the clock reaches
  * s->nap_until_ns (a locked attempt found the guard busy). An attempt's "next call due"
@@ -583,13 +572,6 @@ typedef struct redsem__acq_state {
  * each under cap_ns (0: none). REDSEM_OK with *att, or a code (info->maybe_applied). */
 int redsem__attempt_run(const redsem__acquirer *q, const char *id, int mode, int64_t cap_ns,
                         redsem__attempt *att, redsem__req_info *info);
-/* Set by an event-loop API worker around a waiting acquire: redsem__acquire_permit() then
- * stores its state in *redsem__park_slot and returns REDSEM__PARKED where it would block
- * (not for a cluster client, whose waits have a connection each); NULL elsewhere. */
-extern _Thread_local redsem__acq_state **redsem__park_slot;
-/* Continue a parked acquire after its wait (s->wait_rc, s->signaled set): REDSEM__PARKED
- * again (a new wait in s), or its final status; then s is freed and *redsem__park_slot NULL. */
-int redsem__acquire_resume(redsem__acq_state *s, redsem_permit **ret_permit);
 /* The acquire's steps for a driver of its own (drive_loop.c): begin sets s up (the first
  * step is due); next is one step (its codes as acquire_step's: REDSEM__ATTEMPT, REDSEM__NAP,
  * REDSEM__WAIT, or the acquire's status); finish makes the decided acquire (next's status

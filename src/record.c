@@ -158,7 +158,7 @@ static void hist_add(redsem__hist *h, int64_t ns)
 
 void redsem__metrics_acquired(redsem__mslot *s, int rc, int64_t start_ns, int64_t now_ns)
 {
-    if (s == NULL || rc == REDSEM__PARKED)
+    if (s == NULL)
         return;
     int out = rc == REDSEM_OK           ? REDSEM__MO_GRANTED
               : rc == REDSEM_EBUSY      ? REDSEM__MO_BUSY

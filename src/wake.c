@@ -752,7 +752,7 @@ int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *
         return redsem__blpop_alone(c, key, keylen, wait_ms, hard_deadline_ns, signaled);
     int64_t now = redsem__now_ns();
     redsem__waiter w = {.key = key, .keylen = keylen, .errmsg = redsem__errbuf(c),
-                        .cancel = redsem__cancel, .rc = REDSEM_OK, .since_ns = since_ns,
+                        .cancel = NULL, .rc = REDSEM_OK, .since_ns = since_ns,
                         .slot = -1};
     w.elem = elem;
     w.elemlen = elem != NULL ? strlen(elem) : 0;

@@ -341,11 +341,7 @@ Test(async, workers_take_no_signals)
         cr_expect(task_blocks(after[i], SIGUSR1) && task_blocks(after[i], SIGTERM),
                   "thread %ld of the async takes signals", after[i]);
     }
-#if REDSEM_ASYNC_LOOP
     cr_expect_eq(fresh, 0, "the loop engine started a thread"); /* with a timer_fn or not */
-#else
-    cr_expect_geq(fresh, 1, "no worker thread seen");
-#endif
     OK(e.c, redsem_permit_release(g.permit));
     redsem_permit_free(g.permit);
     redsem_sem_free(s);
@@ -776,7 +772,6 @@ static void release_and_drain(env *e, redsem_permit *held, many *m, int n)
     cr_expect_eq(redsem_async_pending(e->a), 0);
 }
 
-#if REDSEM_ASYNC_LOOP
 /* The loop engine (-Dasync_engine=loop; the poll loop gives no timer_fn, the adapters do):
  * acquires that wait and releases, each started from the callback of the one before, all on
  * the loop's thread: no thread is started for them. */
@@ -1058,7 +1053,6 @@ Test(async, a_loop_without_a_timer_keeps_deadlines_without_a_thread, .timeout = 
     redsem_sem_free(s);
     env_down(&e);
 }
-#endif
 
 /* More waiting acquires than workers (REDSEM_ASYNC_WORKERS_MAX - 1 may wait at once): a
  * limit-1 semaphore, 80 waiting acquires each releasing in its callback: all granted. */
@@ -1395,11 +1389,7 @@ Test(async, timeouts_count_from_the_call, .timeout = 120)
     if (!under_valgrind())
         cr_expect_leq(latest, 2000, "an acquire ended %lld ms after its timeout",
                       (long long)latest);
-#if REDSEM_ASYNC_LOOP
     (void)late_msg; /* the engine starts every acquire at once: none waits its turn */
-#else
-    cr_expect_gt(late_msg, 0, "no acquire said it waited its turn until its deadline");
-#endif
     cr_expect_eq(waiters_on_server(e.c, s), 0, "a timed-out acquire is still queued");
     OK(e.c, redsem_permit_release(held));
     redsem_permit_free(held);
@@ -1864,13 +1854,8 @@ Test(async, a_forked_child_leaves_the_loop_alone, .timeout = 120)
         redsem_async_free(e.a);
         int closed = before - sockets_open();
         timers -= fds_open("anon_inode:[timerfd]");
-#if REDSEM_ASYNC_LOOP
         bad |= (closed < 2) << 4; /* the engine's request and wait connections */
         bad |= (timers != 1) << 6; /* and its timerfd */
-#else
-        bad |= (closed != 0) << 4;
-        bad |= (timers != 0) << 6;
-#endif
         bad |= (h.calls != 0) << 5;
         _exit(bad);
     }
@@ -2045,7 +2030,7 @@ Test(async, free_while_other_threads_submit, .timeout = 180)
 /* ---------------------------------------------------------------- connects */
 
 /* Whether this build and loop run operations on the loop engine (the loop gives a timer). */
-#if REDSEM_ASYNC_LOOP && (defined(TEST_LOOP_UV) || defined(TEST_LOOP_EVENT) || defined(TEST_LOOP_EV))
+#if (defined(TEST_LOOP_UV) || defined(TEST_LOOP_EVENT) || defined(TEST_LOOP_EV))
 #define ON_ENGINE 1
 #else
 #define ON_ENGINE 0

@@ -25,30 +25,20 @@ extern "C" {
  * bind it to libuv, libevent and libev in two lines: <redsem/adapters/libuv.h>,
  * <redsem/adapters/libevent.h>, <redsem/adapters/libev.h> (header-only, like hiredis').
  *
- * HOW IT RUNS. An operation is the same call as its blocking twin (redsem_sem_acquire_n
- * and the others: the same scripts, retries, not-after time, fencing and guarantees), run on
- * a worker thread of the redsem_async and sharing the client's pool with every other thread
- * (client.h, THREADS: a waiting acquire holds no connection of its own). The loop watches one
- * descriptor, the read end of a pipe that a finished operation writes to; no timer is asked
- * for. Workers are started on demand, at most REDSEM_ASYNC_WORKERS_MAX at once; one of them
- * is always left for the operations that do not wait (try-acquire, refresh, release, status),
- * so a release is never stuck behind acquires waiting for the permit it frees. A worker idle
- * for 2 s ends (or for 50 ms, if two others are idle then). A waiting acquire holds no
- * thread while it waits: between two
- * attempts it is parked in the client's shared wait (one BLPOP on all the waits' lists), and
- * the next attempt runs on whichever worker is free when its wake-up or its backoff comes; one
- * worker leads that shared wait while parked acquires exist. At most 1,024 waiting acquires
- * are under way at once (those of a basic semaphore or a lock share their handle's list, and
- * those of fair and locked semaphores their client's id list); on a Redis Cluster client at most
- * REDSEM_ASYNC_WORKERS_MAX - 1 fair or locked ones. More wait their turn, in order, before
- * their first attempt (FIFO: one that may not start yet holds back those behind it).
- * Their timeouts still count from their call: one that reaches its deadline
- * before its turn makes one attempt then, as a try-acquire (REDSEM_EBUSY if refused). A
- * Redis Cluster client's waits are not parked (one connection each): there each
- * waiting acquire keeps its worker. The loop itself never blocks on the network:
- * redsem_async_action() only runs callbacks. A later version may drive the sockets from the
- * loop directly; the API does not change (it already carries the socket and timer callbacks
- * such a version needs).
+ * HOW IT RUNS. Every operation runs on the loop itself, for a client of any kind (one
+ * server over unix, TCP or TLS; Sentinel; Cluster): its requests go on non-blocking
+ * connections of the redsem_async's own (several in flight on each, replies read as they
+ * arrive), its waits on one BLPOP connection, its connects without blocking (a host name is
+ * resolved with c-ares), and its timeouts on a timerfd. The loop watches one descriptor, an
+ * epoll set of all of these, and needs no timer of its own. The library starts no thread
+ * for it. The operations are the same as their blocking twins (redsem_sem_acquire_n and the
+ * others): the same scripts, retries, not-after times, fencing tokens and guarantees. Permits
+ * granted here are renewed on the loop too (redsem_permit_auto_renew: its lost callback runs
+ * on the loop's thread). An operation started from a callback of redsem_async_action()
+ * starts at once; one started anywhere else (another thread, or the loop's thread between
+ * two reports) is started by the loop's next report, in order, its timeout counted from its
+ * call. What the engine does not do yet (a Redis Cluster client's waiters poll): see
+ * docs/design.md section 16.
  *
  * CALLBACKS run once per operation, on the thread that calls redsem_async_action() (or
  * redsem_async_free()), never inside the call that started the operation. A callback may
@@ -63,7 +53,8 @@ extern "C" {
 /** Opaque: one client's operations on one loop. Since: 0.4 */
 typedef struct redsem_async redsem_async;
 
-/** Largest number of worker threads of one redsem_async (operations running at once). */
+/** Kept for programs written for 0.4-0.6, whose event-loop API ran on at most this many
+ * worker threads; the library starts none now and nothing reads it. Since: 0.4 */
 #define REDSEM_ASYNC_WORKERS_MAX 64
 
 /** What redsem_async_socket_fn asks the loop to watch (bits). */
@@ -116,7 +107,7 @@ typedef void (*redsem_async_cb)(redsem_async *async, const redsem_result *result
  * @client       borrowed; must outlive the redsem_async. Other threads may keep using it.
  * @ret_async    owned-out; free with redsem_async_free(). Must not be NULL.
  *
- * Nothing is sent; no thread is started until the first operation.
+ * Nothing is sent and no thread is started, now or later.
  * Returns REDSEM_OK, REDSEM_EINVAL (NULL argument), REDSEM_ENOMEM, REDSEM_EFORKED (client
  * made by another process), or REDSEM_ECONN (no pipe: the process is out of descriptors).
  * Thread safety: any thread. Since: 0.4
@@ -128,14 +119,16 @@ REDSEM_API REDSEM_WUR int redsem_async_new(redsem_client *client, redsem_async *
  * the adapters do it for you).
  *
  * @socket_fn   required. Called at once for the descriptor to watch.
- * @timer_fn    may be NULL (redsem asks for no timer at present: on the loop engine, the
- *              default build, its deadlines make the one descriptor readable when they are
- *              due, through a timerfd behind it); if given, called at once with -1.
+ * @timer_fn    may be NULL (redsem asks for no timer: its deadlines make the one descriptor
+ *              readable when they are due, through a timerfd behind it); if given, called
+ *              at once with -1.
  * @loop_data   passed back to both, never read by redsem (may be NULL).
  *
- * Returns REDSEM_OK, REDSEM_EINVAL (NULL async or socket_fn), REDSEM_ESTATE (a loop was
- * set already) or REDSEM_EFORKED (a forked child: nothing recorded or called). Thread
- * safety: the loop's thread. Since: 0.4
+ * Makes the engine (nothing is sent: its connections open at the first operation).
+ * Returns REDSEM_OK, REDSEM_EINVAL (NULL async or socket_fn; a client of a kind the engine
+ * does not take), REDSEM_ESTATE (a loop was set already), REDSEM_ENOMEM, REDSEM_ECONN (no
+ * timerfd: the process is out of descriptors) or REDSEM_EFORKED (a forked child: nothing
+ * recorded or called). Thread safety: the loop's thread. Since: 0.4
  */
 REDSEM_API int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn socket_fn,
                                      redsem_async_timer_fn timer_fn, void *loop_data);
@@ -143,7 +136,9 @@ REDSEM_API int redsem_async_set_loop(redsem_async *async, redsem_async_socket_fn
 /**
  * redsem_async_action - the loop's report: fd (as asked for by socket_fn) is ready with
  * `events` (REDSEM_WATCH_IN/OUT bits), or fd -1: the timer fired. Runs the callbacks of every
- * operation finished by now, on the calling thread, in the order they finished.
+ * operation finished by now, on the calling thread, in the order they finished: starts the
+ * operations queued by other threads, writes and reads what the engine's sockets take
+ * without blocking, runs what its timers made due.
  *
  * Returns the number of callbacks run (>= 0), REDSEM_EINVAL (NULL async, or an fd it did not
  * ask for) or REDSEM_EFORKED. Never blocks on the network. Thread safety: one thread at a
@@ -162,12 +157,12 @@ REDSEM_API size_t redsem_async_pending(redsem_async *async);
 /**
  * redsem_async_cancel - cancel an operation: its callback will report REDSEM_ECANCELED.
  *
- * An operation waiting for a worker is dropped (nothing sent). A running acquire stops
- * waiting: it leaves the semaphore's queue (an attempt already under way first, then one
- * more, on its worker; a locked acquire whose guard is busy tries again for up to a command
- * timeout, as redsem_sem_acquire() at its deadline) and a permit granted to it meanwhile is
- * released; its callback follows within about a round trip (a
- * Redis Cluster client: within its current wait, at most 1 s). A running try-acquire,
+ * An operation not started yet (queued for the loop's next report) is dropped (nothing
+ * sent). A running acquire stops waiting: it leaves the semaphore's queue (an attempt
+ * already under way first, then one more; a locked acquire whose guard is busy tries again
+ * for up to a command timeout, as redsem_sem_acquire() at its deadline) and a permit granted
+ * to it meanwhile is released; its callback follows within about a round trip. A running
+ * try-acquire,
  * refresh, release or status cannot be cancelled (it ends by itself within its command
  * timeout).
  *
@@ -185,7 +180,7 @@ REDSEM_API int redsem_async_cancel(redsem_async *async, uint64_t op);
 /**
  * redsem_async_free - cancel what is pending, complete every callback, and free. NULL: no-op.
  *
- * Operations waiting for a worker and acquires that wait are cancelled as by
+ * Operations not started yet and acquires that wait are cancelled as by
  * redsem_async_cancel(); operations that cannot be cancelled are waited for (at most their
  * command timeout). Then every callback not run yet runs, once, on the calling thread, before
  * this returns; socket_fn is told REDSEM_WATCH_REMOVE and timer_fn -1. Permits handed out
@@ -203,18 +198,17 @@ REDSEM_API void redsem_async_free(redsem_async *async);
  * @timeout_ms      0: try once (redsem_sem_try_acquire_n()); 1..REDSEM_WAIT_MAX_MS or
  *                  REDSEM_WAIT_FOREVER: wait, as redsem_sem_acquire_n(), counted from this
  *                  call (an acquire still waiting for its turn to start at its deadline
- *                  makes one try then: see HOW IT RUNS above).
+ *                  makes one try then).
  * @cb              required; gets the permit (owned-out) on REDSEM_OK.
  * @user            passed to cb (may be NULL).
  * @ret_op          the operation's id, for redsem_async_cancel() (may be NULL).
  *
- * Server: what redsem_sem_acquire_n() does (the strategy's acquire script, the shared BLPOP
+ * Server: what redsem_sem_acquire_n() does (the strategy's acquire script, its BLPOP
  * wait). Returns REDSEM_OK (started: cb will run once), or without starting anything (cb not
  * called): REDSEM_EINVAL (NULL async, sem or cb; n 0; a timeout out of range; sem of
  * another client; n above the limit is the server's to refuse: the callback then gets
- * REDSEM_EINVAL, nothing taken), REDSEM_ENOMEM (no memory, or no worker thread could be
- * started and none runs), REDSEM_EFORKED, REDSEM_ESTATE (no loop set, or the redsem_async is being
- * freed). Thread safety: any thread. Algorithm: that of the strategy (docs/design.md).
+ * REDSEM_EINVAL, nothing taken), REDSEM_ENOMEM, REDSEM_EFORKED, REDSEM_ESTATE (no loop
+ * set, or the redsem_async is being freed). Thread safety: any thread. Algorithm: that of the strategy (docs/design.md).
  * Since: 0.4
  */
 REDSEM_API REDSEM_WUR int redsem_sem_acquire_async(redsem_async *async, redsem_sem *sem,
