@@ -518,23 +518,6 @@ static int acquire_step(redsem__acq_state *s)
     return ask_attempt(s, s->mode, CONT_MAIN);
 }
 
-int redsem__attempt_run(const redsem__acquirer *q, const char *id, int mode, int64_t cap_ns,
-                        redsem__attempt *att, redsem__req_info *info)
-{
-    for (int stage = 0;; stage++) {
-        redsem__call call;
-        q->attempt_call(q->handle, id, mode, q->weight, stage, &call);
-        call.cap_ns = cap_ns;
-        redisReply *r = NULL;
-        int rc = redsem__call_run(q->client, &call, info, &r);
-        rc = q->attempt_reply(q->handle, stage, rc, r, info, att);
-        if (r != NULL)
-            freeReplyObject(r);
-        if (rc != REDSEM__ATTEMPT)
-            return rc;
-    }
-}
-
 void redsem__acquire_begin(redsem__acq_state *s, const redsem__acquirer *q,
                            const redsem__kind *kind, const char *id, int64_t timeout_ms,
                            int64_t lease_ms)
@@ -557,38 +540,6 @@ int redsem__acquire_finish(redsem__acq_state *s, int rc, redsem_permit **ret_per
     rc = acquire_done(&s->q, s->kind, s->id, s->lease_ms, rc, s->att, s->given_back,
                       ret_permit);
     return recorded(&s->q, rc, s->since_ns, ret_permit);
-}
-
-/* Step s on the calling thread, running its attempts and pauses, until it is decided or
- * asks for a wait (REDSEM__WAIT). */
-static int step_blocking(redsem__acq_state *s)
-{
-    for (;;) {
-        int rc = acquire_step(s);
-        if (rc == REDSEM__NAP) {
-            int64_t nap_ns = s->nap_until_ns - redsem__now_ns();
-            if (nap_ns > 0)
-                redsem__sleep_ns(nap_ns);
-            rc = REDSEM__ATTEMPT;
-        }
-        if (rc != REDSEM__ATTEMPT)
-            return rc;
-        s->att_rc = redsem__attempt_run(&s->q, s->id, s->att_mode, s->cap_ns, &s->att,
-                                        &s->att_info);
-    }
-}
-
-int redsem__acquire_loop(const redsem__acquirer *q, const char *id, int64_t timeout_ms,
-                         redsem__attempt *att)
-{
-    redsem__acq_state s;
-    state_init(&s, q, id, timeout_ms);
-    int rc;
-    while ((rc = step_blocking(&s)) == REDSEM__WAIT)
-        s.wait_rc = redsem__blpop(q->client, s.wkey, s.keylen, q->wake_meta ? s.elem : NULL,
-                                  s.wait_ms, s.cut_ns, s.since_ns, &s.signaled, &s.grant);
-    *att = s.att;
-    return rc;
 }
 
 int redsem__acquire_args(redsem_client *c, redsem_permit **ret_permit, int64_t timeout_ms,
@@ -620,6 +571,24 @@ bool redsem__grant_short(const redsem_client *c, const redsem__attempt *att)
     return c->sync_replicas > 0 && att->replicas_acked < c->sync_replicas;
 }
 
+redsem_permit *redsem__permit_new(const redsem__kind *kind, void *handle, redsem_client *c,
+                                  const char *id, const redsem__attempt *att, int64_t lease_ms)
+{
+    redsem_permit *p = redsem__calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    p->kind = kind;
+    p->handle = handle;
+    p->client = c;
+    memcpy(p->id, id, REDSEM_ID_BUFSIZE);
+    p->token = att->token;
+    p->weight = att->weight ? att->weight : 1;
+    p->lease_ms = lease_ms;
+    atomic_store(&p->deadline_ns, redsem__validity_deadline(att->sent_ns, lease_ms));
+    atomic_store(&p->state, REDSEM__HELD);
+    return p;
+}
+
 static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
                         int64_t lease_ms, int rc, redsem__attempt att, bool given_back,
                         redsem_permit **ret_permit)
@@ -630,28 +599,23 @@ static int acquire_done(const redsem__acquirer *q, const redsem__kind *kind, con
     att.weight = q->weight ? q->weight : 1;
     if (redsem__grant_short(c, &att)) {
         /* Granted on the primary, but not known to the replicas the caller asked for: a
-         * failover now could hand the permit to someone else. Give it back (unless its
-         * driver did: given_back). */
+         * failover now could hand the permit to someone else. Its driver gave it back
+         * (given_back; the engine, drive_loop.c) before it came here. */
         char why[REDSEM__ERRMSG_LEN];
         memcpy(why, redsem__errbuf(c), sizeof why);
-        redsem_permit tmp = {.kind = kind, .handle = q->handle, .client = c};
-        memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
-        if (!given_back)
-            (void)redsem__release(c, &tmp);
         return redsem__set_err(c, REDSEM_EREPLICA,
                                "granted, but %d of the %d replicas required acknowledged it "
-                               "within %lld ms: the permit was given back%s%s",
+                               "within %lld ms: the permit was %s%s%s",
                                att.replicas_acked < 0 ? 0 : att.replicas_acked, c->sync_replicas,
-                               (long long)c->sync_timeout_ms, why[0] ? "; " : "", why);
+                               (long long)c->sync_timeout_ms,
+                               given_back ? "given back" : "not given back (its lease ends)",
+                               why[0] ? "; " : "", why);
     }
     redsem_permit *p = redsem__permit_new(kind, q->handle, c, id, &att, lease_ms);
-    if (p == NULL) {
-        /* Granted, but nowhere to keep it: give it back rather than leak it for a lease. */
-        redsem_permit tmp = {.kind = kind, .handle = q->handle, .client = c};
-        memcpy(tmp.id, id, REDSEM_ID_BUFSIZE);
-        (void)redsem__release(c, &tmp);
-        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the permit was given back)");
-    }
+    if (p == NULL) /* granted, but nowhere to keep it: no call from here (inside the engine) */
+        return redsem__set_err(c, REDSEM_ENOMEM, "out of memory (the permit was granted: its "
+                                                 "lease of %lld ms ends by itself)",
+                               (long long)lease_ms);
     *ret_permit = p;
     return REDSEM_OK;
 }
@@ -672,12 +636,3 @@ static int recorded(const redsem__acquirer *q, int rc, int64_t start_ns,
     return rc;
 }
 
-int redsem__acquire_permit(const redsem__acquirer *q, const redsem__kind *kind, const char *id,
-                           int64_t timeout_ms, int64_t lease_ms, redsem_permit **ret_permit)
-{
-    int64_t start = q->metrics != NULL ? redsem__now_ns() : 0;
-    redsem__attempt att;
-    int rc = redsem__acquire_loop(q, id, timeout_ms, &att);
-    rc = acquire_done(q, kind, id, lease_ms, rc, att, false, ret_permit);
-    return recorded(q, rc, start, ret_permit);
-}

@@ -432,7 +432,7 @@ static void loop_end(op *o)
 }
 
 static void loop_release_call(void *arg, redsem__call *call);
-static int loop_release_reply(void *arg, int rc, const struct redisReply *r,
+static int loop_release_reply(void *arg, int rc, struct redisReply **r,
                               const redsem__req_info *info);
 
 /* The permit of a cancelled acquire is given back: it reports REDSEM_ECANCELED. */
@@ -488,11 +488,11 @@ static void loop_release_call(void *arg, redsem__call *call)
     p->kind->release_call(p->handle, p, call);
 }
 
-static int loop_release_reply(void *arg, int rc, const struct redisReply *r,
+static int loop_release_reply(void *arg, int rc, struct redisReply **r,
                               const redsem__req_info *info)
 {
     redsem_permit *p = ((op *)arg)->handle;
-    rc = p->kind->release_reply(p->client, p->handle, p, rc, r, info);
+    rc = p->kind->release_reply(p->client, p->handle, p, rc, *r, info);
     return redsem__release_end(p, rc);
 }
 
@@ -504,13 +504,13 @@ static void loop_refresh_call(void *arg, redsem__call *call)
     o->loop_script = call->script;
 }
 
-static int loop_refresh_reply(void *arg, int rc, const struct redisReply *r,
+static int loop_refresh_reply(void *arg, int rc, struct redisReply **r,
                               const redsem__req_info *info)
 {
     op *o = arg;
     redsem_permit *p = o->handle;
     int64_t sent = 0;
-    rc = redsem__refresh_reply(p->client, p, o->loop_script, rc, r, info, &sent);
+    rc = redsem__refresh_reply(p->client, p, o->loop_script, rc, *r, info, &sent);
     return redsem__refresh_end(p, rc, sent);
 }
 
@@ -524,7 +524,7 @@ static void loop_status_call(void *arg, redsem__call *call)
         redsem__lock_status_call(o->handle, o->max_entries, call);
 }
 
-static int loop_status_reply(void *arg, int rc, const struct redisReply *r,
+static int loop_status_reply(void *arg, int rc, struct redisReply **r,
                              const redsem__req_info *info)
 {
     (void)info;
@@ -532,7 +532,7 @@ static int loop_status_reply(void *arg, int rc, const struct redisReply *r,
     redsem_client *c = o->async->c;
     const char *key = o->kind == OP_SEM_STATUS ? ((redsem_sem *)o->handle)->k_meta
                                                : ((redsem_lock *)o->handle)->k_mutex;
-    return rc != REDSEM_OK ? rc : redsem__status_from_reply(c, key, r, &o->status);
+    return rc != REDSEM_OK ? rc : redsem__status_from_reply(c, key, *r, &o->status);
 }
 
 /* Start o, a call (release, refresh, status) on the engine (o on a->looping). */

@@ -62,6 +62,7 @@ struct loop_op {
     bool replied; /* ... and has ended (queued for loop_step) */
     int64_t wake_ns; /* a pause or a wait ends then (0: none) */
     bool waiting;    /* REDSEM__WAIT (else a pause before an attempt) */
+    int wait_rc;     /* ... ended by a fault of the wait connection (REDSEM_OK: none) */
     bool resend;     /* the pause ends with its call sent again (lost connection, LOADING) */
     bool late;       /* ... or with its request's timeout (give_up_late) */
     loop_retry rw;       /* its call's retry window */
@@ -74,6 +75,10 @@ struct loop_op {
      * map's nodes, with ASKING first after an ASK), the redirections of its call, and
      * whether its pause waits for the slot map (map_wait: woken by its reply) */
     bool redirected, asking, mapwait;
+    /* an open (redsem__loop_open): it ends when the connection it waits for is open, or
+     * (a cluster) when a round of questions read the map, or failed */
+    loop_conn *opening;
+    bool opening_map;
     size_t to;
     int hops;
     int64_t map_until;
@@ -82,11 +87,16 @@ struct loop_op {
     bool giveback;
     redsem_permit gb;
     char why[REDSEM__ERRMSG_LEN];
-    redsem__call call;
+    redsem__call *call; /* its call: own_call, or the caller's (redsem__loop_run) */
+    redsem__call own_call;
     redsem__preq req;
     atomic_bool cancel;
     redsem__loop_done done;
     void *arg;
+    /* a wait alone (redsem__loop_wait): where it says whether it was woken, and its grant */
+    bool bare;
+    bool *bare_signaled;
+    redsem__wake_grant *bare_grant;
     /* NULL: an acquire (s); else a single call, whose outcome this takes (redsem__loop_call) */
     redsem__loop_reply reply;
     loop_op *next;
@@ -118,6 +128,7 @@ struct loop_conn {
     redsem__sentinel_ask ask; /* Sentinel: the question before its dial (LC_RESOLVING) */
     redsem__preq roleq;       /* Sentinel: ROLE re-checked on the open connection */
     bool role_pending, role_demoted; /* ... in flight; answered "not the primary" */
+    size_t idx; /* a Cluster client's: its node's index in the map's table */
 };
 
 #define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
@@ -170,11 +181,35 @@ struct redsem__loop {
     redsem__preq mapq; /* the CLUSTER SLOTS in flight, to topo->nodes[map_idx] */
     bool map_pending, map_replied;
     size_t map_idx, map_next; /* ... and the node asked first next time */
+    /* a round of questions for the map (map_ask): the nodes in the order asked, the next,
+     * its deadline, the worst failure so far and what each said */
+    struct {
+        bool on;
+        size_t order[REDSEM__CLUSTER_NODES_MAX], m, j;
+        int64_t deadline;
+        int worst;
+        char why[512];
+    } round;
+    bool map_known;     /* a round read the map */
+    int map_rc;         /* the last round's outcome, and its text */
+    char map_err[600];
+    int64_t failed_ns[REDSEM__CLUSTER_NODES_MAX]; /* its last call or question failed then */
+    int64_t silent_ns[REDSEM__CLUSTER_NODES_MAX]; /* a request to it timed out then (0: no) */
     int route_rc; /* why call_conn or node_conn found no connection (the text set) */
 };
 
 static int cluster_new(redsem__loop *l, char *err, size_t errlen);
 static void cluster_free(redsem__loop *l);
+
+/* The engine this thread steps or starts an op on now (NULL: none): what an op's call
+ * builder asks of its node (the server's clock, its address) is this engine's
+ * (redsem__loop_current). Set around every entry that runs ops. */
+static _Thread_local redsem__loop *stepping;
+
+redsem__loop *redsem__loop_current(const redsem_client *c)
+{
+    return stepping != NULL && stepping->c == c ? stepping : NULL;
+}
 
 int redsem__loop_new(redsem_client *c, redsem__loop **ret)
 {
@@ -253,15 +288,21 @@ static void hs_done(redsem__preq *q, void *arg)
         return; /* the open failed before (conn_fail) */
     int rc = q->rc;
     snprintf(lc->hs_err, sizeof lc->hs_err, "%s", rc != REDSEM_OK ? lc->pipe.err : "");
+    /* the steps answered, in order (after a fault, those that were: a refusal a broken
+     * server gave says more than its silence after it) */
+    int answered = q->rc == REDSEM_OK ? lc->hs.n : q->got;
     for (int i = 0; i < lc->hs.n; i++) {
-        rc = redsem__handshake_judge(&lc->node, lc->hs.step[i], q->rc,
-                                     q->rc == REDSEM_OK ? q->replies[i] : NULL, q->recv_ns,
-                                     lc->hs_err, sizeof lc->hs_err);
+        bool in = i < answered;
+        rc = redsem__handshake_judge(&lc->node, lc->hs.step[i], in ? REDSEM_OK : q->rc,
+                                     in ? q->replies[i] : NULL, q->recv_ns, lc->hs_err,
+                                     sizeof lc->hs_err);
         if (rc != REDSEM_OK)
             break;
     }
-    for (int i = 0; q->rc == REDSEM_OK && i < lc->hs.n; i++)
+    for (int i = 0; i < answered; i++) {
         freeReplyObject(q->replies[i]);
+        q->replies[i] = NULL;
+    }
     if (q->written) /* AUTH's password */
         redsem__pipe_wipe(&lc->pipe, q, lc->hs_len);
     if (rc != REDSEM_OK)
@@ -288,10 +329,13 @@ static int hs_queue(loop_conn *lc)
     for (int i = 0, off = 0; all != NULL && i < lc->hs.n; off += len[i], i++)
         memcpy(all + off, cmd[i], (size_t)len[i]);
     if (lc->hs.n > 0) {
-        lc->hsq = (redsem__preq){.nreplies = lc->hs.n, .done = hs_done, .arg = lc};
+        lc->hsq = (redsem__preq){.nreplies = lc->hs.n, .done = hs_done, .arg = lc,
+                                 .keep_partial = true};
         lc->hsq.deadline_ns = lc->open_by;
         rc = all == NULL ? REDSEM_ENOMEM : redsem__pipe_send(&lc->pipe, &lc->hsq, all, total);
         lc->hs_len = total;
+        if (rc == REDSEM_OK) /* each step a request, as a blocking connect counted them */
+            REDSEM__COUNT(lc->node.ctx, requests, (uint64_t)lc->hs.n);
     }
     for (int i = 0; i < lc->hs.n; i++)
         redsem__handshake_free(cmd[i], len[i]);
@@ -302,8 +346,11 @@ static int hs_queue(loop_conn *lc)
 
 /* lc's open failed with rc (err): the requests waiting for it end with it, never written
  * (not applied). */
+static void opens_end(redsem__loop *l, const loop_conn *lc, int rc, const char *err);
+
 static void conn_fail(redsem__loop *l, loop_conn *lc, int rc, const char *err)
 {
+    opens_end(l, lc, rc, err);
     redsem__sentinel_ask_cancel(&lc->ask);
     redsem__dial_cancel(&lc->dial);
     lc->state = LC_CLOSED;
@@ -324,12 +371,13 @@ static void conn_opened(redsem__loop *l, loop_conn *lc)
         if (q->deadline_ns < dl)
             q->deadline_ns = dl;
         const loop_op *o = q->done == op_done ? q->arg : NULL;
-        if (o != NULL && o->call.cap_ns != 0 && o->call.cap_ns < q->deadline_ns)
-            q->deadline_ns = o->call.cap_ns;
+        if (o != NULL && o->call->cap_ns != 0 && o->call->cap_ns < q->deadline_ns)
+            q->deadline_ns = o->call->cap_ns;
     }
     redsem__pipe_unhold(&lc->pipe);
     redsem__node_opened(&lc->node);
     lc->state = LC_OPEN;
+    opens_end(l, lc, REDSEM_OK, "");
     (void)redsem__pipe_step(&lc->pipe, false, false, now); /* writes them */
 }
 
@@ -471,10 +519,21 @@ static int64_t open_deadline(const loop_conn *lc)
     int64_t d = lc->open_by;
     for (const redsem__preq *q = lc->pipe.head; q != NULL; q = q->next) {
         const loop_op *o = q->done == op_done ? q->arg : NULL;
-        if (o != NULL && o->call.cap_ns != 0 && o->call.cap_ns < d)
-            d = o->call.cap_ns;
+        if (o != NULL && o->call->cap_ns != 0 && o->call->cap_ns < d)
+            d = o->call->cap_ns;
     }
     return d;
+}
+
+/* Cap lc's open (if it is not open yet) at dl: its connect and its handshake end by then. */
+static void conn_cap(loop_conn *lc, int64_t dl)
+{
+    if (lc->state == LC_OPEN)
+        return;
+    if (dl < lc->open_by)
+        lc->open_by = dl;
+    if (lc->hsq.deadline_ns > dl)
+        lc->hsq.deadline_ns = dl;
 }
 
 /* ---------------------------------------------------------------- a Cluster client's routing */
@@ -552,9 +611,27 @@ static loop_conn *node_conn(redsem__loop *l, size_t i)
         return NULL;
     }
     lc->node.cluster = true;
+    lc->idx = i;
     l->nconn[i] = lc;
     l->nconns++;
     return lc;
+}
+
+/* A cluster's table upkeep before a call is routed: the nodes out of the map, idle a while,
+ * dropped (cluster.c), and what the engine held of them closed (their requests, none in
+ * general, resent as after a lost connection). */
+static void cluster_sweep(redsem__loop *l)
+{
+    if (!redsem__cluster_sweep(l->topo))
+        return;
+    for (size_t i = 0; i < REDSEM__CLUSTER_NODES_MAX; i++)
+        if (l->nconn[i] != NULL && (i >= l->topo->nnodes || l->topo->nodes[i] == NULL)) {
+            conn_close(l, l->nconn[i], "the cluster node left the slot map");
+            redsem__node_close(&l->nconn[i]->node);
+            redsem__free(l->nconn[i]);
+            l->nconn[i] = NULL;
+            l->nconns--;
+        }
 }
 
 /* The connection call goes to: one server's, or in a cluster the node serving the slot of
@@ -564,7 +641,10 @@ static loop_conn *call_conn(redsem__loop *l, const redsem__call *call)
 {
     if (l->topo == NULL)
         return &l->req;
-    int slot = redsem__key_slot(call->nkeys > 0 ? call->ka.v[0] : "", call->nkeys > 0 ? call->ka.len[0] : 0);
+    cluster_sweep(l);
+    int k = call->script == REDSEM__SCRIPT_NONE ? 1 : 0; /* a command's key: after its name */
+    bool keyed = call->nkeys > 0 && call->ka.n > k;
+    int slot = redsem__key_slot(keyed ? call->ka.v[k] : "", keyed ? call->ka.len[k] : 0);
     uint16_t at = l->topo->slots[slot];
     if (at == 0) {
         l->route_rc = redsem__set_err(l->c, REDSEM_ESERVER, "no cluster node serves hash slot %d", slot);
@@ -581,60 +661,178 @@ static void map_done(redsem__preq *q, void *arg)
     ((redsem__loop *)arg)->map_replied = true;
 }
 
-/* Read the slot map again on the loop (cluster.c's CLUSTER SLOTS as a request): one at a
- * time, at most every REDSEM__CLUSTER_REFRESH_MS (a failed one lets the next go at once);
- * the seeds join the table, and the node asked is the next one after the last that answered
- * (or failed), avoid (a node that just did not answer) only if no other is known. */
+/* How bad a failure to read the map is, to report the worst (cluster.c's severity): a node
+ * not in cluster mode or refusing the credentials says more than one that cannot be
+ * reached. */
+static int map_severity(int rc)
+{
+    return rc == REDSEM_EINVAL || rc == REDSEM_EPERM ? 3
+           : rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT ? 1
+                                                          : 2;
+}
+
+/* The order a round asks the nodes in (cluster.c's refresh): the primaries of the map, from
+ * the one that answered last, then the other nodes (the seeds), then those whose last call
+ * or question failed, avoid last of all. */
+static void map_order(redsem__loop *l, const loop_conn *avoid)
+{
+    redsem__topo *t = l->topo;
+    bool in_map[REDSEM__CLUSTER_NODES_MAX] = {false};
+    for (int s = 0; s < REDSEM__SLOTS; s++)
+        if (t->slots[s] != 0)
+            in_map[t->slots[s] - 1] = true;
+    l->round.m = l->round.j = 0;
+    for (int pass = 0; pass < 4; pass++)
+        for (size_t k = 0; k < t->nnodes; k++) {
+            size_t i = (l->map_next + k) % t->nnodes;
+            if (t->nodes[i] == NULL)
+                continue;
+            bool av = avoid != NULL && l->nconn[i] == avoid;
+            int p = av ? 3 : l->failed_ns[i] != 0 ? 2 : in_map[i] ? 0 : 1;
+            if (p == pass)
+                l->round.order[l->round.m++] = i;
+        }
+}
+
+static void map_round_end(redsem__loop *l, int rc);
+
+/* Ask the round's next node for the map, each given a fair share of the time left (at least
+ * 100 ms; its connect too), so that one that hangs does not use up the time the others
+ * need; a node that cannot be asked is passed over. None left, or the deadline passed: the
+ * round failed. */
+static void map_next_node(redsem__loop *l)
+{
+    redsem__topo *t = l->topo;
+    while (l->round.j < l->round.m) {
+        int64_t now = redsem__now_ns();
+        if (now >= l->round.deadline)
+            break;
+        size_t idx = l->round.order[l->round.j++];
+        int64_t share = (l->round.deadline - now) / (int64_t)(l->round.m - l->round.j + 1);
+        if (share < 100 * REDSEM__NS_PER_MS)
+            share = 100 * REDSEM__NS_PER_MS; /* a round trip's worth, even over a WAN */
+        int64_t dl = l->round.deadline - now > share ? now + share : l->round.deadline;
+        loop_conn *lc = t->nodes[idx] != NULL ? node_conn(l, idx) : NULL;
+        redsem__args a;
+        redsem__args_init(&a);
+        redsem__args_str(&a, "CLUSTER");
+        redsem__args_str(&a, "SLOTS");
+        l->mapq = (redsem__preq){.nreplies = 1, .done = map_done, .arg = l};
+        if (lc == NULL || send_cmd(l, lc, &l->mapq, &a) != REDSEM_OK)
+            continue;
+        conn_cap(lc, dl);
+        if (l->mapq.deadline_ns > dl)
+            l->mapq.deadline_ns = dl;
+        l->map_pending = true;
+        l->map_idx = idx;
+        return;
+    }
+    map_round_end(l, l->round.worst);
+}
+
+/* Read the slot map again on the loop (cluster.c's CLUSTER SLOTS as requests): a round over
+ * the known nodes and the seeds (map_order), one question at a time, within the connect
+ * timeout, at most one round every REDSEM__CLUSTER_REFRESH_MS (a failed one lets the next
+ * go at once). */
 static void map_ask(redsem__loop *l, const loop_conn *avoid)
 {
     redsem__topo *t = l->topo;
     int64_t now = redsem__now_ns();
-    if (l->map_pending || now - t->refreshed_ns < REDSEM__CLUSTER_REFRESH_MS * REDSEM__NS_PER_MS)
+    if (l->round.on || now - t->refreshed_ns < REDSEM__CLUSTER_REFRESH_MS * REDSEM__NS_PER_MS)
         return;
-    size_t idx;
-    for (size_t i = 0; i < t->given.nhosts; i++)
-        (void)redsem__cluster_node_at(t, t->given.hosts[i].host, t->given.hosts[i].port, &idx);
-    loop_conn *lc = NULL;
-    for (size_t k = 0; k < t->nnodes && (lc == NULL || lc == avoid); k++) {
-        idx = (l->map_next + k) % t->nnodes;
-        lc = t->nodes[idx] != NULL ? node_conn(l, idx) : NULL;
-    }
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, "CLUSTER");
-    redsem__args_str(&a, "SLOTS");
-    l->mapq = (redsem__preq){.nreplies = 1, .done = map_done, .arg = l};
-    if (lc == NULL || send_cmd(l, lc, &l->mapq, &a) != REDSEM_OK) {
-        l->map_next = idx + 1; /* the next node, at the next ask */
-        return;
+    /* the seeds join the known nodes; an engine with no map yet asks first the seed that
+     * gave one to another engine of the client (one that hangs costs the first only) */
+    size_t first = atomic_load_explicit(&l->c->seed_first, memory_order_relaxed);
+    for (size_t i = 0; i < t->given.nhosts; i++) {
+        size_t idx;
+        if (redsem__cluster_node_at(t, t->given.hosts[i].host, t->given.hosts[i].port,
+                                    &idx) == REDSEM_OK &&
+            !l->map_known && i == first % t->given.nhosts)
+            l->map_next = idx;
     }
     t->refreshed_ns = now;
-    l->map_pending = true;
-    l->map_idx = idx;
+    l->round.on = true;
+    l->round.deadline = now + l->c->connect_timeout_ms * REDSEM__NS_PER_MS;
+    l->round.worst = REDSEM_ECONN;
+    l->round.why[0] = '\0';
+    map_order(l, avoid);
+    map_next_node(l);
 }
 
-/* The map's reply: read into the map (cluster.c), and the ops whose pause waits for it sent
- * now; a failure lets the next node be asked at once. */
+/* A round ended (rc: REDSEM_OK, or the worst failure, its text in round.why): the ops
+ * waiting for the map go on (an open ends), and a failed round lets the next go at once. */
+static void map_round_end(redsem__loop *l, int rc)
+{
+    l->round.on = false;
+    if (rc != REDSEM_OK) {
+        l->topo->refreshed_ns = 0;
+        l->map_rc = rc;
+        snprintf(l->map_err, sizeof l->map_err, "no cluster node gave the slot map: %s",
+                 l->round.why[0] ? l->round.why : "none could be asked before the deadline");
+    } else {
+        l->map_rc = REDSEM_OK;
+    }
+    for (loop_op *o = l->ops; o != NULL; o = o->next)
+        if ((o->mapwait && o->resend) || o->opening_map)
+            o->wake_ns = 1;
+}
+
+/* The judgement of a map question's outcome q on node n (cluster.c's ask_map): REDSEM_OK
+ * (the map read), or the failure with its text in err. */
+static int map_judge(redsem__loop *l, const redsem__preq *q, redsem__node *n, char *err,
+                     size_t errlen)
+{
+    redisReply *r = q->rc == REDSEM_OK ? q->replies[0] : NULL;
+    int rc;
+    if (r == NULL) {
+        rc = q->rc;
+        snprintf(err, errlen, "%s:%d: %.200s", n->ep.host, n->ep.port,
+                 l->nconn[l->map_idx] != NULL ? l->nconn[l->map_idx]->pipe.err : "");
+    } else if (r->type == REDIS_REPLY_ERROR && strstr(r->str, "cluster support disabled")) {
+        snprintf(err, errlen, "%s:%d is not a cluster node (cluster support disabled): use "
+                 "a redis:// URL for a standalone server", n->ep.host, n->ep.port);
+        rc = REDSEM_EINVAL;
+    } else if (r->type == REDIS_REPLY_ERROR) {
+        rc = redsem__node_error_reply(n, r, "CLUSTER SLOTS");
+        rc = rc == REDSEM__EREDIRECT ? REDSEM_ESERVER : rc;
+        snprintf(err, errlen, "%s:%d: %.200s", n->ep.host, n->ep.port, l->ctx.errmsg);
+    } else {
+        rc = redsem__cluster_read_map(l->topo, n, r, err, errlen);
+    }
+    if (r != NULL)
+        freeReplyObject(r);
+    return rc;
+}
+
+/* The map's reply: read into the map (cluster.c), and the ops waiting for it go on; a
+ * failure asks the round's next node. */
 static void map_reply(redsem__loop *l)
 {
     redsem__topo *t = l->topo;
     l->map_pending = l->map_replied = false;
-    redisReply *r = l->mapq.rc == REDSEM_OK ? l->mapq.replies[0] : NULL;
     redsem__node *asked = t->nodes[l->map_idx];
-    char err[REDSEM__ERRMSG_LEN];
-    int rc = r == NULL || asked == NULL || r->type == REDIS_REPLY_ERROR
-                 ? REDSEM_ECONN
-                 : redsem__cluster_read_map(t, asked, r, err, sizeof err);
-    if (r != NULL)
-        freeReplyObject(r);
-    l->map_next = rc == REDSEM_OK ? l->map_idx : l->map_idx + 1;
-    if (rc != REDSEM_OK) {
-        t->refreshed_ns = 0;
+    char err[256] = "the node was dropped";
+    int rc = asked != NULL ? map_judge(l, &l->mapq, asked, err, sizeof err) : REDSEM_ECONN;
+    l->failed_ns[l->map_idx] =
+        rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT ? redsem__now_ns() : 0;
+    if (rc == REDSEM_OK) {
+        l->map_next = l->map_idx;
+        l->map_known = true;
+        for (size_t i = 0; i < t->given.nhosts; i++) /* a seed: asked first by the next */
+            if (asked->ep.host != NULL && t->given.hosts[i].port == asked->ep.port &&
+                strcmp(t->given.hosts[i].host, asked->ep.host) == 0)
+                atomic_store_explicit(&l->c->seed_first, i, memory_order_relaxed);
+        map_round_end(l, REDSEM_OK);
         return;
     }
-    for (loop_op *o = l->ops; o != NULL; o = o->next)
-        if (o->mapwait && o->resend)
-            o->wake_ns = 1;
+    if (map_severity(rc) > map_severity(l->round.worst))
+        l->round.worst = rc;
+    size_t n = strlen(l->round.why);
+    snprintf(l->round.why + n, sizeof l->round.why - n, "%s%s", n ? "; " : "", err);
+    if (rc == REDSEM_ENOMEM)
+        map_round_end(l, rc);
+    else
+        map_next_node(l);
 }
 
 /* Whether call is followed by WAIT (a write that must reach the client's replicas). */
@@ -660,29 +858,32 @@ static int send_cmd(redsem__loop *l, loop_conn *lc, redsem__preq *q, redsem__arg
 
 #define LOOP_ASKING "*1\r\n$6\r\nASKING\r\n"
 
-/* Queue call on lc's pipe as q: [ASKING] [SCRIPT LOAD body] EVALSHA sha nkeys keys args
- * [WAIT n timeout], in one write (node.c's format_requests); q->nreplies set; counted in the
- * loop's stats as a lane counts (the SCRIPT LOAD in script_loads, WAIT as a request). */
+/* Queue call on lc's pipe as q: [SCRIPT LOAD body] [ASKING] EVALSHA sha nkeys keys args
+ * [WAIT n timeout], in one write (node.c's format_requests): the body when body is set (the
+ * server does not hold the script yet), by SCRIPT LOAD (*load set), or by EVAL on a server
+ * that refuses SCRIPT LOAD (the script cache's eval_body); a command (REDSEM__SCRIPT_NONE)
+ * goes as its ka says. q->nreplies set; counted in the loop's stats as a lane counts (the
+ * SCRIPT LOAD or EVAL body in script_loads, WAIT as a request). */
 static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const redsem__call *call,
-                     bool load, bool asking)
+                     bool body, bool asking, bool *load_out)
 {
     int rc = conn_open(l, lc);
     if (rc != REDSEM_OK)
         return rc;
-    const redsem__script_def *d = &redsem__script_defs[call->script];
+    bool script = call->script != REDSEM__SCRIPT_NONE;
+    bool load = script && body && !atomic_load(&lc->node.scripts->eval_body);
     bool sync = call_syncs(l, call);
     redsem__args a, la, wa;
-    redsem__args_init(&a);
-    redsem__args_init(&la);
+    if (script) {
+        redsem__script_args(&redsem__script_defs[call->script], body, load, call->nkeys,
+                            &call->ka, &a, &la);
+    } else {
+        a = call->ka; /* its numbers' pointers lead into call, which lives on */
+        redsem__args_init(&la);
+    }
+    if (load_out != NULL)
+        *load_out = load;
     redsem__args_init(&wa);
-    redsem__args_str(&la, "SCRIPT");
-    redsem__args_str(&la, "LOAD");
-    redsem__args_mem(&la, d->text, d->len);
-    redsem__args_str(&a, "EVALSHA");
-    redsem__args_mem(&a, d->sha, 40);
-    redsem__args_i64(&a, call->nkeys);
-    for (int i = 0; i < call->ka.n; i++)
-        redsem__args_mem(&a, call->ka.v[i], call->ka.len[i]);
     redsem__args_str(&wa, "WAIT");
     redsem__args_i64(&wa, l->c->sync_replicas);
     redsem__args_i64(&wa, l->c->sync_timeout_ms);
@@ -694,9 +895,11 @@ static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const reds
     size_t len = alen + (size_t)plen + (size_t)clen + (size_t)wlen;
     char *buf = plen >= 0 && clen >= 0 && wlen >= 0 ? redsem__malloc(len) : NULL;
     if (buf != NULL) {
-        memcpy(buf, LOOP_ASKING, alen);
+        /* ASKING right before the call: it holds for one command, a SCRIPT LOAD would
+         * take it */
         if (plen > 0)
-            memcpy(buf + alen, pre, (size_t)plen);
+            memcpy(buf, pre, (size_t)plen);
+        memcpy(buf + plen, LOOP_ASKING, alen);
         memcpy(buf + alen + plen, cmd, (size_t)clen);
         if (wlen > 0)
             memcpy(buf + alen + plen + clen, post, (size_t)wlen);
@@ -711,7 +914,7 @@ static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const reds
     }
     if (rc == REDSEM_OK) {
         REDSEM__COUNT(&l->ctx, requests, sync ? 2 : 1);
-        REDSEM__COUNT(&l->ctx, script_loads, load ? 1 : 0);
+        REDSEM__COUNT(&l->ctx, script_loads, script && body ? 1 : 0);
         if (lc->pipe.inflight > 1)
             REDSEM__COUNT(&l->ctx, pipelined, 1);
     }
@@ -742,12 +945,21 @@ static void push_wakeups(redsem__loop *l, const char *sigprefix, redisReply *wra
             break;
         p->req.done = push_done;
         loop_conn *lc = call_conn(l, &wc->call);
-        bool load = lc != NULL && !atomic_load(&lc->node.scripts->sent[REDSEM__SCRIPT_WAKE_PUSH]);
-        if (lc == NULL || send_call(l, lc, &p->req, &wc->call, load, false) != REDSEM_OK)
+        bool body = lc != NULL && !atomic_load(&lc->node.scripts->sent[REDSEM__SCRIPT_WAKE_PUSH]);
+        if (lc == NULL || send_call(l, lc, &p->req, &wc->call, body, false, NULL) != REDSEM_OK)
             redsem__free(p);
     }
     redsem__free(wc);
     freeReplyObject(wrap);
+}
+
+/* o waits (its wait under way: its key in the BLPOP), or not; the client counts the waits
+ * of fair waiters (redsem__wake_any: a release then names its id list). */
+static void wait_set(loop_op *o, bool waiting)
+{
+    if (waiting != o->waiting && o->s.elem[0] != '\0')
+        atomic_fetch_add_explicit(&o->loop->c->waits, waiting ? 1 : -1, memory_order_relaxed);
+    o->waiting = waiting;
 }
 
 static void op_done(redsem__preq *q, void *arg)
@@ -811,7 +1023,7 @@ static bool pause_resend(loop_op *o);
 
 static bool retry_later(loop_op *o)
 {
-    return (o->call.flags & REDSEM__REQ_RETRY) && pause_resend(o);
+    return (o->call->flags & REDSEM__REQ_RETRY) && pause_resend(o);
 }
 
 /* retry_later's pause within o's window (retry_pause), for any call (a cluster's refusal:
@@ -819,10 +1031,10 @@ static bool retry_later(loop_op *o)
 static bool pause_resend(loop_op *o)
 {
     o->mapwait = false;
-    if (!retry_pause(o->loop, &o->rw, o->call.cap_ns, &o->wake_ns))
+    if (!retry_pause(o->loop, &o->rw, o->call->cap_ns, &o->wake_ns))
         return false;
     o->resend = true;
-    o->waiting = false;
+    wait_set(o, false);
     return true;
 }
 
@@ -834,7 +1046,7 @@ static bool pause_resend(loop_op *o)
 static void give_up_late(loop_op *o, int64_t deadline_ns)
 {
     o->late = true;
-    o->waiting = false;
+    wait_set(o, false);
     o->wake_ns = deadline_ns;
 }
 
@@ -869,7 +1081,7 @@ static void giveback_start(loop_op *o)
     o->gb.client = c;
     memcpy(o->gb.id, o->s.id, REDSEM_ID_BUFSIZE);
     o->giveback = true;
-    o->s.kind->release_call(o->s.q.handle, &o->gb, &o->call);
+    o->s.kind->release_call(o->s.q.handle, &o->gb, o->call);
     op_call(o);
 }
 
@@ -887,17 +1099,17 @@ static void giveback_end(loop_op *o, int rc, redisReply *r, redsem__req_info *in
 static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info *info)
 {
     const redsem__acquirer *q = &o->s.q;
-    if (r != NULL && o->call.wake_prefix != NULL) {
+    if (r != NULL && o->call->wake_prefix != NULL) {
         redisReply *wrap = redsem__wake_unwrap(&r);
         if (wrap != NULL)
-            push_wakeups(o->loop, o->call.wake_prefix, wrap);
+            push_wakeups(o->loop, o->call->wake_prefix, wrap);
     }
     if (o->giveback) {
         giveback_end(o, rc, r, info);
         return;
     }
     if (o->reply != NULL) { /* a single call: its outcome, and the op ends */
-        rc = o->reply(o->arg, rc, r, info);
+        rc = o->reply(o->arg, rc, &r, info); /* it may take r */
         if (r != NULL)
             freeReplyObject(r);
         o->done(o->arg, rc, NULL);
@@ -953,13 +1165,13 @@ static bool map_wait(loop_op *o)
     map_ask(l, NULL);
     if (o->map_until == 0) {
         o->map_until = now + l->c->connect_timeout_ms * REDSEM__NS_PER_MS;
-        if (o->call.cap_ns != 0 && o->call.cap_ns < o->map_until)
-            o->map_until = o->call.cap_ns;
+        if (o->call->cap_ns != 0 && o->call->cap_ns < o->map_until)
+            o->map_until = o->call->cap_ns;
     }
     if (now >= o->map_until)
         return pause_resend(o);
     o->resend = o->mapwait = true;
-    o->waiting = false;
+    wait_set(o, false);
     o->wake_ns = now + 20 * REDSEM__NS_PER_MS < o->map_until ? now + 20 * REDSEM__NS_PER_MS
                                                                : o->map_until;
     return true;
@@ -982,6 +1194,56 @@ static bool demoted_reply(redsem__loop *l, loop_op *o, const redisReply *r)
     return true;
 }
 
+/* A reply that ran nothing and asks for the call again: LOADING (a restarted server loading
+ * its data: sent again within o's retry window; once it ends, the reply is judged as any
+ * other) or, under Sentinel, READONLY (a demoted primary: the connection is given up, and
+ * the call goes again as after a lost connection before writing, or that is its outcome).
+ * true: handled (r and w, if not NULL, freed). */
+static bool refused_again(loop_op *o, redisReply *r, redisReply *w, redsem__req_info *info)
+{
+    if (redsem__loading_reply(r)) { /* once its window ends, the reply is the outcome */
+        if (!retry_later(o))
+            return false;
+        freeReplyObject(r);
+        if (w != NULL)
+            freeReplyObject(w);
+        return true;
+    }
+    if (!demoted_reply(o->loop, o, r))
+        return false;
+    freeReplyObject(r);
+    if (w != NULL)
+        freeReplyObject(w);
+    int rc = redsem__set_err(o->loop->c, REDSEM_ECONN, "%s", o->err);
+    if (retry_later(o))
+        return true;
+    info->maybe_applied = o->maybe;
+    attempt_outcome(o, rc, NULL, info);
+    return true;
+}
+
+/* A command's reply (REDSEM__SCRIPT_NONE): LOADING and a demotion as a script call's, a
+ * redirection followed; any other reply, an error reply included, is the call's outcome for
+ * its reply function to judge. */
+static void cmd_reply(loop_op *o, redisReply *r, redsem__req_info *info)
+{
+    info->maybe_applied = o->maybe;
+    if (refused_again(o, r, NULL, info))
+        return;
+    if (redsem__redirect_reply(r)) {
+        redsem__loop *l = o->loop;
+        int rc = redsem__node_error_reply(&o->lc->node, r, "the command");
+        (void)redsem__set_err(l->c, rc, "%s", l->ctx.errmsg);
+        freeReplyObject(r);
+        if (rc == REDSEM__EREDIRECT)
+            op_redirected(o, info);
+        else
+            attempt_outcome(o, rc, NULL, info);
+        return;
+    }
+    attempt_outcome(o, REDSEM_OK, r, info);
+}
+
 /* The reply to o's request: a lost connection or LOADING sends it again within its retry
  * window ("maybe applied" kept when a copy was written); a NOSCRIPT is sent again with the
  * body; WAIT's reply becomes replicas_acked; an error reply becomes its code (with the text
@@ -998,10 +1260,17 @@ static void op_reply(loop_op *o)
     if (q->rc != REDSEM_OK) {
         o->maybe = o->maybe || q->written;
         int rc = redsem__set_err(c, q->rc, "%s", o->err);
-        if ((rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) && l->topo != NULL)
+        if ((rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) && l->topo != NULL) {
             map_ask(l, o->lc); /* a failover may have moved its slots: the others asked first */
-        if (rc == REDSEM_ECONN && retry_later(o))
-            return; /* timeouts are not retried: the server may be stalled */
+            l->failed_ns[o->lc->idx] = redsem__now_ns();
+            if (rc == REDSEM_ETIMEDOUT)
+                l->silent_ns[o->lc->idx] = l->failed_ns[o->lc->idx];
+        }
+        /* one server: timeouts are not retried (it may be stalled); a Cluster node that does
+         * not answer may have been failed over: idempotent calls go again, maybe applied */
+        if ((rc == REDSEM_ECONN || (rc == REDSEM_ETIMEDOUT && l->topo != NULL)) &&
+            retry_later(o))
+            return;
         if (rc == REDSEM_ETIMEDOUT && o->maybe && redsem__now_ns() < q->deadline_ns) {
             give_up_late(o, q->deadline_ns);
             return;
@@ -1010,34 +1279,31 @@ static void op_reply(loop_op *o)
         attempt_outcome(o, rc, NULL, &info);
         return;
     }
-    _Atomic bool *sent = &o->lc->node.scripts->sent[o->call.script];
-    int a0 = o->asking ? 1 : 0; /* ASKING's +OK first */
-    redisReply *r = q->replies[a0 + (o->load ? 1 : 0)];
-    redisReply *w = o->sync ? q->replies[q->nreplies - 1] : NULL;
+    if (l->topo != NULL)
+        l->silent_ns[o->lc->idx] = l->failed_ns[o->lc->idx] = 0; /* it answers */
+    /* the replies: [SCRIPT LOAD's] [ASKING's +OK] the call's [WAIT's] */
+    int ai = o->load ? 1 : 0, ri = ai + (o->asking ? 1 : 0);
     if (o->asking)
-        freeReplyObject(q->replies[0]);
+        freeReplyObject(q->replies[ai]);
+    if (o->call->script == REDSEM__SCRIPT_NONE) {
+        cmd_reply(o, q->replies[ri], &info);
+        return;
+    }
+    _Atomic bool *sent = &o->lc->node.scripts->sent[o->call->script];
+    redisReply *r = q->replies[ri];
+    redisReply *w = o->sync ? q->replies[q->nreplies - 1] : NULL;
+    bool refused = false; /* SCRIPT LOAD refused (not a compile error): EVAL bodies */
     if (o->load) {
-        if (q->replies[a0]->type == REDIS_REPLY_STRING)
+        const redisReply *lr = q->replies[0];
+        if (lr->type == REDIS_REPLY_STRING)
             atomic_store(sent, true);
-        freeReplyObject(q->replies[a0]);
+        else
+            refused = lr->type == REDIS_REPLY_ERROR &&
+                      strncmp(lr->str, "ERR Error compiling", 19) != 0;
+        freeReplyObject(q->replies[0]);
     }
-    if (redsem__loading_reply(r) && retry_later(o)) {
-        freeReplyObject(r);
-        if (w != NULL)
-            freeReplyObject(w);
+    if (refused_again(o, r, w, &info))
         return;
-    }
-    if (demoted_reply(l, o, r)) { /* nothing applied: as a connection lost before writing */
-        freeReplyObject(r);
-        if (w != NULL)
-            freeReplyObject(w);
-        int rc = redsem__set_err(c, REDSEM_ECONN, "%s", o->err);
-        if (retry_later(o))
-            return;
-        info.maybe_applied = o->maybe;
-        attempt_outcome(o, rc, NULL, &info);
-        return;
-    }
     if (w != NULL) {
         l->ctx.errmsg[0] = '\0';
         info.replicas_acked = redsem__node_wait_acked(&o->lc->node, w);
@@ -1050,12 +1316,15 @@ static void op_reply(loop_op *o)
     if (noscript && o->noscript++ < LOOP_NOSCRIPT_MAX) {
         freeReplyObject(r);
         atomic_store(sent, false);
-        REDSEM__COUNT(&l->ctx, noscript, 1);
+        if (refused)
+            atomic_store(&o->lc->node.scripts->eval_body, true); /* not a lost script */
+        else
+            REDSEM__COUNT(&l->ctx, noscript, 1);
         op_send(o);
         return;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        int rc = redsem__node_error_reply(&o->lc->node, r, redsem__script_defs[o->call.script].name);
+        int rc = redsem__node_error_reply(&o->lc->node, r, redsem__script_defs[o->call->script].name);
         (void)redsem__set_err(c, rc, "%s", l->ctx.errmsg);
         freeReplyObject(r);
         if (rc == REDSEM__EREDIRECT) {
@@ -1069,15 +1338,29 @@ static void op_reply(loop_op *o)
     attempt_outcome(o, REDSEM_OK, r, &info);
 }
 
+/* A Cluster node that timed out less than a command timeout ago, which the map still names
+ * (not failed over yet): a call for it re-reads the map and pauses within its retry window
+ * instead of waiting out another timeout there, then sends where the map says. */
+static bool silent_wait(loop_op *o)
+{
+    redsem__loop *l = o->loop;
+    if (l->topo == NULL || l->silent_ns[o->lc->idx] == 0 ||
+        redsem__now_ns() - l->silent_ns[o->lc->idx] >= l->c->command_timeout_ms * REDSEM__NS_PER_MS ||
+        !(o->call->flags & REDSEM__REQ_RETRY))
+        return false;
+    map_ask(l, NULL);
+    return pause_resend(o);
+}
+
 static void op_send(loop_op *o)
 {
     redsem__loop *l = o->loop;
     const redsem__acquirer *q = &o->s.q;
     if (o->reply == NULL && !o->giveback) { /* an acquire: its attempt's call of this stage */
-        q->attempt_call(q->handle, o->s.id, o->s.att_mode, q->weight, o->stage, &o->call);
-        o->call.cap_ns = o->s.cap_ns;
+        q->attempt_call(q->handle, o->s.id, o->s.att_mode, q->weight, o->stage, o->call);
+        o->call->cap_ns = o->s.cap_ns;
     }
-    o->sync = call_syncs(l, &o->call);
+    o->sync = call_syncs(l, o->call);
     if (o->sync && l->sync_busy) { /* behind the WAIT in flight (sync_next) */
         if (o->sync_turn) { /* its turn was taken by a new one: first again */
             o->sync_next = l->sync_head;
@@ -1096,7 +1379,7 @@ static void op_send(loop_op *o)
     }
     o->sync_turn = false;
     bool asking = o->redirected && o->asking;
-    o->lc = o->redirected ? node_conn(l, o->to) : call_conn(l, &o->call);
+    o->lc = o->redirected ? node_conn(l, o->to) : call_conn(l, o->call);
     o->redirected = o->asking = false;
     if (o->lc == NULL) {
         int rc = l->route_rc; /* its text set */
@@ -1106,11 +1389,16 @@ static void op_send(loop_op *o)
         attempt_outcome(o, rc, NULL, &info);
         return;
     }
+    if (l->topo != NULL)
+        redsem__cluster_touch(l->topo, o->lc->idx); /* in use: not swept */
+    if (!asking && silent_wait(o))
+        return;
     o->asking = asking;
-    o->load = !atomic_load(&o->lc->node.scripts->sent[o->call.script]);
+    bool body = o->call->script != REDSEM__SCRIPT_NONE &&
+                !atomic_load(&o->lc->node.scripts->sent[o->call->script]);
     o->req.done = op_done;
     o->req.arg = o;
-    int rc = send_call(l, o->lc, &o->req, &o->call, o->load, asking);
+    int rc = send_call(l, o->lc, &o->req, o->call, body, asking, &o->load);
     if (rc == REDSEM_OK) {
         o->pending = true;
         l->sync_busy = l->sync_busy || o->sync;
@@ -1125,6 +1413,7 @@ static void op_send(loop_op *o)
 /* Unlink o and free it. */
 static void op_free(loop_op *o)
 {
+    wait_set(o, false);
     for (loop_op **pp = &o->loop->ops; *pp != NULL; pp = &(*pp)->next)
         if (*pp == o) {
             *pp = o->next;
@@ -1137,6 +1426,12 @@ static void op_free(loop_op *o)
  * first; then made a permit, called back, and o freed. */
 static void acquire_end(loop_op *o, int rc)
 {
+    if (o->s.q.att_out != NULL) { /* the rate limiter's: the attempt, no permit */
+        *o->s.q.att_out = o->s.att;
+        o->done(o->arg, rc, NULL);
+        op_free(o);
+        return;
+    }
     if (rc == REDSEM_OK && !o->s.given_back && redsem__grant_short(o->loop->c, &o->s.att)) {
         giveback_start(o);
         return;
@@ -1158,7 +1453,7 @@ static void op_step(loop_op *o)
         return;
     }
     if (rc == REDSEM__NAP || rc == REDSEM__WAIT) {
-        o->waiting = rc == REDSEM__WAIT;
+        wait_set(o, rc == REDSEM__WAIT);
         o->wake_ns = o->waiting ? redsem__now_ns() + o->s.wait_ms * REDSEM__NS_PER_MS
                                 : o->s.nap_until_ns;
         if (o->waiting && o->s.cut_ns < o->wake_ns)
@@ -1177,6 +1472,7 @@ static loop_op *op_new(redsem__loop *l, redsem__loop_done done, void *arg)
     if (o == NULL)
         return NULL;
     atomic_init(&o->cancel, false);
+    o->call = &o->own_call;
     o->loop = l;
     o->done = done;
     o->arg = arg;
@@ -1192,6 +1488,8 @@ int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redse
     loop_op *o = op_new(l, done, arg);
     if (o == NULL)
         return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+    redsem__loop *outer = stepping;
+    stepping = l;
     redsem__acquire_begin(&o->s, q, kind, id, timeout_ms, lease_ms);
     if (since_ns != 0 && since_ns < o->s.since_ns)
         o->s.since_ns = since_ns; /* its call: its wait (metrics, age) counts from then */
@@ -1199,6 +1497,105 @@ int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redse
     if (ret_cancel != NULL)
         *ret_cancel = &o->cancel;
     op_step(o);
+    stepping = outer;
+    return REDSEM_OK;
+}
+
+int redsem__loop_run(redsem__loop *l, redsem__call *call, redsem__loop_reply reply,
+                     redsem__loop_done done, void *arg)
+{
+    loop_op *o = op_new(l, done, arg);
+    if (o == NULL)
+        return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+    o->reply = reply;
+    o->call = call;
+    redsem__loop *outer = stepping;
+    stepping = l;
+    op_call(o);
+    stepping = outer;
+    return REDSEM_OK;
+}
+
+int redsem__loop_wait(redsem__loop *l, const char *key, const char *elem, int64_t wait_ms,
+                      int64_t cut_ns, int64_t since_ns, bool *signaled,
+                      redsem__wake_grant *grant, redsem__loop_done done, void *arg)
+{
+    if (strlen(key) >= sizeof ((loop_op *)0)->s.keybuf ||
+        (elem != NULL && strlen(elem) >= sizeof ((loop_op *)0)->s.elem))
+        return redsem__set_err(l->c, REDSEM_EINVAL, "the wait's key or element is too long");
+    loop_op *o = op_new(l, done, arg);
+    if (o == NULL)
+        return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+    o->bare = true;
+    o->bare_signaled = signaled;
+    o->bare_grant = grant;
+    *signaled = false;
+    *grant = (redsem__wake_grant){0, 0, 0};
+    snprintf(o->s.keybuf, sizeof o->s.keybuf, "%s", key);
+    o->s.wkey = o->s.keybuf;
+    o->s.keylen = strlen(key);
+    snprintf(o->s.elem, sizeof o->s.elem, "%s", elem != NULL ? elem : "");
+    o->s.since_ns = since_ns;
+    o->s.wait_ms = wait_ms;
+    o->s.cut_ns = cut_ns;
+    redsem__loop *outer = stepping;
+    stepping = l;
+    wait_set(o, true);
+    o->wake_ns = redsem__now_ns() + wait_ms * REDSEM__NS_PER_MS;
+    if (cut_ns < o->wake_ns)
+        o->wake_ns = cut_ns;
+    pend_take(l, o);
+    stepping = outer;
+    return REDSEM_OK;
+}
+
+size_t redsem__loop_waiting(const redsem__loop *l)
+{
+    size_t n = 0;
+    for (const loop_op *o = l->ops; o != NULL; o = o->next)
+        n += o->waiting;
+    return n;
+}
+
+/* The opens waiting for lc end (rc, its text err): called back, freed. */
+static void opens_end(redsem__loop *l, const loop_conn *lc, int rc, const char *err)
+{
+    for (loop_op **pp = &l->ops; *pp != NULL;) {
+        loop_op *o = *pp;
+        if (o->opening != lc || lc == NULL) {
+            pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        (void)redsem__set_err(l->c, rc, "%s", err);
+        o->done(o->arg, rc, NULL);
+        redsem__free(o);
+    }
+}
+
+int redsem__loop_open(redsem__loop *l, redsem__loop_done done, void *arg)
+{
+    loop_op *o = op_new(l, done, arg);
+    if (o == NULL)
+        return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
+    redsem__loop *outer = stepping;
+    stepping = l;
+    if (l->topo != NULL) { /* a cluster: a round of questions reads the map */
+        o->opening_map = true;
+        o->wake_ns = redsem__now_ns() + l->c->connect_timeout_ms * REDSEM__NS_PER_MS;
+        l->topo->refreshed_ns = 0;
+        map_ask(l, NULL);
+    } else {
+        int rc = conn_open(l, &l->req);
+        if (rc != REDSEM_OK || l->req.state == LC_OPEN) {
+            op_free(o);
+            stepping = outer;
+            done(arg, rc, NULL);
+            return REDSEM_OK;
+        }
+        o->opening = &l->req;
+    }
+    stepping = outer;
     return REDSEM_OK;
 }
 
@@ -1209,8 +1606,11 @@ int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *ca
     if (o == NULL)
         return redsem__set_err(l->c, REDSEM_ENOMEM, "out of memory");
     o->reply = reply;
-    build(arg, &o->call);
+    redsem__loop *outer = stepping;
+    stepping = l;
+    build(arg, o->call);
     op_call(o);
+    stepping = outer;
     return REDSEM_OK;
 }
 
@@ -1267,8 +1667,8 @@ static void send_own(redsem__loop *l, redsem__preq *q, redsem__call *call, bool 
 {
     q->done = wait_done;
     q->arg = l;
-    bool load = !atomic_load(&l->c->scripts.sent[call->script]);
-    *pending = send_call(l, &l->req, q, call, load, false) == REDSEM_OK;
+    bool body = !atomic_load(&l->c->scripts.sent[call->script]);
+    *pending = send_call(l, &l->req, q, call, body, false, NULL) == REDSEM_OK;
 }
 
 /* The waits of the waiting ops (only the fair and locked ones, which wait by their id, if
@@ -1278,6 +1678,31 @@ static void cut_waits(redsem__loop *l, bool fair)
     for (loop_op *o = l->ops; o != NULL; o = o->next)
         if (o->waiting && (!fair || o->s.elem[0] != '\0'))
             o->wake_ns = 1;
+}
+
+/* A connection of the engine lost: lc, open with nothing in flight, may be cut too (a
+ * CLIENT KILL of every client, a restart) without its knowing, so it is closed: its next
+ * request connects anew rather than failing on it (as a lane's pool marks its idle
+ * connections suspect after a fault). */
+static void suspect_idle(redsem__loop *l, loop_conn *lc)
+{
+    if (lc->state == LC_OPEN && lc->pipe.rc == REDSEM_OK && lc->pipe.head == NULL)
+        conn_close(l, lc, "closed: another connection of the client was lost");
+}
+
+/* The BLPOP failed for good: lost with its connection and not issued again (retry 0, or its
+ * window ended: rc REDSEM_ECONN), or refused (an error reply: REDSEM_ESERVER, say WRONGTYPE
+ * for a key that is not a list): every wait ends with rc (why), and each acquire leaves its
+ * queue before it returns the fault, as on a lane. */
+static void fail_waits(redsem__loop *l, int rc, const char *why)
+{
+    l->blpop_rw.until = 0;
+    for (loop_op *o = l->ops; o != NULL; o = o->next)
+        if (o->waiting) {
+            o->wait_rc = rc;
+            snprintf(o->err, sizeof o->err, "%s", why[0] ? why : "connection lost");
+            o->wake_ns = 1;
+        }
 }
 
 /* The drain was lost with its connection, or none could be made, or it came back LOADING
@@ -1329,6 +1754,8 @@ static void send_drain(redsem__loop *l)
  * the waits end by their timers and the attempts poll. */
 static void wait_fault(redsem__loop *l, const redsem__preq *q, const redisReply *r, bool bell)
 {
+    if (r == NULL && q != NULL && q->rc == REDSEM_ECONN)
+        suspect_idle(l, &l->req); /* what cut this one may have cut the other */
     l->blpop_after = redsem__now_ns() + 100 * REDSEM__NS_PER_MS;
     if (r != NULL && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "UNBLOCKED", 9) == 0) {
         REDSEM__COUNT(&l->ctx, retries, 1);
@@ -1339,8 +1766,20 @@ static void wait_fault(redsem__loop *l, const redsem__preq *q, const redisReply 
     if (r == NULL && q != NULL && q->written && bell)
         send_drain(l);
     bool again = r == NULL ? q == NULL || q->rc == REDSEM_ECONN : redsem__loading_reply(r);
-    if (again && retry_pause(l, &l->blpop_rw, 0, &l->blpop_after))
+    if (again && retry_pause(l, &l->blpop_rw, 0, &l->blpop_after)) {
         l->blpop_resend = true;
+        return;
+    }
+    if (again && r == NULL) /* lost, and not issued again */
+        fail_waits(l, REDSEM_ECONN, q != NULL && q->rc != REDSEM_OK
+                                        ? l->wait.pipe.err
+                                        : "no wait connection could be made");
+    else if (r != NULL && r->type == REDIS_REPLY_ERROR && !again) { /* refused */
+        char why[256];
+        snprintf(why, sizeof why, "BLPOP: %.200s", r->str);
+        fail_waits(l, REDSEM_ESERVER, why);
+        l->blpop_after = 0;
+    }
 }
 
 /* Start the BLPOP on the waiting ops' keys and our control list, until the earliest of their
@@ -1366,8 +1805,8 @@ static void wait_sync(redsem__loop *l)
                 loop_push *p = redsem__calloc(1, sizeof *p);
                 if (p != NULL) {
                     p->req.done = push_done;
-                    bool load = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
-                    sent = send_call(l, &l->req, &p->req, &call, load, false) == REDSEM_OK;
+                    bool body = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
+                    sent = send_call(l, &l->req, &p->req, &call, body, false, NULL) == REDSEM_OK;
                     if (!sent)
                         redsem__free(p);
                 }
@@ -1589,6 +2028,9 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
             short ev = redsem__pipe_wants(&lc->pipe, &d);
             if (ev != 0)
                 w[n++] = (redsem__loop_watch){redsem__pipe_fd(&lc->pipe), ev};
+            int64_t by = lc->state == LC_HANDSHAKE ? open_deadline(lc) : REDSEM__FOREVER;
+            if (by < d) /* a held request's cap */
+                d = by;
         } else if (lc->state != LC_CLOSED) { /* its dial: its sockets, c-ares' timeout */
             struct pollfd p[REDSEM__DIAL_SOCKS + 1];
             int k = lc->ask.state != REDSEM__ASK_IDLE
@@ -1642,6 +2084,17 @@ static void run_due(loop_op *o)
         return;
     }
     o->wake_ns = 0;
+    if (o->opening_map) { /* a cluster's open: the round ended, or its deadline came */
+        int rc = o->loop->round.on ? REDSEM_ECONN : o->loop->map_rc;
+        (void)redsem__set_err(o->loop->c, rc, "%s",
+                              rc == REDSEM_OK ? ""
+                              : o->loop->round.on ? "no cluster node gave the slot map "
+                                                    "within the connect timeout"
+                                                  : o->loop->map_err);
+        o->done(o->arg, rc, NULL);
+        op_free(o);
+        return;
+    }
     if (o->resend) { /* a pause before a copy of its call ended */
         o->resend = false;
         op_send(o);
@@ -1655,8 +2108,18 @@ static void run_due(loop_op *o)
         return;
     }
     if (o->waiting) {
-        o->waiting = false;
-        o->s.wait_rc = REDSEM_OK; /* s.signaled: set if a wake-up ended it */
+        wait_set(o, false);
+        o->s.wait_rc = o->wait_rc; /* s.signaled: set if a wake-up ended it */
+        if (o->wait_rc != REDSEM_OK)
+            (void)redsem__set_err(o->loop->c, o->wait_rc, "%s", o->err);
+        o->wait_rc = REDSEM_OK;
+        if (o->bare) { /* a wait alone: it ends */
+            *o->bare_signaled = o->s.signaled;
+            *o->bare_grant = o->s.grant;
+            o->done(o->arg, o->s.wait_rc, NULL);
+            op_free(o);
+            return;
+        }
         op_step(o);
         return;
     }
@@ -1730,6 +2193,13 @@ static void conn_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready
             w = (ready[i].revents & POLLOUT) != 0;
         }
     (void)redsem__pipe_step(&lc->pipe, r, w, redsem__now_ns());
+    if (lc->state == LC_HANDSHAKE && !lc->hs_replied && redsem__now_ns() >= open_deadline(lc)) {
+        /* a request held behind the handshake reached its cap: the open fails (the others,
+         * never written, go again within their windows) */
+        conn_fail(l, lc, REDSEM_ECONN, "no reply from Redis within the deadline "
+                                           "(its handshake)");
+        return;
+    }
     if (lc->role_demoted) { /* Sentinel: given up, its requests resent, resolving again */
         lc->role_demoted = false;
         if (lc->pipe.rc == REDSEM_OK)
@@ -1746,6 +2216,8 @@ static void conn_step(redsem__loop *l, loop_conn *lc, const struct pollfd *ready
 
 void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
 {
+    redsem__loop *outer = stepping;
+    stepping = l;
     bool ran;
     do {
         /* writes what was queued (also by the last round), reads what arrived */
@@ -1774,6 +2246,89 @@ void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
         ran = run_all_due(l) || ran;
         wait_sync(l);
     } while (ran);
+    stepping = outer;
+}
+
+redsem__node *redsem__loop_node(redsem__loop *l, const char *key)
+{
+    if (l->topo == NULL)
+        return &l->req.node; /* one server; under Sentinel the primary last resolved */
+    int slot = redsem__key_slot(key != NULL ? key : "", key != NULL ? strlen(key) : 0);
+    uint16_t at = l->topo->slots[slot];
+    loop_conn *lc = at != 0 ? node_conn(l, at - 1) : NULL;
+    return lc != NULL ? &lc->node : NULL;
+}
+
+/* ---------------------------------------------------------------- the node serving a key */
+
+typedef struct node_query {
+    int what; /* 0 served by, 1 not after, 2 note server clock */
+    char *buf;
+    size_t len;
+    int64_t server_us, recv_ns, result;
+} node_query;
+
+static void answer(redsem__node *n, node_query *q)
+{
+    if (q->what == 1)
+        q->result = n != NULL ? redsem__node_not_after_us(n) : 0;
+    else if (q->what == 2 && n != NULL)
+        redsem__node_note_server_clock(n, q->server_us, q->recv_ns);
+    else if (q->what == 0 && n != NULL && n->ep.kind == REDSEM__EP_UNIX && n->ep.path != NULL)
+        snprintf(q->buf, q->len, "%s", n->ep.path);
+    else if (q->what == 0 && n != NULL && n->ep.kind == REDSEM__EP_TCP && n->ep.host != NULL)
+        snprintf(q->buf, q->len, strchr(n->ep.host, ':') ? "[%s]:%d" : "%s:%d", n->ep.host,
+                 n->ep.port);
+}
+
+/* The node serving key: the engine's the calling thread steps (an op's builder or reply). */
+static void query_node(redsem_client *c, const char *key, node_query *q)
+{
+    redsem__loop *eng = redsem__loop_current(c);
+    if (eng != NULL)
+        answer(redsem__loop_node(eng, key), q);
+}
+
+void redsem__served_by(redsem_client *c, const char *key, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", ""); /* not known (a Sentinel primary not resolved yet) */
+    node_query q = {.what = 0, .buf = buf, .len = len};
+    query_node(c, key, &q);
+}
+
+int64_t redsem__not_after_us(redsem_client *c, const char *key)
+{
+    if (c->ep.kind != REDSEM__EP_CLUSTER)
+        return redsem__clock_not_after_us(&c->clock, c->command_timeout_ms);
+    node_query q = {.what = 1};
+    query_node(c, key, &q);
+    return q.result;
+}
+
+void redsem__note_server_clock(redsem_client *c, const char *key, int64_t server_us,
+                               int64_t recv_ns)
+{
+    if (c->ep.kind != REDSEM__EP_CLUSTER) {
+        redsem__clock_note(&c->clock, server_us, recv_ns);
+        return;
+    }
+    node_query q = {.what = 2, .server_us = server_us, .recv_ns = recv_ns};
+    query_node(c, key, &q);
+}
+
+redsem__topo *redsem__loop_topo(redsem__loop *l)
+{
+    return l->topo;
+}
+
+size_t redsem__loop_inflight(const redsem__loop *l)
+{
+    loop_conn *lcs[REDSEM__LOOP_CONNS_MAX];
+    size_t n = 0;
+    for (int i = 0, nc = loop_conns(l, lcs); i < nc; i++)
+        if (lcs[i] != &l->wait)
+            n += (size_t)lcs[i]->pipe.inflight;
+    return n;
 }
 
 size_t redsem__loop_pending(const redsem__loop *l)
@@ -1799,6 +2354,7 @@ void redsem__loop_free(redsem__loop *l)
     while (l->ops != NULL) {
         loop_op *o = l->ops;
         l->ops = o->next;
+        wait_set(o, false);
         redsem__free(o);
     }
     for (int i = 0; i < l->nbkeys; i++)

@@ -11,40 +11,41 @@
 
 #include "topo/topo.h"
 
-/* ------------------------------------------------- routed calls (pool.c, drive_threads.c) */
-/* The object layer's requests, each sent to the node that serves its key (topo/topo.h):
- * redsem__request and the routed calls below on a borrowed lane (pool.c), the script calls
- * through the shared connection or alone (drive_threads.c). */
+/* ------------------------------------------------------ blocking calls (drive_sync.c) */
+/* The object layer's blocking requests: ops of the client's engine (drive_loop.c), driven
+ * by the calling threads (drive_sync.c), each sent to the node that serves its key. A
+ * command: redsem__request (its error reply is a reply; deadline_ns 0: a command timeout);
+ * a script call: redsem__eval, or redsem__call_run for a call built by an operation (the
+ * wake-ups its reply carries pushed by the engine). Their codes: the engine's (section 10 of
+ * docs/design.md), the text the calling thread's. */
 int redsem__request(redsem_client *c, const redsem__args *a, int flags, int64_t deadline_ns,
                     struct redisReply **ret_reply, redsem__req_info *info);
 int redsem__eval(redsem_client *c, int script, int nkeys, const redsem__args *keys_and_args,
                  int flags, redsem__req_info *info, struct redisReply **ret_reply);
-/* k (1..REDSEM__BATCH_MAX) script calls of the calling thread at once: in one write and one
- * round trip when the client has one server (not a cluster), else one after another. Each
- * item's errmsg must be a buffer of its own (REDSEM__ERRMSG_LEN bytes), its text given. */
+/* k (1..REDSEM__BATCH_MAX) script calls of the calling thread at once, in one write per
+ * connection. Each item's errmsg must be a buffer of its own (REDSEM__ERRMSG_LEN bytes): the
+ * text of its failure. */
 void redsem__eval_many(redsem_client *c, redsem__batch_item *items, int k);
 struct redsem__wake_grant; /* below, with the acquire loop's state */
-/* Wait up to wait_ms (our clock: never past hard_deadline_ns) for an element on the list key,
- * popping it: REDSEM_OK with *signaled, or a fault. One server: through the client's shared
- * wait (wake.c), one BLPOP for every thread waiting; a cluster: alone, on a wait lane.
- * since_ns: when the caller began waiting (its acquire's start, our clock): of the waiters on
- * one list, the one waiting longest gets its element. elem: NULL, or (a fair waiter of a
- * one-server client, whose key is then the client's bell, c->wake_bell) the element of its
- * client's id list that alone wakes it, "<id> <meta key>"; one drained for it since its
- * last wait, while it was not registered, ends this one at once (signaled). grant: NULL, or
- * where the direct grant that element carried goes (token 0 if none; see acquire.c). */
+/* Wait up to wait_ms (never past hard_deadline_ns, our clock) for an element on the list
+ * key, popping it, as an acquire's wait does on the engine, without its attempts (for the
+ * white-box tests of the engine's waits: tests/test_wake.c): REDSEM_OK with *signaled, or a
+ * fault. since_ns: when the caller began waiting (of the waiters on one list, the one waiting
+ * longest gets its element). elem: NULL, or (a fair waiter, whose key is then the client's
+ * bell) the element of the client's id list that alone wakes it, "<id> <meta key>", kept
+ * for it if drained while it did not wait; grant: where the direct grant that element
+ * carried goes (token 0 if none). redsem__wake_waiters: the waits of c's blocking engine
+ * under way now (acquires' and these). */
 int redsem__blpop(redsem_client *c, const char *key, size_t keylen, const char *elem,
                   int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns, bool *signaled,
                   struct redsem__wake_grant *grant);
-/* The same on a wait lane of its own, routed to the node serving key (pool.c). */
-int redsem__blpop_alone(redsem_client *c, const char *key, size_t keylen, int64_t wait_ms,
-                        int64_t hard_deadline_ns, bool *signaled);
-/* One call on a borrowed lane (request or wait), run on the node serving key. */
-int redsem__routed(redsem_client *c, bool for_wait, const char *key, size_t len, int flags,
-                   redsem__req_info *info, redsem__node_call call, void *arg);
-/* The address of the node serving key now ("host:port" or a socket path; "" if not known). */
+int redsem__wake_waiters(redsem_client *c);
+/* The address of the node serving key now, as the engine the calling thread steps knows it
+ * ("host:port" or a socket path; "" if not known, or outside an engine). */
 void redsem__served_by(redsem_client *c, const char *key, char *buf, size_t len);
-/* The not-after time for an acquire on key (node.h), and a server clock seen in its reply. */
+/* The not-after time for an acquire on key (node.h), and a server clock seen in its reply:
+ * a Cluster node's clock is the engine's node's (the calling thread steps it: an op's call
+ * builder or reply), another client's the client's. */
 int64_t redsem__not_after_us(redsem_client *c, const char *key);
 void redsem__note_server_clock(redsem_client *c, const char *key, int64_t server_us,
                                int64_t recv_ns);
@@ -75,6 +76,8 @@ typedef struct redsem__call {
     int64_t cap_ns; /* 0, or the call's own deadline (CLOCK_MONOTONIC ns; as
                      * redsem__call_cap_set) */
 } redsem__call;
+/* The script of a call that is a command (call->ka: its words), not a script. */
+#define REDSEM__SCRIPT_NONE (-1)
 /* Start a call: no keys or arguments yet, no wake-ups, no cap. */
 static inline void redsem__call_init(redsem__call *call, int script, int flags,
                                      const char *wake_prefix)
@@ -86,6 +89,11 @@ static inline void redsem__call_init(redsem__call *call, int script, int flags,
     call->wake_prefix = wake_prefix;
     call->cap_ns = 0;
 }
+/* How a call's outcome is taken (by the engine's drivers: redsem__loop_run, and
+ * redsem__call_judged): rc, on REDSEM_OK its reply *r (which it may keep by setting *r NULL:
+ * else it is freed), info; it returns the operation's status. */
+typedef int (*redsem__loop_reply)(void *arg, int rc, struct redisReply **r,
+                                  const redsem__req_info *info);
 /* Append the call's n keys (before any argument); nkeys becomes their count. */
 void redsem__call_keys(redsem__call *call, int n, const char *const keys[]);
 /* The blocking driver: run call on the calling thread (redsem__eval under its cap, then the
@@ -93,6 +101,11 @@ void redsem__call_keys(redsem__call *call, int n, const char *const keys[]);
  * REDSEM_OK. */
 int redsem__call_run(redsem_client *c, redsem__call *call, redsem__req_info *info,
                      struct redisReply **ret_reply);
+/* The same, its outcome judged by judge(arg, rc, &r, info) inside the engine (on the thread
+ * stepping it: what it asks of the node serving a key, redsem__served_by, is the engine's);
+ * returns judge's status, its text the calling thread's. */
+int redsem__call_judged(redsem_client *c, redsem__call *call, redsem__loop_reply judge,
+                        void *arg);
 
 /* ---------------------------------------------------------------- client */
 struct redsem_options {
@@ -111,6 +124,18 @@ struct redsem_options {
 };
 
 typedef struct redsem__renewer redsem__renewer;
+/* The blocking driver's state (drive_sync.c): the client's engine, its mutex, the threads
+ * asleep on their ops. new: made with the client (REDSEM_OK, ENOMEM, ECONN: no eventfd);
+ * free: with the client (in a forked child: memory and descriptors only). */
+typedef struct redsem__sync redsem__sync;
+int redsem__sync_new(redsem_client *c);
+void redsem__sync_free(redsem_client *c);
+/* PING through the engine (flags: REDSEM__REQ_RETRY or 0), its error reply classified by
+ * the node that sent it. */
+int redsem__sync_ping(redsem_client *c, int flags);
+/* Open the engine's request connection now (a Cluster client's: read the slot map), with
+ * its code and text: the client's creation fails early and clearly. */
+int redsem__sync_open(redsem_client *c);
 
 /* ---------------------------------------------------------------- renewal (renew.c) */
 /* Installed in the client by renew.c when it starts the client's renewer, so that client.c
@@ -129,40 +154,6 @@ typedef struct redsem__home {
 } redsem__home;
 
 
-/* One set of connections of a client: a topology (its nodes, each with one connection) and
- * the context its layers share. Used by one thread at a time, borrowed from the client's pool
- * for one routed call (pool.c). */
-typedef struct redsem__lane {
-    redsem__ctx ctx;
-    redsem__topo topo;
-    struct redsem__lane *next_idle;
-    bool for_wait;  /* a wait lane (BLPOP), not a request lane */
-    uint64_t epoch; /* the pool's fault epoch its connections have seen (pool.c) */
-    int64_t queued_since; /* the borrower waited for it since then (0: it did not) */
-} redsem__lane;
-
-/* The shared connection of a client with one server (drive_threads.c): the script calls of every
- * thread go into one pipe (node/conn.h), several batches in flight at once. It holds a request
- * lane of the pool while requests are in flight on it and gives it back when they are all
- * answered. The threads waiting for replies drive it in turn (one reads and hands the others
- * their replies); see docs/design.md section 13. */
-typedef struct redsem__drive {
-    pthread_mutex_t mu;
-    pthread_cond_t lane_cv; /* a lane came (or not) for the thread that went for one */
-    redsem__lane *lane;     /* held while requests are in flight; NULL: none */
-    redsem__pipe pipe;      /* on the held lane's node's connection */
-    int users;    /* threads with a call in it, not finished yet (the lane stays held) */
-    bool getting; /* a thread is borrowing a lane for it */
-    bool reading; /* a thread holds the reader role (polls the socket, steps the pipe) */
-    bool retire;  /* take no more requests: give the lane back once drained */
-    bool drop;    /* ... closing its connection (a fault, READONLY, a moved primary) */
-    /* the threads' wake-ups (drive_threads.c): free ones, every one made (freed with the client),
-     * and those whose calls ended in the step under way, posted once the mutex is let go */
-    struct drive_waker *free_wakers, *all_wakers;
-    struct drive_waker *posts[64];
-    int nposts;
-} redsem__drive;
-
 struct redsem_client {
     /* the settings it was made with */
     redsem__endpoint ep;
@@ -172,105 +163,52 @@ struct redsem_client {
     int64_t retry_ms;
     int sync_replicas; /* > 0: grants and refreshes must reach this many replicas (WAIT) */
     int64_t sync_timeout_ms;
-    int max_connections; /* request lanes at most */
+    int max_connections; /* request connections per server at most (the engines use one) */
     redsem__node_cfg cfg;
-    redsem__clock clock; /* the server's, shared by the lanes (not in a cluster) */
-    _Atomic size_t seed_first; /* a cluster's seed that last gave a lane the map (topo.h) */
+    redsem__clock clock; /* the server's, shared by its engines (not in a cluster) */
+    _Atomic size_t seed_first; /* a cluster's seed that last gave an engine the map */
     redsem__script_cache scripts; /* what the server has cached, shared the same way */
-    redsem__sentinel_watch *sentinel_watch; /* Sentinel: the lanes' shared watch (topo.h) */
+    redsem__sentinel_watch *sentinel_watch; /* Sentinel: the engines' shared watch (topo.h) */
     char *prefix;
     size_t prefix_len;
     pid_t pid; /* owner process */
-    uint64_t serial; /* unique in the process: keys the per-thread error texts (pool.c) */
-    /* The pool (pool.c): every lane made (freed with the client), the idle ones of each
-     * kind (LIFO, so one thread keeps reusing one connection), request lanes made or being
-     * made. */
-    pthread_mutex_t pool_mu;
-    redsem__lane **lanes;
-    size_t nlanes, lanes_cap;
-    redsem__lane *idle_req, *idle_wait;
-    int nreq;
-    struct pool_waiter *queue_head, *queue_tail; /* threads waiting for a request lane */
-    atomic_int queued; /* how many (read without pool_mu by the shared connection) */
-    bool drive_on;       /* one server (not a cluster): script calls go through drive */
-    redsem__drive drive;
-    uint64_t fault_epoch; /* bumped by a call that lost its connection */
-    uint64_t pool_waits;
+    uint64_t serial; /* unique in the process: keys the per-thread error texts (client.c) */
+    pthread_mutex_t stats_mu; /* the engines' counters (redsem__stats_attach) */
     uint64_t direct_grants; /* atomic adds (acquire.c), atomic loads */
     /* counters of event-loop engines (redsem__stats_attach), and of those gone */
     redsem__ctx **stats_ctx;
     size_t nstats_ctx, stats_ctx_cap;
     redsem_client_stats stats_gone;
     pthread_mutex_t renew_mu; /* serialises starting the renewer */
-    /* The shared wait (wake.c): the threads waiting for a wake-up, one of which (the
-     * leader) runs one BLPOP on all their lists and the control list wake_ctl. */
-    pthread_mutex_t wake_mu;
-    struct redsem__wentry *wv; /* the registered waiters (wake.c), wn of wcap */
-    int wn, wcap, wnparked;
-    bool wake_leading; /* a leader exists */
-    bool wake_blocked; /* the leader is inside its BLPOP */
-    bool wake_poked;   /* wake_ctl was pushed since that BLPOP started */
-    int64_t wake_until, wake_hard; /* that BLPOP's timeout and hard deadline */
-    char *wake_ctl;
-    char *wake_ids;  /* this client's list of fair wake-ups: {prefix}wake:<tag>:ids */
-    char *wake_bell; /* its bell (wake_ids + ":bell"), which the shared BLPOP watches */
-    bool wake_drain_due; /* a bell may have been lost: the next lead drains first */
-    uint64_t wake_skip;     /* the element a bell gave, which the next drain returns too */
-    uint64_t *wake_recent;  /* the last elements drains gave (WAKE_RECENT_MAX hashes) */
-    unsigned wake_recent_next;
-    struct redsem__wake_pend *wake_pend; /* ids popped for waiters between attempts */
-    /* the leader's BLPOP keys (copies: a waiter may leave meanwhile; NULL when free) and
-     * their lengths, WAKE_KEYS_MAX each, made with the client */
-    const char **wake_keys;
-    size_t *wake_lens;
+    char *wake_ids;  /* this client's list of fair wake-ups: {prefix}wake:<tag>:ids (wake.c) */
+    char *wake_bell; /* its bell (wake_ids + ":bell"), which the engines' BLPOP watches */
+    atomic_int waits; /* ops of its engines waiting now (redsem__wake_any) */
     redsem__renewer *renewer; /* NULL unless automatic renewal was enabled (atomic access) */
     const redsem__renew_ops *renew_ops; /* set with renewer, or with a loop's renewer */
     redsem__renewer *loop_renewers; /* the running event loops' renewers (under renew_mu) */
     struct redsem__metrics *metrics; /* what it recorded (record.c) */
+    redsem__sync *sync; /* the blocking calls' engine (drive_sync.c) */
 };
 
-/* Borrow a lane (request or wait) of c's pool, and give it back; rc: the call's outcome
- * (a lost connection makes the pool's other connections suspect). pool.c. */
-int redsem__lane_get(redsem_client *c, bool for_wait, redsem__lane **ret);
-void redsem__lane_put(redsem_client *c, redsem__lane *l, int rc);
-/* The counters of a connection set that is not a lane (an event-loop engine, drive_loop.c):
- * attached, they are summed into redsem_client_get_stats() with the lanes'; detached (before
- * ctx goes), what they counted is kept in the client's. client.c, under the pool's lock. */
+/* The counters of an engine (drive_loop.c): attached, they are summed into
+ * redsem_client_get_stats(); detached (before ctx goes), what they counted is kept in the
+ * client's. client.c, under stats_mu. */
 void redsem__stats_attach(redsem_client *c, redsem__ctx *ctx);
 void redsem__stats_detach(redsem_client *c, redsem__ctx *ctx);
-/* Make a lane of c's pool (request or wait), not connected yet: it connects on its first
- * request, or by redsem__topo_connect (client creation). REDSEM_OK or a fault (set on c). */
-int redsem__lane_new(redsem_client *c, bool for_wait, redsem__lane **ret);
-/* A borrowed lane's caps for one call: the calling thread's own (redsem__call_cap_set), and
- * its wait's (a wait for the lane, redsem__eval_wait_cap_set). */
-void redsem__lane_caps(const redsem_client *c, redsem__lane *l);
-/* drive_threads.c, from redsem_client_free(): free the shared connection's wake-ups and
- * output buffer (its lane is closed with the pool). */
-void redsem__drive_free(redsem__drive *d);
 /* Copy an error text (REDSEM__ERRMSG_LEN bytes at most). */
 void redsem__text_copy(char *dst, const char *src);
-/* wake.c: set up c's shared wait (its control list's name, the leader's key arrays).
- * REDSEM_OK or REDSEM_ENOMEM. */
+/* wake.c: name c's id list and its bell (REDSEM_OK or REDSEM_ENOMEM), and free them. */
 int redsem__wake_init(redsem_client *c);
-/* wake.c, from redsem_client_free(): free what redsem__wake_init() made; in a forked child
- * also the parent's parked waits and the key copies of its leader's round (no thread of the
- * child runs the shared wait: memory only). */
 void redsem__wake_free(redsem_client *c);
 
-/* Cap the deadlines of the calling thread's calls on c (0: no cap of its own): they wait
- * for a connection and for replies until cap_ns (CLOCK_MONOTONIC) at most, jump the queue of
- * threads waiting for a connection, and are never batched with other threads' calls. Set
- * by the renewer around each round of renewals and by an acquire leaving a queue; reset to 0
- * after (pool.c). */
+/* Cap the deadlines of the calling thread's calls on c (0: no cap of its own): their
+ * connect and their replies end by cap_ns (CLOCK_MONOTONIC) at most. Set by the renewer
+ * around each round of renewals; reset to 0 after (client.c). */
 void redsem__call_cap_set(const redsem_client *c, int64_t cap_ns);
 /* The calling thread's cap on c set by redsem__call_cap_set (0: none). */
 int64_t redsem__call_cap(const redsem_client *c);
-/* The end of the command timeout of a script call of the calling thread that waited for the
- * shared connection's lane and now goes alone (redsem__eval), 0 to clear it: it caps that
- * call's wait for a request lane and its first attempt, not its retry window (pool.c). */
-void redsem__eval_wait_cap_set(int64_t cap_ns);
 /* The calling thread's error text for c: a buffer of REDSEM__ERRMSG_LEN bytes that the
- * thread's next call on c may overwrite (pool.c). */
+ * thread's next call on c may overwrite (client.c). */
 char *redsem__errbuf(const redsem_client *c);
 /* The renewer of c, or NULL (an atomic read: another thread may be starting it). */
 redsem__renewer *redsem__renewer_of(const redsem_client *c);
@@ -425,7 +363,7 @@ typedef struct redsem__acquirer {
      * takes that call's outcome: rc, and on REDSEM_OK its reply r (borrowed: the driver frees
      * it) and info (which it may amend); it returns REDSEM_OK with *att filled,
      * REDSEM__ATTEMPT (the call of stage + 1 is due), or a code (with info->maybe_applied).
-     * Run by a driver: redsem__attempt_run on the calling thread. */
+     * Run by the engine (drive_loop.c). */
     void (*attempt_call)(void *handle, const char *id, int mode, uint32_t weight, int stage,
                          redsem__call *call);
     int (*attempt_reply)(void *handle, int stage, int rc, const struct redisReply *r,
@@ -439,6 +377,9 @@ typedef struct redsem__acquirer {
     const char *wake_meta;
     uint32_t weight;       /* permits wanted (1 for a lock) */
     redsem__mslot *metrics; /* where its outcome is recorded (NULL: nowhere) */
+    /* NULL, or where the decided attempt goes instead of a permit (the rate limiter: its
+     * acquire's kind is NULL, nothing is recorded or given back) */
+    redsem__attempt *att_out;
 } redsem__acquirer;
 
 /* Parse the {status, a, b, now} reply of an acquire script into att. */
@@ -446,20 +387,16 @@ int redsem__parse_attempt(redsem_client *c, const struct redisReply *r, redsem__
                           const char *what);
 
 /* wake.c: a script's reply that came with wake-ups for waiters it granted ({'wake', reply,
- * kind, target, element, ...}: prelude.lua's grant_heads, rate.lua): *reply becomes the
- * script's own reply (owned by the caller; the wrapper is freed), and the wake-ups are pushed
- * with wake_push.lua, whose KEYS name the lists: a kind-'i' target only if it is an id list
- * of this client's prefix (PREFIXwake:<16 hex>:ids, and not in a cluster), a kind-'s'
- * target (a holder id) as sigprefix + id. A wake-up that cannot be pushed (a fault, a
- * planted name) is dropped: the grant stands and its waiter's poll finds it; the calling
- * thread's error text is kept. Any other reply is left as it is. Returns REDSEM_OK. */
-int redsem__wake_push(redsem_client *c, const char *sigprefix, struct redisReply **reply);
-/* redsem__wake_push in parts, for a driver that sends the pushes itself. unwrap: a reply
- * with wake-ups becomes the script's own in *reply, and the wrapper is returned (owned by
- * the caller, freed with freeReplyObject); NULL (*reply untouched) if it has none. push_call:
- * build in wc the wake_push.lua call for the wake-ups of the wrapper r from its element
- * *from (2 at first) on, at most REDSEM__WAKE_PUSH_MAX of them, skipping names that are not
- * a waiter's list; *from: the element after the last one taken. false: none left. */
+ * kind, target, element, ...}: prelude.lua's grant_heads, rate.lua) becomes the script's own
+ * reply in *reply (unwrap returns the wrapper, owned by the caller, freed with
+ * freeReplyObject; NULL, *reply untouched, if it has none), and the engine pushes them with
+ * wake_push.lua, whose KEYS name the lists: a kind-'i' target only if it is an id list of
+ * this client's prefix (PREFIXwake:<16 hex>:ids, and not in a cluster), a kind-'s' target (a
+ * holder id) as sigprefix + id. push_call: build in wc the wake_push.lua call for the
+ * wake-ups of the wrapper r from its element *from (2 at first) on, at most
+ * REDSEM__WAKE_PUSH_MAX of them, skipping names that are not a waiter's list; *from: the
+ * element after the last one taken. false: none left. A wake-up that cannot be pushed (a
+ * fault, a planted name) is dropped: the grant stands and its waiter's poll finds it. */
 struct redisReply *redsem__wake_unwrap(struct redisReply **reply);
 /* wake-ups per wake_push.lua call: 2 keys and 2 arguments each (REDSEM__MAX_ARGS) */
 #define REDSEM__WAKE_PUSH_MAX (REDSEM__MAX_ARGS / 4)
@@ -471,40 +408,10 @@ typedef struct redsem__wake_call {
 } redsem__wake_call;
 bool redsem__wake_push_call(redsem_client *c, const char *sigprefix,
                             const struct redisReply *r, size_t *from, redsem__wake_call *wc);
-/* Waits registered in the client's shared wait now, parked ones included (wake.c; for the
- * white-box tests). */
-int redsem__wake_waiters(redsem_client *c);
-
-/* Whether any wait is registered in the client's shared wait now (wake.c); O(1). */
+/* Whether an engine of c has an op waiting now (a fair or locked release then names c's id
+ * list in its keys, and wakes such a waiter in the same round trip); one atomic load. */
 bool redsem__wake_any(redsem_client *c);
-/* Wake the shared-wait waiters whose cancel flag is set (wake.c); may send one request. */
-void redsem__wake_cancelled(redsem_client *c);
-/* A parked wait (wake.c): as redsem__blpop(), but no thread sleeps while it lasts. It is
- * registered in the shared wait, and on_done(arg, rc, signaled) runs once when it ends
- * (popped, timed out, cut, cancelled, or the shared BLPOP failed: rc and the error text in
- * errmsg, a buffer of REDSEM__ERRMSG_LEN bytes that must live until then), under the wait's
- * lock, on the thread that leads the shared wait: it must only queue the work. When no
- * thread leads, the caller's thread leads (this call then returns when no parked wait is
- * left); when the lead must pass and only parked waits are left, need_lead(arg) asks for a
- * thread, which calls redsem__wake_lead() (false: this owner cannot, being freed; the next
- * parked wait's owner is asked). A lead taken here or there ends early when *stop
- * (may be NULL) is set, say by the owner being freed: redsem__wake_cancelled() then ends its
- * running BLPOP, and the role passes on. Returns REDSEM_OK (registered), 1 (cancel already
- * set: not registered, on_done not called), 2 (elem came already: not registered, on_done
- * not called; the wait is over, signaled) or REDSEM_ENOMEM. Not for a cluster client.
- * since_ns, elem: as redsem__blpop()'s. */
-typedef void (*redsem__park_fn)(void *arg, int rc, bool signaled);
-int redsem__wake_park(redsem_client *c, const char *key, size_t keylen, const char *elem,
-                      int64_t wait_ms, int64_t hard_deadline_ns, int64_t since_ns,
-                      const atomic_bool *cancel, char *errmsg,
-                      struct redsem__wake_grant *grant, redsem__park_fn on_done,
-                      bool (*need_lead)(void *arg), void *arg, const atomic_bool *stop);
-/* Lead the shared wait on this thread while parked waits are left, nobody else leads and
- * *stop (may be NULL) is not set. */
-void redsem__wake_lead(redsem_client *c, const atomic_bool *stop);
 
-int redsem__acquire_loop(const redsem__acquirer *acq, const char *id, int64_t timeout_ms,
-                         redsem__attempt *att);
 
 /* A direct grant given with a fair waiter's wake-up (prelude.lua's grant_heads: the element
  * "<id> <meta> <token> <server us> <lease ms>"): token 0 if the wake-up carried none. */
@@ -562,16 +469,12 @@ typedef struct redsem__acq_state {
 /* acquire_step()'s "wait, then call again". An internal code: never returned by a public
  * function. */
 #define REDSEM__WAIT (-1000)
-/* acquire_step()'s "run the attempt s->att_mode (redsem__attempt_run), set s->att_rc, s->att
+/* acquire_step()'s "run the attempt s->att_mode (its calls), set s->att_rc, s->att
  * and s->att_info, and call again"; REDSEM__NAP: the same once the clock reaches
  * s->nap_until_ns (a locked attempt found the guard busy). An attempt's "next call due"
  * (redsem__acquirer). Internal codes, as REDSEM__WAIT. */
 #define REDSEM__ATTEMPT (-1002)
 #define REDSEM__NAP (-1003)
-/* The blocking driver of one attempt: its calls on the calling thread (redsem__call_run),
- * each under cap_ns (0: none). REDSEM_OK with *att, or a code (info->maybe_applied). */
-int redsem__attempt_run(const redsem__acquirer *q, const char *id, int mode, int64_t cap_ns,
-                        redsem__attempt *att, redsem__req_info *info);
 /* The acquire's steps for a driver of its own (drive_loop.c): begin sets s up (the first
  * step is due); next is one step (its codes as acquire_step's: REDSEM__ATTEMPT, REDSEM__NAP,
  * REDSEM__WAIT, or the acquire's status); finish makes the decided acquire (next's status
@@ -618,13 +521,30 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret);
 int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
                          const char *id, int64_t timeout_ms, int64_t lease_ms, int64_t since_ns,
                          redsem__loop_done done, void *arg, atomic_bool **ret_cancel);
-/* One script call on the loop: build(arg, call) builds it in place; reply(arg, rc, r, info)
- * takes its outcome (rc; on REDSEM_OK its reply r, borrowed) and returns the operation's
- * status, which done(arg, status, NULL) is given, as for an acquire. */
-typedef int (*redsem__loop_reply)(void *arg, int rc, const struct redisReply *r,
-                                  const redsem__req_info *info);
+/* One call on the loop: a script call, or a command (call->script REDSEM__SCRIPT_NONE:
+ * call->ka is the whole command; its first call->nkeys words after the name route it in a
+ * cluster, none: any node). loop_call: build(arg, call) builds it in place, in the op;
+ * loop_run: call is the caller's, valid until done. reply(arg, rc, &r, info) takes its
+ * outcome (rc; on REDSEM_OK its reply *r, which it may keep by setting *r NULL: else it is
+ * freed; a command's error reply is a reply) and returns the operation's status, which
+ * done(arg, status, NULL) is given, as for an acquire. */
 int redsem__loop_call(redsem__loop *l, void (*build)(void *arg, redsem__call *call),
                       redsem__loop_reply reply, redsem__loop_done done, void *arg);
+int redsem__loop_run(redsem__loop *l, redsem__call *call, redsem__loop_reply reply,
+                     redsem__loop_done done, void *arg);
+/* A wait alone on the engine (redsem__blpop's: an acquire's wait without its attempts): on
+ * the list key, for wait_ms, cut at cut_ns (our clock), aged since since_ns; elem: NULL or a
+ * fair waiter's element of the client's id list. done(arg, rc, NULL) when it ends, *signaled
+ * and *grant set. waiting: the ops waiting now. */
+struct redsem__wake_grant;
+int redsem__loop_wait(redsem__loop *l, const char *key, const char *elem, int64_t wait_ms,
+                      int64_t cut_ns, int64_t since_ns, bool *signaled,
+                      struct redsem__wake_grant *grant, redsem__loop_done done, void *arg);
+size_t redsem__loop_waiting(const redsem__loop *l);
+/* An op that ends (done(arg, rc, NULL)) when the engine's request connection is open (a
+ * Cluster client's: when a round of questions read the slot map), or its open failed: the
+ * connect's, the handshake's or the map's code and text (the client's creation). */
+int redsem__loop_open(redsem__loop *l, redsem__loop_done done, void *arg);
 typedef struct redsem__loop_watch {
     int fd;
     short events; /* POLLIN, POLLOUT */
@@ -639,6 +559,17 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
 struct pollfd;
 void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n);
 unsigned redsem__loop_generation(const redsem__loop *l);
+/* The engine that the calling thread steps or starts an op on now, if it is one of c's
+ * (NULL: none): an op's call builders run there, and what they ask of the node serving a
+ * key (its clock, its address) is that engine's: redsem__loop_node (one server's, or in a
+ * cluster the node its map says serves key; NULL: none known). inflight: requests in flight
+ * on its request connections (not the BLPOP). */
+redsem__loop *redsem__loop_current(const redsem_client *c);
+redsem__node *redsem__loop_node(redsem__loop *l, const char *key);
+size_t redsem__loop_inflight(const redsem__loop *l);
+/* A Cluster client's engine's slot map and node table (NULL: not a cluster), for the
+ * white-box tests. */
+redsem__topo *redsem__loop_topo(redsem__loop *l);
 size_t redsem__loop_pending(const redsem__loop *l);
 void redsem__loop_free(redsem__loop *l);
 

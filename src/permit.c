@@ -5,24 +5,6 @@
 
 #include "internal.h"
 
-redsem_permit *redsem__permit_new(const redsem__kind *kind, void *handle, redsem_client *c,
-                                  const char *id, const redsem__attempt *att, int64_t lease_ms)
-{
-    redsem_permit *p = redsem__calloc(1, sizeof *p);
-    if (p == NULL)
-        return NULL;
-    p->kind = kind;
-    p->handle = handle;
-    p->client = c;
-    memcpy(p->id, id, REDSEM_ID_BUFSIZE);
-    p->token = att->token;
-    p->weight = att->weight ? att->weight : 1;
-    p->lease_ms = lease_ms;
-    atomic_store(&p->deadline_ns, redsem__validity_deadline(att->sent_ns, lease_ms));
-    atomic_store(&p->state, REDSEM__HELD);
-    return p;
-}
-
 const char *redsem_permit_id(const redsem_permit *p)
 {
     return p ? p->id : "";

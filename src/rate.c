@@ -267,7 +267,9 @@ static int rate_wait(redsem_rate *r, int64_t timeout_ms, redsem_rate_grant *g)
     };
     redsem__attempt att;
     memset(&att, 0, sizeof att);
-    rc = redsem__acquire_loop(&q, g->id, timeout_ms, &att);
+    q.att_out = &att;
+    redsem_permit *none = NULL;
+    rc = redsem__acquire_permit(&q, NULL, g->id, timeout_ms, 0, &none);
     g->server_us = att.server_us;
     if (rc == REDSEM_EBUSY)
         g->retry_after_ms = retry_after(&call);

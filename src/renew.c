@@ -333,6 +333,11 @@ static void renewed(redsem__renewer *r, renew_entry *e, int rc, int64_t sent)
         requeue(r, e);
     } else if (rc == REDSEM_ELOST) {
         declare_lost(r, e, REDSEM_LOST_EXPIRED);
+    } else if (redsem__now_ns() >= lost_at(e)) {
+        /* failed at its lost time (a renewal's cap is that time): told now, not a timer's
+         * turn later (a loop's timer goes round once more first: told late under valgrind) */
+        r->stats.failures++;
+        declare_lost(r, e, REDSEM_LOST_DEADLINE);
     } else {
         /* Redis unreachable, slow or restarting: retry soon; the deadline check declares the
          * permit lost in time if this never succeeds. */
@@ -641,7 +646,7 @@ static void renewal_forget(redsem_client *c, const void *handle)
  * in one write), built by the same call as the thread's and ended by the same judgement.
  * Its reply is judged under the lock, which the loop's thread holds already when the request
  * failed as it was sent (r->sending). */
-static int loop_judge(void *arg, int rc, const struct redisReply *reply,
+static int loop_judge(void *arg, int rc, struct redisReply **reply,
                       const redsem__req_info *info)
 {
     renew_entry *e = arg;
@@ -654,7 +659,7 @@ static int loop_judge(void *arg, int rc, const struct redisReply *reply,
         settle(r, e); /* let go of meanwhile: its permit may be gone */
     } else {
         int64_t sent = 0;
-        rc = redsem__refresh_reply(r->owner, e->permit, e->script, rc, reply, info, &sent);
+        rc = redsem__refresh_reply(r->owner, e->permit, e->script, rc, *reply, info, &sent);
         renewed(r, e, rc, sent);
     }
     if (lock)

@@ -134,18 +134,18 @@ static int guard_reply(redsem_sem *s, int rc, const redisReply *r, redsem__req_i
 }
 
 /* Fair and locked on one server: a waiter is woken by its id pushed to its client's
- * id list (wake.c, prelude.lua's grant_heads); on a cluster client, whose waiters each BLPOP
- * alone, on a list of its own in the semaphore's slot. */
+ * id list (wake.c, prelude.lua's grant_heads); on a cluster client, on a list of its own in
+ * the semaphore's slot. */
 static bool wake_by_id(const redsem_sem *s)
 {
     return s->strategy != REDSEM_STRATEGY_BASIC && s->client->ep.kind != REDSEM__EP_CLUSTER;
 }
 
-/* Fair and locked on one server, a release or set_limit while this client has waiters in its
- * shared wait: the client's id list and its bell as two more KEYS (after nkeys), so that a
+/* Fair and locked on one server, a release or set_limit while this client has waiters on
+ * its engines: the client's id list and its bell as two more KEYS (after nkeys), so that a
  * script that grants a waiter of this same client wakes it at once; the waiters of other
  * clients (and this client's, when it passes none) are woken by this client after the reply
- * (redsem__wake_push), their lists being no key the script was given. Not without waiters:
+ * (the engine pushes them), their lists being no key the script was given. Not without waiters:
  * two more keys cost the server about 1.5k instructions a call (bench/script-cost.sh), for
  * nothing. The number of KEYS. */
 static int own_wake_keys(const redsem_sem *s, redsem__args *a, int nkeys)
@@ -532,21 +532,22 @@ int redsem_sem_set_limit(redsem_sem *s, uint32_t limit)
     if (limit < 1 || limit > REDSEM_LIMIT_MAX)
         return redsem__set_err(c, REDSEM_EINVAL, "limit %u is outside 1..%u", limit,
                                REDSEM_LIMIT_MAX);
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, s->k_meta);
-    redsem__args_str(&a, is_basic(s) ? s->k_holders : s->k_owners);
-    redsem__args_str(&a, is_basic(s) ? s->k_waiters : s->k_timeouts);
-    redsem__args_str(&a, is_basic(s) ? s->k_signal : s->k_sigprefix);
-    int nkeys = own_wake_keys(s, &a, 4);
-    redsem__args_str(&a, redsem_strategy_name(s->strategy));
-    redsem__args_i64(&a, limit);
+    /* fair, locked: the engine pushes the wake-ups of the waiters it granted */
+    redsem__call call;
+    redsem__call_init(&call, REDSEM__SCRIPT_SET_LIMIT, REDSEM__REQ_RETRY, s->k_sigprefix);
+    redsem__args *a = &call.ka;
+    redsem__args_str(a, s->k_meta);
+    redsem__args_str(a, is_basic(s) ? s->k_holders : s->k_owners);
+    redsem__args_str(a, is_basic(s) ? s->k_waiters : s->k_timeouts);
+    redsem__args_str(a, is_basic(s) ? s->k_signal : s->k_sigprefix);
+    call.nkeys = own_wake_keys(s, a, 4);
+    redsem__args_str(a, redsem_strategy_name(s->strategy));
+    redsem__args_i64(a, limit);
     long long old;
     redisReply *r = NULL;
-    rc = redsem__eval(c, REDSEM__SCRIPT_SET_LIMIT, nkeys, &a, REDSEM__REQ_RETRY, NULL, &r);
+    rc = redsem__call_run(c, &call, NULL, &r);
     if (rc != REDSEM_OK)
         return rc;
-    (void)redsem__wake_push(c, s->k_sigprefix, &r); /* fair, locked: the waiters granted */
     rc = redsem__reply_status(c, r, "set_limit", &old);
     freeReplyObject(r);
     if (rc == REDSEM_OK)

@@ -97,15 +97,23 @@ int redsem__status_from_reply(redsem_client *c, const char *key, const redisRepl
     return REDSEM_OK;
 }
 
+typedef struct status_judge {
+    redsem_client *c;
+    const char *key;
+    redsem_status **ret;
+} status_judge;
+
+static int status_judged(void *arg, int rc, redisReply **r, const redsem__req_info *info)
+{
+    (void)info;
+    status_judge *j = arg;
+    return rc != REDSEM_OK ? rc : redsem__status_from_reply(j->c, j->key, *r, j->ret);
+}
+
 int redsem__status_run(redsem_client *c, redsem__call *call, redsem_status **ret)
 {
-    redisReply *r = NULL;
-    int rc = redsem__call_run(c, call, NULL, &r);
-    if (rc != REDSEM_OK)
-        return rc;
-    rc = redsem__status_from_reply(c, call->ka.v[0], r, ret);
-    freeReplyObject(r);
-    return rc;
+    status_judge j = {c, call->ka.v[0], ret};
+    return redsem__call_judged(c, call, status_judged, &j);
 }
 
 int redsem_status_strategy(const redsem_status *st)

@@ -989,7 +989,8 @@ Test(async, a_stalled_server_is_told_on_the_loop_before_validity_ends, .timeout 
     env e;
     env_up_with(&e, tf_client_for(srv.url, 1000, 2000));
     redsem_sem *s = NULL;
-    OK(e.c, redsem_sem_open(e.c, "loop-stall", REDSEM_STRATEGY_BASIC, 1, 600, &s));
+    /* 1500 ms: told 25 ms early (lease / 50, at most 25 ms), room for valgrind's lateness */
+    OK(e.c, redsem_sem_open(e.c, "loop-stall", REDSEM_STRATEGY_BASIC, 1, 1500, &s));
     renewed_grant rg;
     grant_renewed(&e, s, &rg);
     int never = 0;

@@ -92,7 +92,7 @@ Test(cluster, key_slot_is_cluster_keyslot, TO)
             redsem_status *st = NULL;
             OK(cl, redsem_sem_open(cl, name, REDSEM_STRATEGY_BASIC, 2, 5000, &s));
             OK(cl, redsem_sem_status(s, 0, &st));
-            cr_expect_str_eq(redsem_status_server(st), want, "key %s", key);
+            cr_expect_str_eq(redsem_status_server(st), want, "key %s: %s", key, redsem_status_server(st));
             redsem_status_free(st);
             redsem_sem_free(s);
         }
@@ -578,7 +578,6 @@ Test(cluster, every_seed_down_is_econn_within_the_connect_timeout, TO)
     cr_expect(took < 5000, "took %lld ms (connect timeout 1000 ms)", (long long)took);
 }
 
-static int call_get(redsem__node *n, void *arg);
 
 /* A listening socket that never accepts nor answers (the kernel completes connections into
  * its backlog): a seed on a host that hangs. Its port; close *fd after. */
@@ -605,65 +604,6 @@ static int accepted(int fd)
         n++;
     }
     return n;
-}
-
-/* The first seed hangs (connects, never answers), the second is a healthy node: the client is
- * made (each seed gets a share of the connect timeout) and works; before, the first seed used
- * the whole connect timeout and the client failed with a healthy seed in its URL. Then the
- * same with two silent seeds before the healthy one. A second lane of the client (its second
- * connection to each node) asks the seed that answered first, and no silent one: a seed that
- * hangs costs the client's first lane only. */
-Test(cluster, a_seed_that_hangs_does_not_keep_the_others_from_being_asked, TO)
-{
-    ts_cluster c;
-    start(&c, 0);
-    int fd, fd2;
-    int silent = silent_port(&fd), silent2 = silent_port(&fd2);
-    char urls[2][256];
-    snprintf(urls[0], sizeof urls[0], "redis+cluster://127.0.0.1:%d,127.0.0.1:%d", silent,
-             c.node[1].port);
-    snprintf(urls[1], sizeof urls[1], "redis+cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
-             silent, silent2, c.node[2].port);
-    for (int u = 0; u < 2; u++) {
-        char err[512] = "";
-        int rc;
-        int64_t t0 = tf_now_ms();
-        redsem_client *cl = tf_client_try(urls[u], -1, &rc, err, sizeof err);
-        int64_t took = tf_now_ms() - t0;
-        cr_assert_eq(rc, REDSEM_OK, "%s: %s: %s", urls[u], redsem_err_name(rc), err);
-        fprintf(stderr, "%d silent seed(s) first: the client made in %lld ms\n", u + 1,
-                (long long)took);
-        /* the silent seeds' shares of the 1 s connect timeout, and no more */
-        cr_expect(took < 5000, "took %lld ms", (long long)took);
-        /* a second lane (a second connection to each node: white-box) asks the healthy seed
-         * first: no new connection to the silent ones */
-        int before = accepted(fd) + accepted(fd2);
-        cr_expect(before >= u + 1, "%d connections to the silent seeds", before);
-        redsem__lane *l1 = NULL, *l2 = NULL;
-        cr_assert_eq(redsem__lane_get(cl, false, &l1), REDSEM_OK);
-        cr_assert_eq(redsem__lane_get(cl, false, &l2), REDSEM_OK);
-        cr_assert(l1 != l2);
-        l2->ctx.deadline_cap_ns = 0;
-        int64_t t1 = tf_now_ms();
-        cr_assert_eq(redsem__topo_route(&l2->topo, "{x}", 3, REDSEM__REQ_RETRY, NULL, call_get,
-                                        "{x}"),
-                     REDSEM_OK, "%s", l2->ctx.errmsg);
-        fprintf(stderr, "a second lane's first call: %lld ms\n", (long long)(tf_now_ms() - t1));
-        cr_expect_eq(accepted(fd) + accepted(fd2), 0, "a new lane asked a silent seed again");
-        redsem__lane_put(cl, l2, REDSEM_OK);
-        redsem__lane_put(cl, l1, REDSEM_OK);
-        redsem_sem *s = NULL;
-        redsem_permit *p = NULL;
-        OK(cl, redsem_sem_open(cl, "past-a-silent-seed", REDSEM_STRATEGY_FAIR, 1, 5000, &s));
-        OK(cl, redsem_sem_acquire(s, 1000, &p));
-        OK(cl, redsem_permit_release(p));
-        redsem_permit_free(p);
-        redsem_sem_free(s);
-        redsem_client_free(cl);
-    }
-    close(fd);
-    close(fd2);
-    ts_cluster_stop(&c);
 }
 
 Test(cluster, a_standalone_server_behind_a_cluster_url_is_refused, TO)
@@ -934,34 +874,62 @@ Test(cluster, renewal_follows_a_moved_slot, TO)
 
 /* ================================================================ the node table */
 
-/* GET key on n, for redsem__topo_route: a keyed command, so a node that does not serve the
- * key's slot answers MOVED. */
-static int call_get(redsem__node *n, void *arg)
+/* A GET on the engine l (white-box: the internal API, as test_loop does), driven here until it
+ * ends (10 s at most): its code. */
+typedef struct eng_get {
+    bool done;
+    int rc;
+} eng_get;
+
+static int eng_get_reply(void *arg, int rc, redisReply **r, const redsem__req_info *info)
 {
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, "GET");
-    redsem__args_str(&a, arg);
-    redisReply *r = NULL;
-    int rc = redsem__node_request(n, &a, REDSEM__REQ_RETRY, 0, &r, NULL);
-    if (rc != REDSEM_OK)
-        return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        rc = redsem__node_error_reply(n, r, "GET");
-    freeReplyObject(r);
+    (void)arg, (void)r, (void)info;
     return rc;
 }
 
-/* A primary whose address changes 1,000 times in a lane's life (a pod that moves): white-box
- * on a lane of a real client (the internal API, as test_wake does). Each change is the
- * cluster's real CLUSTER SLOTS reply with that primary's host replaced by a new loopback
- * address where nothing listens (127.0.x.y: the nodes listen on 127.0.0.1 only), read into
- * the lane's map; every 100 changes a real call on the key meets the dead address (refused),
- * re-reads the map from the other nodes and is served by the real primary. The table drops
- * the addresses that left the map: every change is taken (before, the 256th new address
- * failed with "more than 256 nodes" and the lane stayed on a dead address for good:
- * checked), and at the end, the real map read and a second gone by, the lane holds just the
- * three primaries (the seeds are two of them). */
+static void eng_get_done(void *arg, int rc, redsem_permit *p)
+{
+    (void)p;
+    eng_get *g = arg;
+    g->rc = rc;
+    g->done = true;
+}
+
+static int engine_get(redsem__loop *l, const char *key)
+{
+    redsem__call call;
+    redsem__call_init(&call, REDSEM__SCRIPT_NONE, REDSEM__REQ_RETRY, NULL);
+    redsem__args_str(&call.ka, "GET");
+    redsem__args_str(&call.ka, key);
+    call.nkeys = 1;
+    eng_get g = {0};
+    cr_assert_eq(redsem__loop_run(l, &call, eng_get_reply, eng_get_done, &g), REDSEM_OK);
+    int64_t end = tf_now_ms() + 10000;
+    while (!g.done && tf_now_ms() < end) {
+        redsem__loop_watch w[REDSEM__LOOP_WATCH_MAX];
+        struct pollfd p[REDSEM__LOOP_WATCH_MAX];
+        int64_t dl;
+        int n = redsem__loop_wants(l, w, &dl);
+        for (int i = 0; i < n; i++)
+            p[i] = (struct pollfd){.fd = w[i].fd, .events = w[i].events};
+        int64_t ms = dl == REDSEM__FOREVER ? 100 : (dl - redsem__now_ns()) / 1000000 + 1;
+        int k = poll(p, (nfds_t)n, ms < 0 ? 0 : ms > 100 ? 100 : (int)ms);
+        redsem__loop_step(l, p, k > 0 ? n : 0);
+    }
+    cr_assert(g.done, "the GET did not end within 10 s");
+    return g.rc;
+}
+
+/* A primary whose address changes 1,000 times in an engine's life (a pod that moves):
+ * white-box on an engine of a real client. Each change is the cluster's real CLUSTER SLOTS
+ * reply with that primary's host replaced by a new loopback address where nothing listens
+ * (127.0.x.y: the nodes listen on 127.0.0.1 only), read into the engine's map; every 100
+ * changes a real call on the key meets the dead address (refused), re-reads the map from the
+ * other nodes and is served by the real primary. The table drops the addresses that left the
+ * map: every change is taken (before, the 256th new address failed with "more than 256
+ * nodes" and the client stayed on a dead address for good: checked), and at the end, the
+ * real map read and a second gone by, the engine holds just the three primaries (the seeds
+ * are two of them). */
 Test(cluster, a_thousand_address_changes_keep_the_node_table_small, TO)
 {
     ts_cluster c;
@@ -974,13 +942,11 @@ Test(cluster, a_thousand_address_changes_keep_the_node_table_small, TO)
         snprintf(key, sizeof key, "{moving-%d}", k0++);
     while (ts_cluster_owner(&c, 0, keyslot(&c, key)) != 2);
     int slot = keyslot(&c, key);
-    redsem__lane *l = NULL;
-    cr_assert_eq(redsem__lane_get(cl, false, &l), REDSEM_OK);
-    l->ctx.deadline_cap_ns = 0;
-    redsem__topo *t = &l->topo;
-    cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL, call_get, key),
-                 REDSEM_OK, "%s", l->ctx.errmsg);
-    /* the node asked for the map: node 0, a seed */
+    redsem__loop *l = NULL;
+    cr_assert_eq(redsem__loop_new(cl, &l), REDSEM_OK);
+    redsem__topo *t = redsem__loop_topo(l);
+    cr_assert_eq(engine_get(l, key), REDSEM_OK, "%s", redsem_client_errmsg(cl));
+    /* a node that gave the map: node 0 or 1, a seed */
     redsem__node *asked = NULL;
     for (size_t i = 0; i < t->nnodes && asked == NULL; i++)
         if (t->nodes[i] != NULL && t->nodes[i]->ep.port == c.node[0].port)
@@ -1015,9 +981,9 @@ Test(cluster, a_thousand_address_changes_keep_the_node_table_small, TO)
         most = live > most ? live : most;
         if (k % 100 == 99) {
             /* a call meets the dead address, and finds the primary again */
-            cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL,
-                                            call_get, key),
-                         REDSEM_OK, "after change %d: %s", k + 1, l->ctx.errmsg);
+            t->refreshed_ns = 0; /* (the map read just now was the test's) */
+            cr_assert_eq(engine_get(l, key), REDSEM_OK, "after change %d: %s", k + 1,
+                         redsem_client_errmsg(cl));
             n = redsem__topo_node(t, key, strlen(key));
             cr_assert(n != NULL && strcmp(n->ep.host, "127.0.0.1") == 0 &&
                       n->ep.port == c.node[2].port);
@@ -1031,14 +997,13 @@ Test(cluster, a_thousand_address_changes_keep_the_node_table_small, TO)
     redisFree(rc0);
     /* once the dead addresses have been idle for REDSEM__CLUSTER_DROP_MS, a call drops them */
     tf_sleep_ms(REDSEM__CLUSTER_DROP_MS + 100);
-    cr_assert_eq(redsem__topo_route(t, key, strlen(key), REDSEM__REQ_RETRY, NULL, call_get, key),
-                 REDSEM_OK, "%s", l->ctx.errmsg);
+    cr_assert_eq(engine_get(l, key), REDSEM_OK, "%s", redsem_client_errmsg(cl));
     fprintf(stderr, "1,000 address changes: at most %zu nodes held at once, %zu at the end\n",
             most, redsem__cluster_live_nodes(t));
     cr_expect_eq(redsem__cluster_live_nodes(t), 3, "%zu nodes held",
                  redsem__cluster_live_nodes(t));
     cr_expect(most <= REDSEM__CLUSTER_NODES_MAX);
-    redsem__lane_put(cl, l, REDSEM_OK);
+    redsem__loop_free(l);
     redsem_client_free(cl);
     ts_cluster_stop(&c);
 }
@@ -1141,6 +1106,61 @@ static void name_on(const ts_cluster *c, int node, const char *base, char *name,
             return;
     }
     cr_assert_fail("no name on node %d", node);
+}
+
+/* The first seed hangs (connects, never answers), the second is a healthy node: the client is
+ * made (each seed gets a share of the connect timeout) and works; before, the first seed used
+ * the whole connect timeout and the client failed with a healthy seed in its URL. Then the
+ * same with two silent seeds before the healthy one. A second engine of the client (its
+ * event-loop API's) asks the seed that answered first, and no silent one: a seed that hangs
+ * costs the client's first map only. */
+Test(cluster, a_seed_that_hangs_does_not_keep_the_others_from_being_asked, TO)
+{
+    ts_cluster c;
+    start(&c, 0);
+    int fd, fd2;
+    int silent = silent_port(&fd), silent2 = silent_port(&fd2);
+    char urls[2][256];
+    snprintf(urls[0], sizeof urls[0], "redis+cluster://127.0.0.1:%d,127.0.0.1:%d", silent,
+             c.node[1].port);
+    snprintf(urls[1], sizeof urls[1], "redis+cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
+             silent, silent2, c.node[2].port);
+    for (int u = 0; u < 2; u++) {
+        char err[512] = "";
+        int rc;
+        int64_t t0 = tf_now_ms();
+        redsem_client *cl = tf_client_try(urls[u], -1, &rc, err, sizeof err);
+        int64_t took = tf_now_ms() - t0;
+        cr_assert_eq(rc, REDSEM_OK, "%s: %s: %s", urls[u], redsem_err_name(rc), err);
+        fprintf(stderr, "%d silent seed(s) first: the client made in %lld ms\n", u + 1,
+                (long long)took);
+        /* the silent seeds' shares of the 1 s connect timeout, and no more */
+        cr_expect(took < 5000, "took %lld ms", (long long)took);
+        /* a second engine of the client (its event-loop API's) asks the seed that answered
+         * first: no new connection to the silent ones */
+        int before = accepted(fd) + accepted(fd2);
+        cr_expect(before >= u + 1, "%d connections to the silent seeds", before);
+        redsem_sem *s = NULL;
+        redsem_permit *p = NULL;
+        OK(cl, redsem_sem_open(cl, "past-a-silent-seed", REDSEM_STRATEGY_FAIR, 1, 5000, &s));
+        cl_loop x = {.fd = -1, .timer_at = -1};
+        OK(cl, redsem_async_new(cl, &x.a));
+        OK(cl, redsem_async_set_loop(x.a, cl_socket, cl_timer, &x));
+        int64_t t1 = tf_now_ms();
+        cr_assert_eq(cl_acquire(&x, s, 1000, &p), REDSEM_OK);
+        fprintf(stderr, "a second engine's first call: %lld ms\n", (long long)(tf_now_ms() - t1));
+        cr_expect_eq(accepted(fd) + accepted(fd2), 0, "a second engine asked a silent seed again");
+        cr_expect_eq(cl_release(&x, p), REDSEM_OK);
+        redsem_async_free(x.a);
+        OK(cl, redsem_sem_acquire(s, 1000, &p));
+        OK(cl, redsem_permit_release(p));
+        redsem_permit_free(p);
+        redsem_sem_free(s);
+        redsem_client_free(cl);
+    }
+    close(fd);
+    close(fd2);
+    ts_cluster_stop(&c);
 }
 
 /* The event-loop API on a Cluster client, on a loop that gives a timer: acquires on

@@ -672,7 +672,8 @@ Test(faults, an_oversized_reply_header_is_a_protocol_error, TO)
     redsem_client *c = NULL;
     char err[256] = "";
     int64_t t0 = tf_now_ms();
-    cr_assert_eq(redsem_client_new_verbose(o, &c, err, sizeof err), REDSEM_EPROTO, "%s", err);
+    int orc = redsem_client_new_verbose(o, &c, err, sizeof err);
+    cr_assert_eq(orc, REDSEM_EPROTO, "%s: %s", redsem_err_name(orc), err);
     cr_assert_lt(tf_now_ms() - t0, 400, "waited for the announced elements");
     cr_assert(strstr(err, "377777777") != NULL, "%s", err);
     cr_assert_null(c);

@@ -206,10 +206,10 @@ static void rel_call(void *arg, redsem__call *call)
     p->kind->release_call(p->handle, p, call);
 }
 
-static int rel_reply(void *arg, int rc, const redisReply *r, const redsem__req_info *info)
+static int rel_reply(void *arg, int rc, redisReply **r, const redsem__req_info *info)
 {
     redsem_permit *p = ((loop_rel *)arg)->p;
-    rc = p->kind->release_reply(p->client, p->handle, p, rc, r, info);
+    rc = p->kind->release_reply(p->client, p->handle, p, rc, *r, info);
     return redsem__release_end(p, rc);
 }
 

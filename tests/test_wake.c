@@ -204,33 +204,40 @@ Test(wake, an_element_drained_between_attempts_is_kept, .timeout = 60)
     then_the_other(c, &a, ea, ta, tb);
 }
 
-/* A bell can be lost: popped by a BLPOP whose connection is then dropped (our own deadline
- * cut it, or a fault). The elements stay in the id list, and the round after a dropped BLPOP
- * drains it. Here an element is pushed without its bell, and another wait's deadline (0.3 s)
- * cuts the BLPOP: the element's waiter wakes then, not at its own deadline (20 s). */
+/* A bell can be lost: popped by a BLPOP whose connection is then lost (a fault: the reply
+ * with the bell never came). The elements stay in the id list, and a BLPOP that watched the
+ * bell and was lost drains the list at once. Here an element is pushed without its bell (as
+ * the lost one left it) and the client's connections are killed under the BLPOP: the
+ * element's waiter wakes then, not at its own deadline (20 s). A server of the test's own
+ * (CLIENT KILL of every client). */
 Test(wake, a_lost_bell_loses_no_wake_up, .timeout = 60)
 {
-    redsem_client *c = tf_client();
-    char ea[128], ex[128];
+    ts_server srv;
+    cr_assert_eq(ts_server_start(&srv, NULL, false), 0);
+    redsem_client *c = tf_client_for(srv.url, 2000, 0);
+    char ea[128], out[2048] = "";
     blocked a = {.c = c, .key = c->wake_bell, .elem = elem_of('a', "m:{y}:meta", ea),
-                 .since_ns = 1000},
-            x = {.c = c, .key = c->wake_bell, .elem = elem_of('c', "m:{y}:meta", ex),
-                 .since_ns = 2000, .hard_ms = 300};
-    pthread_t ta, tx;
+                 .since_ns = 1000};
+    pthread_t ta;
     cr_assert_eq(pthread_create(&ta, NULL, blpop_thread, &a), 0);
     await_registered(c, 1);
-    tf_sleep_ms(100); /* the leader waits in its BLPOP */
-    push_elem(c, ea, false);
+    for (int i = 0; i < 1000 && strstr(out, "blocked_clients:1") == NULL; i++) {
+        tf_sleep_ms(5); /* its BLPOP under way */
+        cr_assert_eq(ts_command(&srv, out, sizeof out, "INFO", "clients", NULL), 0);
+    }
+    cr_assert_eq(ts_command(&srv, out, sizeof out, "RPUSH", c->wake_ids, ea, NULL), 0);
     int64_t t0 = tf_now_ms();
-    cr_assert_eq(pthread_create(&tx, NULL, blpop_thread, &x), 0);
+    cr_assert_eq(ts_command(&srv, NULL, 0, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes",
+                            NULL),
+                 0);
     blocked *first = first_done(&a, &a);
     cr_assert_not_null(first, "a did not wake within 10 s: the element without a bell was lost");
     cr_expect(a.signaled, "a woke without its element");
-    cr_expect_lt(tf_now_ms() - t0, 5000, "a woke %lld ms after the push",
+    cr_expect_lt(tf_now_ms() - t0, 5000, "a woke %lld ms after the kill",
                  (long long)(tf_now_ms() - t0));
     pthread_join(ta, NULL);
-    pthread_join(tx, NULL);
     redsem_client_free(c);
+    ts_server_stop(&srv);
 }
 
 /* A fair semaphore of limit 1 (lease 30 s) named after base, its one permit held: *p. */

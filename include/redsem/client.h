@@ -15,18 +15,16 @@ extern "C" {
 /*
  * THREADS. A redsem_client, and every semaphore, lock, rate limiter and permit made
  * from it, may be used by any number of threads at once: a thread pool shares one client.
- * The script calls of all its threads (acquire attempts, releases, refreshes, status reads) go
- * on one shared connection per server with many calls in flight on it (pipelined; one
- * server, not a Redis Cluster); other requests borrow one of the client's connections to the
- * server that serves their key for one round trip (at most
- * redsem_options_set_max_connections() per server, the shared one among them, opened on
- * demand; a thread that finds them all busy queues). The blocking acquires waiting for a
- * wake-up share one separate wait connection (one BLPOP on all their lists), so blocked
- * waiters never starve the requests of other threads (in a Redis Cluster: one wait
- * connection per waiting acquire). Under Sentinel the client also keeps one connection to one
- * Sentinel, subscribed to its failover announcements, which no thread waits on: the calling
- * threads read it without blocking before their requests. The text of
- * redsem_client_errmsg() is per thread, like errno. Three things remain
+ * Every request of all its threads (acquire attempts, releases, refreshes, status reads,
+ * opens, PING) goes on one request connection per server (per primary in a Redis Cluster)
+ * with many requests in flight on it (pipelined), and the blocking acquires waiting for a
+ * wake-up share one wait connection (one BLPOP on all their lists), so blocked waiters never
+ * hold the connection the requests need. The calling threads drive these connections
+ * themselves: a thread whose request is in flight and finds no other thread reading reads
+ * for all, and hands each its reply; the others sleep until theirs comes. Under Sentinel
+ * the client also keeps one connection to one Sentinel, subscribed to its failover
+ * announcements, which no thread waits on: it is read without blocking before requests.
+ * The text of redsem_client_errmsg() is per thread, like errno. Three things remain
  * the caller's to order: freeing a handle (no call on it may be running or start after), the
  * handle setters redsem_sem_set_wait_lease_ms(), redsem_sem_set_guard_lease_ms() and
  * redsem_lock_set_reentrant() (before the handle is shared), and the use of one permit by two
@@ -38,15 +36,15 @@ extern "C" {
  * redsem_is_fault(), redsem_id_generate() and the version calls may be called from any thread
  * at any time.
  *
- * redsem starts background threads only for two things: the renewer of a client, started by
- * the first redsem_permit_auto_renew() (renew.h; its renewals use the client's
- * request connections, ahead of other threads' calls), and the workers of a redsem_async (async.h), which run the event-loop
- * operations on the client's pool. The loop engine (async.h; the default build) starts
- * neither for what it runs: the permits it grants are renewed on their loop (renew.h).
+ * redsem starts one background thread only: the renewer of a client, started by the first
+ * redsem_permit_auto_renew() (renew.h; its renewals are requests on the client's request
+ * connections, each capped by the first moment a holder must be told it lost its permit).
+ * The event-loop API (async.h) starts none: its operations, and the renewal of the permits
+ * they grant, run on the application's loop.
  *
  * ERRORS. Every call that sends to the server may also return REDSEM_ENOMEM (no memory for a
- * new pooled connection, or to format a request) and, over TLS (rediss://), REDSEM_ETLS (a
- * reconnect, a new pooled connection and a Redis Cluster primary's first use each run a TLS
+ * new connection, or to format a request) and, over TLS (rediss://), REDSEM_ETLS (a
+ * reconnect and a Redis Cluster primary's first use each run a TLS
  * handshake, in which the server's certificate can be refused) and REDSEM_EEVICTION (a new
  * connection found that the server may evict keys: redsem_options_set_allow_eviction()),
  * whether or not the call's own list of returns names them. redsem_client_errmsg() gives the
@@ -70,8 +68,9 @@ extern "C" {
 /** Opaque connection options, built with redsem_options_new(). Since: 0.1 */
 typedef struct redsem_options redsem_options;
 
-/** Opaque client: a small pool of Redis connections with their script caches, shared by the
- * threads that use it (see THREADS above). Since: 0.1 */
+/** Opaque client: its connections to Redis (one request and one wait connection per
+ * server) with their script caches, shared by the threads that use it (see THREADS above).
+ * Since: 0.1 */
 typedef struct redsem_client redsem_client;
 
 /** Default URL when none is set: "redis://127.0.0.1:6379". */
@@ -262,8 +261,8 @@ REDSEM_API int redsem_options_set_sync_replicas(redsem_options *options, int rep
  * volatile-* or allkeys-* policy) may delete a semaphore's keys when memory runs short. The
  * semaphore then forgets its holders: a fair semaphore whose meta hash was evicted gave a
  * handle a second holder of a limit-1 semaphore (measured: docs/guarantees.md, "Eviction").
- * So by default every connection to a data node (the first, each reconnect and pooled
- * connection, a Sentinel's primary, each Redis Cluster node on its first use) reads
+ * So by default every connection to a data node (the first, each reconnect, a Sentinel's
+ * primary, each Redis Cluster node on its first use) reads
  * INFO memory after AUTH and SELECT, and refuses the server with REDSEM_EEVICTION when its
  * maxmemory is not 0 and its maxmemory_policy is not noeviction, or when the reply has no
  * such fields; an INFO refused by the ACL fails the connect with REDSEM_EPERM (allow INFO:
@@ -331,26 +330,14 @@ REDSEM_API int redsem_options_set_command_timeout_ms(redsem_options *options, in
 REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
 
 /**
- * redsem_options_set_max_connections - how many connections to each Redis server the client's
- * requests share.
+ * redsem_options_set_max_connections - the most request connections to each Redis server
+ * the client may open.
  *
- * A client may be used by many threads at once. The script calls of its threads (every
- * acquire attempt, release, refresh, status read, open) go on one of these connections,
- * shared: each is written as soon as it comes, while other threads' calls are in flight on
- * it, and their replies are read in order and handed to their callers (pipelined; counted in
- * redsem_client_stats.pipelined; not in a Redis Cluster; with
- * redsem_options_set_sync_replicas() the calls followed by WAIT, acquire attempts and
- * refreshes, go alone). Every other request (a PING, a renewal, a call in a Redis Cluster, a
- * call that needs more than one round trip) borrows one of the client's request connections
- * to the server that serves its key for one round trip, and gives it back. A thread that finds
- * them all busy queues (counted in redsem_client_stats.pool_waits) and is served in arrival
- * order, within the command timeout; while one waits there, the shared connection takes no
- * new calls. Connections are opened on demand, so a client used by one thread opens
- * one. A thread's wait for a connection and its round trip share one
- * command timeout (a lost connection then still gets the whole retry window). Blocking acquires waiting for a wake-up do not hold request connections:
- * they share one wait connection (one BLPOP on all their lists; in a Redis Cluster one per
- * waiting acquire); automatic renewal sends on the request connections (ahead of the threads
- * queued for one; the renewer has no connection of its own).
+ * An upper bound, kept for programs written for 0.4-0.6 (whose clients kept a pool of up to
+ * n connections per server): since 0.7 a client opens one request connection per server
+ * whatever n is, shared by all its threads with many requests in flight (counted in
+ * redsem_client_stats.pipelined), and one wait connection for its blocking waiters (see
+ * THREADS above). Automatic renewal sends on the same request connection.
  *
  * @n  1 .. REDSEM_MAX_CONNECTIONS_MAX. Default REDSEM_DEFAULT_MAX_CONNECTIONS.
  * Returns: REDSEM_OK; REDSEM_EINVAL for NULL options or n out of range (options unchanged).
@@ -501,12 +488,11 @@ typedef struct redsem_client_stats {
                               Redis Cluster, after TRYAGAIN or CLUSTERDOWN) */
     uint64_t wakeups;      /* blocking waits ended by a wake-up signal */
     uint64_t redirects;    /* Redis Cluster MOVED and ASK replies followed (Since: 0.3) */
-    uint64_t pool_waits;   /* requests that waited for a free request connection, all of
-                              them busy with other threads' requests (Since: 0.4) */
-    uint64_t pipelined;    /* script calls written while other calls (other threads', or
-                              other operations' on a redsem_async's loop engine) were in
-                              flight on the same connection, and renewals due together sent
-                              in one write (a batch of 2 counts 2) (Since: 0.4) */
+    uint64_t pool_waits;   /* 0 since 0.7 (no pool: one request connection per server);
+                              kept for the ABI (Since: 0.4) */
+    uint64_t pipelined;    /* requests written while others (other threads', or other
+                              operations' on a redsem_async's loop) were in flight on the
+                              same connection (Since: 0.4) */
     uint64_t direct_grants; /* fair and locked acquires decided by a wake-up that carried the
                                permit, with no attempt after it (one server, no
                                sync_replicas) (Since: 0.4.5) */

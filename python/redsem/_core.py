@@ -337,7 +337,9 @@ def _rate_status_from(info: Any) -> RateStatus:
 
 
 class Client:
-    """A connection pool to one Redis deployment, shared by every thread of the process.
+    """The connections to one Redis deployment (one request and one wait connection per
+    server), shared by every thread of the process. ``max_connections`` is an upper bound
+    kept for compatibility: the client opens one request connection per server.
 
     ``url`` (default ``redis://127.0.0.1:6379``) takes every form of the C library:
     ``redis://[user:password@]host[:port][/db]``, ``rediss://`` (TLS),

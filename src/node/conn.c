@@ -15,19 +15,6 @@ void redsem__pipe_init(redsem__pipe *p, redsem__conn *conn)
     p->conn = conn;
 }
 
-void redsem__pipe_attach(redsem__pipe *p, redsem__conn *conn)
-{
-    p->conn = conn;
-    p->out_base += p->out_len;
-    p->out_off = p->out_len = 0;
-    p->head = p->tail = NULL;
-    p->inflight = 0;
-    p->read_wants_out = false;
-    p->held = false;
-    p->rc = REDSEM_OK;
-    p->err[0] = '\0';
-}
-
 int redsem__pipe_fd(const redsem__pipe *p)
 {
     return p->conn->fd;
@@ -38,7 +25,7 @@ static void finish(redsem__preq *q, int rc, int64_t now_ns)
 {
     q->rc = rc;
     q->recv_ns = now_ns;
-    if (rc != REDSEM_OK)
+    if (rc != REDSEM_OK && !q->keep_partial)
         for (int i = 0; i < q->got; i++) {
             freeReplyObject(q->replies[i]);
             q->replies[i] = NULL;
@@ -200,7 +187,8 @@ static int take_replies(redsem__pipe *p, int64_t now_ns)
                          "elements, more than any redsem reply has", p->conn->oversized);
             else
                 snprintf(p->err, sizeof p->err, "protocol error: %s", rd->errstr);
-            return rd->err == REDIS_ERR_OOM ? REDSEM_ENOMEM : REDSEM_EPROTO;
+            return rd->err == REDIS_ERR_OOM && !p->conn->oversized ? REDSEM_ENOMEM
+                                                                   : REDSEM_EPROTO;
         }
         if (reply == NULL)
             return REDSEM_OK;
@@ -250,6 +238,15 @@ static int consume(redsem__pipe *p, int64_t now_ns)
     }
 }
 
+/* Whether a request in flight (not held) has its deadline at or before now_ns. */
+static bool past_deadline(const redsem__pipe *p, int64_t now_ns)
+{
+    for (const redsem__preq *q = p->head; q != NULL && !redsem__pipe_held(p, q); q = q->next)
+        if (q->deadline_ns <= now_ns && q->written)
+            return true;
+    return false;
+}
+
 int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now_ns)
 {
     if (p->rc != REDSEM_OK)
@@ -258,6 +255,10 @@ int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now
     if (p->out_off < out_limit(p) || writable)
         rc = flush(p, now_ns);
     if (rc == REDSEM_OK && (readable || (writable && p->read_wants_out)))
+        rc = consume(p, now_ns);
+    /* a deadline passed: what arrived meanwhile is read first (a reply that came while no
+     * driver read, or in the same instant, is not given up on) */
+    if (rc == REDSEM_OK && !readable && past_deadline(p, now_ns))
         rc = consume(p, now_ns);
     if (rc == REDSEM_OK) {
         for (const redsem__preq *q = p->head; q != NULL && !redsem__pipe_held(p, q);

@@ -16,11 +16,9 @@
  *                         is lost.
  *
  * A request completes exactly once, through its done callback, called from inside
- * redsem__pipe_step() or redsem__pipe_fail(). A driver is anything that calls the three in a
- * loop: the blocking driver (threads of a shared client that poll() the fd in turn,
- * src/drive.c) or an event loop (the fd and the events go to socket_fn, the deadline to
- * timer_fn of include/redsem/async.h; step is called from the loop's callbacks). A pipe is not
- * thread-safe: its driver serializes the calls.
+ * redsem__pipe_step() or redsem__pipe_fail(). The engine (drive_loop.c) calls the three for
+ * each of its connections, stepped by its drivers: the calling threads (drive_sync.c) or an
+ * event loop (async.c). A pipe is not thread-safe: its driver serializes the calls.
  *
  * Faults: a request whose bytes were all handed to the socket is "written"; when the
  * connection is lost or a deadline passes, every request in flight ends with REDSEM_ECONN or
@@ -50,9 +48,12 @@ struct redsem__preq {
     bool written;    /* out: all its bytes went to the socket (a fault: "maybe applied") */
     int64_t sent_ns; /* out: when its first byte went to the socket */
     int64_t recv_ns; /* out: when its last reply was read */
+    /* in: on a fault, the replies that came (got of them) are left to done, which frees
+     * them (a handshake judges what a broken server did answer) */
+    bool keep_partial;
     /* the pipe's */
     redsem__preq *next;
-    int got;
+    int got;      /* replies in (out, read by a keep_partial request's done) */
     uint64_t end; /* the output stream's offset just after its bytes */
 };
 
@@ -76,9 +77,6 @@ typedef struct redsem__pipe {
 
 /* Start driving conn (open, its reader made: redsem__conn_open). */
 void redsem__pipe_init(redsem__pipe *p, redsem__conn *conn);
-/* Drive conn (open) from now on with an idle pipe (nothing in flight), its fault forgotten;
- * keeps the buffer's memory. */
-void redsem__pipe_attach(redsem__pipe *p, redsem__conn *conn);
 /* Fail what is in flight (REDSEM_ECONN, "connection closed") and free the buffer; the
  * connection itself is the caller's. */
 void redsem__pipe_reset(redsem__pipe *p);

@@ -129,9 +129,6 @@ int redsem__node_init(redsem__node *n, redsem__ctx *ctx, const redsem__endpoint 
 void redsem__node_close(redsem__node *n);
 /* Close the connection (if any) without freeing anything: the next request connects anew. */
 void redsem__node_disconnect(redsem__node *n);
-/* Connect and run the handshake. On failure err says why and *retryable whether another
- * try may help. */
-int redsem__node_connect(redsem__node *n, bool *retryable, char *err, size_t errlen);
 
 /* The node is open (a connect done elsewhere: the loop engine's): connected, counted. */
 void redsem__node_opened(redsem__node *n);
@@ -139,10 +136,9 @@ void redsem__node_opened(redsem__node *n);
 /* The handshake of a connect as requests, in this order: AUTH (a password), SELECT (db not
  * 0), TIME (the clock's offset not measured yet), ROLE (a node found through Sentinel),
  * INFO memory (eviction not allowed: refused with REDSEM_EEVICTION when the server may
- * evict). redsem__node_connect runs them one at a time; the loop engine
- * (drive_loop.c) sends them in one write on its pipe. Both build each with
- * redsem__handshake_format and judge its outcome with redsem__handshake_judge, in order,
- * stopping at the first failure. */
+ * evict). The engine (drive_loop.c) sends them in one write on its pipe, each built with
+ * redsem__handshake_format, and judges their outcomes with redsem__handshake_judge, in
+ * order, stopping at the first failure. */
 enum {
     REDSEM__HS_AUTH = 0,
     REDSEM__HS_SELECT = 1,
@@ -163,11 +159,11 @@ int redsem__handshake_format(const redsem__node *n, int step, char **cmd);
 void redsem__handshake_free(char *cmd, int len);
 /* A step's outcome: rc is its request's (REDSEM_OK with its reply r, borrowed, read at
  * recv_ns; else the fault, with its text in err and r NULL). REDSEM_OK, or the connect's
- * failure with its text in err (the texts of redsem__node_connect). */
+ * failure with its text in err. */
 int redsem__handshake_judge(redsem__node *n, int step, int rc, const struct redisReply *r,
                             int64_t recv_ns, char *err, size_t errlen);
-/* A connect failed with rc: the hint redsem__node_connect adds to err (a lost connection
- * during the handshake: TLS or a client certificate), and whether another try may help. */
+/* A connect failed with rc: the hint added to err (a lost connection during the handshake:
+ * TLS or a client certificate), and whether another try may help. */
 bool redsem__handshake_failed(const redsem__node *n, int rc, char *err, size_t errlen);
 
 /* How often a node found through Sentinel re-checks that its server is the primary (ROLE,
@@ -186,47 +182,20 @@ typedef struct redsem__req_info {
     int replicas_acked; /* REQ_SYNC with sync_replicas: WAIT's answer; else -1 */
 } redsem__req_info;
 
-/* One request/reply. Connects first if needed. *ret_reply is set on REDSEM_OK only and may
- * be an error reply (the caller classifies it). deadline_ns bounds the reply wait; 0 means
- * now + command timeout. */
-int redsem__node_request(redsem__node *n, const redsem__args *a, int flags, int64_t deadline_ns,
-                         struct redisReply **ret_reply, redsem__req_info *info);
-/* The same with a second request pipelined after the first in the same write (one round
- * trip); both are resent together after a lost connection. On REDSEM_OK both replies are
- * set (either may be an error reply). */
-int redsem__node_request2(redsem__node *n, const struct redsem__args *a,
-                          const struct redsem__args *then, int flags, int64_t deadline_ns,
-                          struct redisReply **ret_reply, struct redisReply **ret_then,
-                          redsem__req_info *info);
-/* The same with a request pipelined before a (SCRIPT LOAD before an EVALSHA): [pre]
- * [ASKING] a [then] in one write; *ret_pre (may be NULL: freed) gets pre's reply, which is
- * never judged (LOADING, READONLY are a's). */
-int redsem__node_request3(redsem__node *n, const struct redsem__args *pre,
-                          const struct redsem__args *a, const struct redsem__args *then,
-                          int flags, int64_t deadline_ns, struct redisReply **ret_pre,
-                          struct redisReply **ret_reply, struct redisReply **ret_then,
-                          redsem__req_info *info);
-/* Run one embedded script: SCRIPT LOAD of its body pipelined before its EVALSHA (one write,
- * one round trip) on this node's first use, EVALSHA alone after, the same pair again after
- * NOSCRIPT (one more round trip only then); error replies are classified
- * into codes with the text in the context's errmsg. On REDSEM_OK *ret_reply is a non-error
- * reply owned by the caller. keys/args are appended after "EVALSHA sha numkeys". */
 /* The arguments of one call of script d (its nkeys keys, then its arguments, in ka): a, the
  * EVALSHA (or, body && !load, the EVAL with the body); la, with load, the SCRIPT LOAD of the
  * body that goes before it (else left empty). Both initialised here. */
 void redsem__script_args(const redsem__script_def *d, bool body, bool load, int nkeys,
                          const redsem__args *ka, redsem__args *a, redsem__args *la);
-int redsem__node_eval(redsem__node *n, int script, int nkeys, const redsem__args *keys_and_args,
-                      int flags, redsem__req_info *info, struct redisReply **ret_reply);
 /* The replicas a WAIT reply w says acknowledged (an error reply, or one that is not a
  * non-negative integer, counts as none, its reason in n's context errmsg). */
 int redsem__node_wait_acked(redsem__node *n, const struct redisReply *w);
 /* Whether r is "-LOADING ...": a restarted server reading its RDB or AOF file, which
  * executes nothing until it is done (a request is resent within its retry window). */
 bool redsem__loading_reply(const struct redisReply *r);
-/* One script call of a batch (redsem__eval_many in drive_threads.c): its arguments as for
- * redsem__node_eval, and its outcome. errmsg: the calling thread's error text
- * (REDSEM__ERRMSG_LEN bytes), read for the call and written by it. */
+/* One script call of a batch (redsem__eval_many in drive_sync.c): its script, its keys
+ * (nkeys of ka) and arguments, its flags, and its outcome. errmsg: a buffer of
+ * REDSEM__ERRMSG_LEN bytes for the text of its failure. */
 typedef struct redsem__batch_item {
     int script, nkeys;
     const redsem__args *ka;
@@ -237,18 +206,6 @@ typedef struct redsem__batch_item {
     int rc;
 } redsem__batch_item;
 #define REDSEM__BATCH_MAX 16
-/* BLPOP key for up to wait_ms (server side), giving up at hard_deadline_ns (the connection
- * is then discarded). Returns REDSEM_OK with *signaled, or a fault. */
-int redsem__node_blpop(redsem__node *n, const char *key, size_t keylen, int64_t wait_ms,
-                       int64_t hard_deadline_ns, bool *signaled);
-/* The same on nkeys lists at once (all on this node; in a cluster, of one slot): *which is
- * the index of the key an element was popped from, -1 (the server's timeout, or UNBLOCKED
- * from a demoted Sentinel primary), or -2 (hard_deadline_ns came first: the connection was
- * dropped). val (may be NULL), valcap bytes: the popped element, NUL-terminated (cut to
- * valcap - 1 bytes; "" if nothing was popped). */
-int redsem__node_blpop_many(redsem__node *n, const char *const *keys, const size_t *lens,
-                            int nkeys, int64_t wait_ms, int64_t hard_deadline_ns, int *which,
-                            char *val, size_t valcap);
 /* Map an error reply to a code and record it. On a cluster node a redirection (MOVED, ASK,
  * TRYAGAIN, CLUSTERDOWN, UNBLOCKED) is REDSEM__EREDIRECT with n->redirect set; elsewhere a MOVED or ASK
  * is REDSEM_ESERVER with a hint to use a redis+cluster:// URL. */

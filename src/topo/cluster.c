@@ -198,6 +198,22 @@ static int node_at(redsem__topo *t, const char *host, int port, const redsem__no
     return REDSEM_OK;
 }
 
+void redsem__cluster_touch(redsem__topo *t, size_t i)
+{
+    if (i < t->nnodes && t->nodes[i] != NULL)
+        cn(t->nodes[i])->used_ns = redsem__now_ns();
+}
+
+bool redsem__cluster_sweep(redsem__topo *t)
+{
+    int64_t now = redsem__now_ns();
+    if (!t->sweep_due || now - t->swept_ns < REDSEM__CLUSTER_DROP_MS * REDSEM__NS_PER_MS)
+        return false;
+    t->swept_ns = now;
+    t->sweep_due = sweep(t, NULL, NULL, false) > 0;
+    return true;
+}
+
 static redsem__node *slot_node(redsem__topo *t, int slot)
 {
     if (slot < 0) {
@@ -285,151 +301,6 @@ int redsem__cluster_read_map(redsem__topo *t, redsem__node *asked, const redisRe
     return REDSEM_OK;
 }
 
-/* Ask one node for the map. */
-static int ask_map(redsem__topo *t, redsem__node *n, int64_t deadline_ns, char *err,
-                   size_t errlen)
-{
-    redsem__args a;
-    redsem__args_init(&a);
-    redsem__args_str(&a, "CLUSTER");
-    redsem__args_str(&a, "SLOTS");
-    redisReply *r = NULL;
-    cn(n)->used_ns = redsem__now_ns();
-    int rc = redsem__node_request(n, &a, 0, deadline_ns, &r, NULL);
-    if (rc != REDSEM_OK) {
-        if (rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT)
-            cn(n)->failed_ns = redsem__now_ns();
-        if (rc == REDSEM_ETIMEDOUT)
-            cn(n)->silent_ns = cn(n)->failed_ns;
-        snprintf(err, errlen, "%s:%d: %.200s", n->ep.host, n->ep.port, t->ctx->errmsg);
-        return rc;
-    }
-    cn(n)->failed_ns = 0;
-    cn(n)->silent_ns = 0;
-    if (r->type == REDIS_REPLY_ERROR) {
-        if (strstr(r->str, "cluster support disabled") != NULL) {
-            snprintf(err, errlen, "%s:%d is not a cluster node (cluster support disabled): use "
-                     "a redis:// URL for a standalone server", n->ep.host, n->ep.port);
-            rc = REDSEM_EINVAL;
-        } else {
-            rc = redsem__node_error_reply(n, r, "CLUSTER SLOTS");
-            if (rc == REDSEM__EREDIRECT)
-                rc = REDSEM_ESERVER;
-            snprintf(err, errlen, "%s:%d: %.200s", n->ep.host, n->ep.port, t->ctx->errmsg);
-        }
-    } else {
-        rc = redsem__cluster_read_map(t, n, r, err, errlen);
-    }
-    freeReplyObject(r);
-    return rc;
-}
-
-/* How bad a failure to read the map is, to report the worst: a node that is not in cluster
- * mode or refuses the credentials says more than one that cannot be reached (refused or
- * timed out: both REDSEM_ECONN when no node answers). */
-static int severity(int rc)
-{
-    return rc == REDSEM_EINVAL || rc == REDSEM_EPERM ? 3
-           : rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT ? 1
-                                                          : 2;
-}
-
-/* Read the map from the known nodes and the seeds, within the connect timeout (and the
- * context's deadline cap) overall. The order: the primaries of the map (starting at the node
- * that answered last), then the other nodes (the seeds), then the nodes that did not answer
- * their last call or map request, and avoid (the node whose call just failed) last of all.
- * Each is given a fair share of the time left (at least 100 ms), so that one that hangs (a
- * host down, a partition, a stopped process: connects and never answers) does not use up
- * the time the others need, and a failure moves on to the next. */
-static int refresh(redsem__topo *t, const redsem__node *avoid, char *err, size_t errlen)
-{
-    int64_t saved_cap = t->ctx->deadline_cap_ns, cap = redsem__ctx_cap(t->ctx);
-    int64_t deadline = redsem__deadline_after_ms(t->cfg.connect_timeout_ms);
-    if (cap != 0 && cap < deadline)
-        deadline = cap;
-    t->refreshed_ns = redsem__now_ns();
-    /* the seeds join the known nodes (as nodes: a seed is usually a primary); a lane that
-     * knows no node yet starts with the seed that gave another lane the map */
-    if (t->nnodes == 0 && t->seed_first != NULL && t->given.nhosts > 0)
-        t->first = atomic_load_explicit(t->seed_first, memory_order_relaxed) % t->given.nhosts;
-    for (size_t i = 0; i < t->given.nhosts; i++) {
-        size_t idx;
-        int rc = node_at(t, t->given.hosts[i].host, t->given.hosts[i].port, NULL, NULL, &idx);
-        if (rc != REDSEM_OK) {
-            snprintf(err, errlen, "%.200s", t->ctx->errmsg);
-            return rc;
-        }
-    }
-    bool in_map[REDSEM__CLUSTER_NODES_MAX];
-    mapped(t, NULL, in_map);
-    size_t order[REDSEM__CLUSTER_NODES_MAX], m = 0, count = t->nnodes;
-    for (int pass = 0; pass < 4; pass++)
-        for (size_t k = 0; k < count; k++) {
-            size_t i = (t->first + k) % count;
-            redsem__node *n = t->nodes[i];
-            if (n == NULL)
-                continue;
-            int p = n == avoid ? 3 : cn(n)->failed_ns != 0 ? 2 : in_map[i] ? 0 : 1;
-            if (p == pass)
-                order[m++] = i;
-        }
-    int worst = REDSEM_ECONN;
-    char why[512] = "", one[256];
-    int rc = REDSEM_ECONN;
-    for (size_t j = 0; j < m; j++) {
-        size_t i = order[j];
-        redsem__node *n = t->nodes[i];
-        if (n == NULL)
-            continue; /* dropped by a map that failed half-read (a full table) */
-        int64_t now = redsem__now_ns();
-        if (now >= deadline)
-            break;
-        int64_t share = (deadline - now) / (int64_t)(m - j);
-        if (share < 100 * REDSEM__NS_PER_MS)
-            share = 100 * REDSEM__NS_PER_MS; /* a round trip's worth, even over a WAN */
-        int64_t dl = deadline - now > share ? now + share : deadline;
-        t->ctx->deadline_cap_ns = dl; /* bounds the connect too */
-        rc = ask_map(t, n, dl, one, sizeof one);
-        t->ctx->deadline_cap_ns = saved_cap;
-        if (rc == REDSEM_OK) {
-            t->first = i;
-            for (size_t s = 0; s < t->given.nhosts && t->seed_first != NULL; s++)
-                if (t->given.hosts[s].port == n->ep.port &&
-                    strcmp(t->given.hosts[s].host, n->ep.host) == 0)
-                    atomic_store_explicit(t->seed_first, s, memory_order_relaxed);
-            break;
-        }
-        if (rc == REDSEM_ENOMEM)
-            break;
-        if (severity(rc) > severity(worst))
-            worst = rc;
-        size_t l = strlen(why);
-        snprintf(why + l, sizeof why - l, "%s%s", l ? "; " : "", one);
-    }
-    if (rc == REDSEM_OK || rc == REDSEM_ENOMEM)
-        return rc;
-    snprintf(err, errlen, "no cluster node gave the slot map: %s",
-             why[0] ? why : "none could be asked before the deadline");
-    return worst;
-}
-
-int redsem__cluster_connect(redsem__topo *t, char *err, size_t errlen)
-{
-    return refresh(t, NULL, err, errlen);
-}
-
-/* Re-read the map (avoid last) unless that was done less than REDSEM__CLUSTER_REFRESH_MS
- * ago. A failure leaves the old map (the caller's retries find out). */
-static void refresh_soon(redsem__topo *t, const redsem__node *avoid)
-{
-    if (redsem__now_ns() - t->refreshed_ns < REDSEM__CLUSTER_REFRESH_MS * REDSEM__NS_PER_MS)
-        return;
-    char saved[sizeof t->ctx->errmsg], err[512];
-    memcpy(saved, t->ctx->errmsg, sizeof saved);
-    (void)refresh(t, avoid, err, sizeof err);
-    memcpy(t->ctx->errmsg, saved, sizeof saved);
-}
-
 /* ================================================================ routing */
 
 #define REDSEM__CLUSTER_HOPS_MAX 16
@@ -471,94 +342,3 @@ int redsem__cluster_redirected(redsem__topo *t, const redsem__redirect *d, int *
     return REDSEM_OK;
 }
 
-int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flags,
-                          redsem__req_info *info, redsem__node_call call, void *arg)
-{
-    int slot = key != NULL ? redsem__key_slot(key, len) : -1;
-    redsem__node *next = NULL; /* the node a redirection named, for the next try only */
-    bool asking = false, maybe_applied = false, timed_out = false;
-    int64_t retry_until = 0, backoff = 5 * REDSEM__NS_PER_MS;
-    /* no node is held here yet: drop the ones that left the map, once they are idle */
-    int64_t start = redsem__now_ns();
-    if (t->sweep_due && start - t->swept_ns >= REDSEM__CLUSTER_DROP_MS * REDSEM__NS_PER_MS) {
-        t->swept_ns = start;
-        t->sweep_due = sweep(t, NULL, NULL, false) > 0;
-    }
-    for (int hops = 0;;) {
-        redsem__node *n = next != NULL ? next : slot_node(t, slot);
-        int rc;
-        if (n == NULL) {
-            refresh_soon(t, NULL);
-            n = slot_node(t, slot);
-        }
-        if (n == NULL) {
-            rc = redsem__ctx_err(t->ctx, REDSEM_ESERVER, "no cluster node serves hash slot %d",
-                                 slot);
-        } else if (timed_out && next == NULL && cn(n)->silent_ns != 0 &&
-                   redsem__now_ns() - cn(n)->silent_ns <
-                       t->cfg.command_timeout_ms * REDSEM__NS_PER_MS) {
-            /* This call timed out, and the map still names a node that timed out less than a
-             * command timeout ago: the cluster has not failed it over yet (that takes
-             * cluster-node-timeout and an election). Read the map again (rate-limited)
-             * rather than wait out another timeout there; send to it again after that. */
-            refresh_soon(t, n);
-            rc = REDSEM_ETIMEDOUT; /* the timeout's text stays in errmsg */
-        } else {
-            n->asking = asking;
-            cn(n)->used_ns = redsem__now_ns();
-            rc = call(n, arg);
-            n->asking = false;
-            cn(n)->failed_ns = rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT ? redsem__now_ns() : 0;
-            cn(n)->silent_ns = rc == REDSEM_ETIMEDOUT ? cn(n)->failed_ns : 0;
-            timed_out = timed_out || rc == REDSEM_ETIMEDOUT;
-            if (info != NULL) {
-                maybe_applied = maybe_applied || info->maybe_applied;
-                info->maybe_applied = maybe_applied;
-            }
-            next = NULL;
-            asking = false;
-            if (rc == REDSEM__EREDIRECT) {
-                redsem__redirect d = n->redirect;
-                bool again = false;
-                size_t idx;
-                rc = redsem__cluster_redirected(t, &d, &hops, &idx, &asking, &again);
-                if (again)
-                    refresh_soon(t, NULL); /* more slots have likely moved with it */
-                if (rc == REDSEM_OK && d.kind == REDSEM__REDIR_MOVED)
-                    t->slots[d.slot] = (uint16_t)(idx + 1);
-                if (rc == REDSEM_OK) {
-                    next = t->nodes[idx]; /* where the node said, whatever the map says */
-                    continue;
-                }
-                if (rc != REDSEM_ESERVER)
-                    return rc;
-            } else if (rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) {
-                /* The node did not answer: refused or reset (a process gone), or timed out
-                 * connecting or waiting for the reply (a host down, a partition, a stopped
-                 * process). A failover may have moved its slots: re-read the map, asking the
-                 * other nodes first. A request that timed out may have run (info's
-                 * maybe_applied): resent only if it is idempotent. */
-                refresh_soon(t, n);
-                if (!(flags & REDSEM__REQ_RETRY))
-                    return rc;
-            } else
-                return rc;
-        }
-        /* nothing ran (a redirection or refusal), or with REDSEM__REQ_RETRY running it again
-         * is safe: retry within the window */
-        if (t->cfg.retry_ms == 0)
-            return rc;
-        int64_t now = redsem__now_ns();
-        if (retry_until == 0)
-            retry_until =
-                redsem__ctx_retry_until(t->ctx, now + t->cfg.retry_ms * REDSEM__NS_PER_MS);
-        if (now >= retry_until)
-            return rc;
-        int64_t nap = redsem__rand_between(backoff / 2, backoff);
-        if (nap > retry_until - now)
-            nap = retry_until - now;
-        redsem__sleep_ns(nap);
-        backoff = backoff * 2 > 100 * REDSEM__NS_PER_MS ? 100 * REDSEM__NS_PER_MS : backoff * 2;
-        REDSEM__COUNT(t->ctx, retries, 1);
-    }
-}

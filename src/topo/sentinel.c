@@ -599,6 +599,32 @@ static bool moved_check(void *topo, redsem__node *n, bool subscribe, char *err, 
     return moved;
 }
 
+void redsem__sentinel_keep(redsem__topo *t, redsem__node *n)
+{
+    redsem__sentinel_watch *w = t->watch;
+    if (w == NULL)
+        return;
+    int64_t now = redsem__now_ns();
+    pthread_mutex_lock(&w->mu);
+    pump(t, w);
+    bool go = w->sub == NULL && !w->subscribing && now >= w->retry_ns;
+    size_t first = w->first;
+    w->subscribing = w->subscribing || go;
+    pthread_mutex_unlock(&w->mu);
+    if (!go)
+        return;
+    char *host = NULL, why[512];
+    int port = 0;
+    size_t which = 0;
+    redsem__conn *keep = NULL;
+    int rc = ask_all(t, n, first, now + n->connect_timeout_ms * REDSEM__NS_PER_MS, &host, &port,
+                     &which, &keep, why, sizeof why);
+    pthread_mutex_lock(&w->mu);
+    subscribed(t, w, rc, host, port, which, keep);
+    pthread_mutex_unlock(&w->mu);
+    redsem__free(host);
+}
+
 bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errlen)
 {
     return moved_check(topo, n, true, err, errlen);

@@ -43,17 +43,6 @@ void redsem__topo_close(redsem__topo *t)
     redsem__endpoint_clear(&t->given);
 }
 
-void redsem__topo_disconnect(redsem__topo *t)
-{
-    if (t->kind == REDSEM__TOPO_CLUSTER)
-        for (size_t i = 0; i < t->nnodes; i++) {
-            if (t->nodes[i] != NULL) /* NULL: a dropped node's entry */
-                redsem__node_disconnect(t->nodes[i]);
-        }
-    else
-        redsem__node_disconnect(&t->single);
-}
-
 redsem__node *redsem__topo_node(redsem__topo *t, const char *key, size_t len)
 {
     if (t->kind == REDSEM__TOPO_CLUSTER)
@@ -61,18 +50,3 @@ redsem__node *redsem__topo_node(redsem__topo *t, const char *key, size_t len)
     return &t->single;
 }
 
-int redsem__topo_route(redsem__topo *t, const char *key, size_t len, int flags,
-                       redsem__req_info *info, redsem__node_call call, void *arg)
-{
-    if (t->kind == REDSEM__TOPO_CLUSTER)
-        return redsem__cluster_route(t, key, len, flags, info, call, arg);
-    return call(&t->single, arg);
-}
-
-int redsem__topo_connect(redsem__topo *t, char *err, size_t errlen)
-{
-    if (t->kind == REDSEM__TOPO_CLUSTER)
-        return redsem__cluster_connect(t, err, errlen);
-    bool retryable;
-    return redsem__node_connect(&t->single, &retryable, err, errlen);
-}

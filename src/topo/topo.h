@@ -13,7 +13,7 @@ enum { REDSEM__TOPO_SINGLE = 1, REDSEM__TOPO_SENTINEL = 2, REDSEM__TOPO_CLUSTER 
 
 #define REDSEM__SLOTS 16384
 /* CLUSTER: the nodes a lane's topology holds at once (primaries of the map, seeds, nodes in
- * use); a node that left the map is dropped (redsem__cluster_route), so addresses may change
+ * use); a node that left the map is dropped (redsem__cluster_sweep), so addresses may change
  * any number of times over a client's life. */
 #define REDSEM__CLUSTER_NODES_MAX 256
 /* CLUSTER: a node out of the slot map (an old address, a demoted primary, an ASK target) that
@@ -39,7 +39,7 @@ typedef struct redsem__topo {
      * first nnodes are used, NULL marking a dropped node's free entry (indices never move);
      * slots[s] is 1 + the index in nodes of the primary serving slot s, 0 if not known. The
      * topology belongs to one lane, used by one thread at a time: a node pointer is only
-     * held within one call (redsem__cluster_route, a caller of redsem__topo_node). */
+     * held within one call or step of the engine that owns the topology. */
     redsem__node_cfg cfg;
     redsem__node **nodes;
     size_t nnodes;
@@ -53,30 +53,14 @@ typedef struct redsem__topo {
     bool sweep_due;       /* a node was added or the map changed since */
 } redsem__topo;
 
-/* One request on one node (a node_eval, node_request or node_blpop with its arguments). */
-typedef int (*redsem__node_call)(redsem__node *n, void *arg);
 
 /* Set up the topology of ep without connecting. REDSEM_OK, EINVAL or ENOMEM (reason in err). */
 int redsem__topo_init(redsem__topo *t, redsem__ctx *ctx, const redsem__endpoint *ep,
                       const redsem__node_cfg *cfg, char *err, size_t errlen);
 void redsem__topo_close(redsem__topo *t);
-/* Close every node's connection (kept: addresses, slot map, script caches): the next request
- * to each connects anew. */
-void redsem__topo_disconnect(redsem__topo *t);
 /* The node that serves key (len bytes) as far as the topology knows now; key may be NULL for
  * a call that names no key. NULL only in a cluster whose map has no owner for its slot. */
 redsem__node *redsem__topo_node(redsem__topo *t, const char *key, size_t len);
-/* Run call on the node serving key. In a cluster, follow its answers: MOVED (update the map,
- * re-read it at most every REDSEM__CLUSTER_REFRESH_MS, retry there), ASK (the same call with
- * ASKING on the named node, once), TRYAGAIN / CLUSTERDOWN (re-read the map, back off with
- * jitter and retry within the retry window and the context's deadline cap), and a node that
- * does not answer, refused, reset or timed out (re-read the map from the other nodes first;
- * with REDSEM__REQ_RETRY only, retry the same way). info (may be NULL) is the one call fills; its
- * maybe_applied stays set once any try set it. Returns call's code; never REDSEM__EREDIRECT. */
-int redsem__topo_route(redsem__topo *t, const char *key, size_t len, int flags,
-                       redsem__req_info *info, redsem__node_call call, void *arg);
-/* Connect to the topology (the first node) now: client creation fails early and clearly. */
-int redsem__topo_connect(redsem__topo *t, char *err, size_t errlen);
 
 /* sentinel.c: the primary's address into n->ep (the node's resolve hook): the watch's, while
  * it is subscribed (no round trip); else the Sentinels of t are asked in turn, and the first
@@ -92,6 +76,12 @@ int redsem__sentinel_resolve(void *topo, redsem__node *n, int64_t deadline_ns, c
  * whether the primary moved away from n's address (err says where to). Thread-safe (the
  * watch's mutex). */
 bool redsem__sentinel_moved(void *topo, redsem__node *n, char *err, size_t errlen);
+/* sentinel.c: take the watch's subscription if it has none (lost, or never made), at most
+ * every second: the Sentinels of t asked in turn as a resolve asks them, blocking the
+ * calling thread up to n's connect timeout; nothing when it is up (one lock, a read of what
+ * arrived). The blocking driver calls it before a call of a Sentinel client, outside the
+ * engine's lock (drive_sync.c); the engine itself only reads the watch. */
+void redsem__sentinel_keep(redsem__topo *t, redsem__node *n);
 
 /* sentinel.c, shared by the blocking resolve and the loop's question (sentinel_loop.c):
  * the non-blocking reads of the watch: redsem__sentinel_watched is the resolve's first part
@@ -187,11 +177,6 @@ int redsem__key_slot(const char *key, size_t len);
 /* Set up a cluster topology from ep's seeds, without connecting. */
 int redsem__cluster_init(redsem__topo *t, const redsem__endpoint *ep, const redsem__node_cfg *cfg,
                          char *err, size_t errlen);
-/* Read the slot map (CLUSTER SLOTS) from the seeds in turn, within the connect timeout, each
- * seed given a share of it (one that hangs does not keep the others from being asked).
- * REDSEM_OK; REDSEM_ECONN (no seed answered); REDSEM_EINVAL (a seed is not in cluster mode);
- * REDSEM_EPERM; REDSEM_ESERVER (the cluster serves no slot); REDSEM_ENOMEM. */
-int redsem__cluster_connect(redsem__topo *t, char *err, size_t errlen);
 /* Replace the slot map by a CLUSTER SLOTS reply r (not freed) that node asked (a node of t:
  * its host stands for an empty one) gave; nodes are made for new addresses, and nodes out of
  * the map dropped if the table is full. REDSEM_OK; REDSEM_EPROTO (a malformed reply, the map
@@ -205,7 +190,7 @@ int redsem__cluster_read_map(redsem__topo *t, redsem__node *asked, const struct 
  * table full of nodes in use), with the reason in t's context. */
 int redsem__cluster_node_at(redsem__topo *t, const char *host, int port, size_t *ret_index);
 /* Judge a redirection d a node of t gave a call (its REDSEM__EREDIRECT), as every routed
- * path does (redsem__cluster_route, and the loop engine's, drive_loop.c): REDSEM_OK: send
+ * call does (the engine's, drive_loop.c): REDSEM_OK: send
  * the call to t->nodes[*ret_index] now, with ASKING first if *asking (an ASK); for a MOVED
  * the map's entry for d->slot points there (set it again after a refresh); *hops counts the
  * redirections of the call (start at 0). REDSEM_ESERVER: nothing ran and nowhere to go yet
@@ -214,11 +199,15 @@ int redsem__cluster_node_at(redsem__topo *t, const char *host, int port, size_t 
  * map should be read again (rate-limited by the caller). Counts stats.redirects. */
 int redsem__cluster_redirected(redsem__topo *t, const redsem__redirect *d, int *hops,
                                size_t *ret_index, bool *asking, bool *refresh);
+/* The engine's part of the table's upkeep (drive_loop.c): touch marks node i used now (a
+ * call goes to it); sweep drops the nodes out of the map idle for REDSEM__CLUSTER_DROP_MS
+ * (not the seeds), at most every REDSEM__CLUSTER_DROP_MS, and says whether it looked (then
+ * the caller closes what it held of the nodes now NULL). */
+void redsem__cluster_touch(redsem__topo *t, size_t i);
+bool redsem__cluster_sweep(redsem__topo *t);
 /* The nodes t holds now (not NULL entries). */
 size_t redsem__cluster_live_nodes(const redsem__topo *t);
 void redsem__cluster_close(redsem__topo *t);
 redsem__node *redsem__cluster_node(redsem__topo *t, const char *key, size_t len);
-int redsem__cluster_route(redsem__topo *t, const char *key, size_t len, int flags,
-                          redsem__req_info *info, redsem__node_call call, void *arg);
 
 #endif /* REDSEM_TOPO_H */

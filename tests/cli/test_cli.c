@@ -438,7 +438,8 @@ Test(cli, tls_messages_name_the_flags)
 }
 
 /* What a server says is printed without its control bytes: a listener that answers every
- * request with an error full of terminal escape sequences. */
+ * request with an error full of terminal escape sequences (one per command read: a client
+ * sends its connect's commands in one write). */
 static void *hostile_server(void *arg)
 {
     int lfd = *(int *)arg;
@@ -448,9 +449,12 @@ static void *hostile_server(void *arg)
             break;
         char buf[4096];
         static const char reply[] = "-ERR \x1b]0;owned\x07\x1b[2J\x9b" "31mred\r\n";
-        while (read(fd, buf, sizeof buf) > 0)
-            if (write(fd, reply, sizeof reply - 1) < 0)
-                break;
+        ssize_t n;
+        bool ok = true;
+        while (ok && (n = read(fd, buf, sizeof buf)) > 0)
+            for (ssize_t k = 0; ok && k < n; k++) /* a command: "*" at a line's start */
+                if (buf[k] == '*' && (k == 0 || buf[k - 1] == '\n'))
+                    ok = write(fd, reply, sizeof reply - 1) > 0;
         close(fd);
     }
     return NULL;
