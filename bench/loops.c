@@ -14,13 +14,18 @@
  *   grants/s    grants from the start to the last completion;
  *   max held    per semaphore, a permit counted as held from its grant callback until its
  *               release is requested; above L is a SAFETY VIOLATION (exit status 2);
- *   hand-off    per semaphore a FIFO of free permits: L at the start, one pushed (with its
- *               time) when a release is requested; a grant pops one, and a grant whose
- *               acquire began when none was free (the FIFO empty: it had to wait for a
- *               release) records grant - that release as a hand-off. An acquire that began
- *               while a permit was free records none: its time is client-side queueing (the
- *               acquire's own figure), not a hand-off; "hand n" says how many were recorded
- *               (with no hold, few: the semaphores are rarely full);
+ *   hand-off    per semaphore, the permits neither held nor taken by an acquire under way
+ *               (L at the start): an acquire that begins while one is free takes it (it
+ *               need not wait: its time is client-side queueing, the acquire's own figure,
+ *               not a hand-off); one that begins when none is free waits. A release
+ *               requested while acquires wait (more than the releases already queued for
+ *               them) queues its time for them, else its permit is free again; a waiting
+ *               acquire's grant takes the oldest release queued and records grant - that
+ *               release as a hand-off (basic: a waiter that barges ahead takes the oldest
+ *               one too). "hand n" says how many were recorded (with no hold, few: the
+ *               semaphores are rarely full). (Before 0.7 a grant took a free permit only
+ *               when it came, so an acquire begun before the grant of a release's earlier
+ *               waiter seemed not to wait: few hand-offs were recorded, none for fair);
  *   acquire     from the acquire's start to its grant callback;
  *   max gap     the longest time between two consecutive callbacks (redsem's or the hold
  *               timers') while loops still start (until --duration): how long the loop went
@@ -56,7 +61,9 @@ struct lrun;
 typedef struct lsem {
     redsem_sem *sem;
     int held, max_held;
-    int64_t *free_t; /* ring of the times permits became free (0: free at the start) */
+    int free;        /* permits neither held nor taken by an acquire under way */
+    int waiting;     /* acquires begun when none was free, not granted yet */
+    int64_t *rel_t;  /* ring of the times of the releases queued for those acquires */
     size_t head, count, cap;
 } lsem;
 
@@ -141,10 +148,10 @@ static void release_now(lloop *l)
     lrun *r = l->run;
     lsem *s = &r->sems[l->sem];
     s->held--;
-    if (s->count < s->cap) {
-        s->free_t[(s->head + s->count) % s->cap] = bench_now_ns();
-        s->count++;
-    }
+    if ((size_t)s->waiting > s->count && s->count < s->cap)
+        s->rel_t[(s->head + s->count++) % s->cap] = bench_now_ns(); /* for a waiter */
+    else
+        s->free++;
     if (r->q != NULL) { /* a thread of the bench starts it */
         pthread_mutex_lock(&r->qmu);
         r->q[(r->qhead + r->qlen++) % r->qcap] = l;
@@ -198,25 +205,36 @@ static void acquired(redsem_async *a, const redsem_result *res, void *user)
     lloop *l = user;
     lrun *r = l->run;
     tick(r);
+    lsem *s = &r->sems[l->sem];
     if (res->rc != REDSEM_OK) {
         if (r->errors++ < 3)
             fprintf(stderr, "loops: acquire: %s (%s)\n", redsem_err_name(res->rc), res->errmsg);
+        if (l->waited)
+            s->waiting--;
+        if (!l->waited || s->count > (size_t)s->waiting) { /* its permit, or a release's */
+            if (l->waited) {
+                s->head = (s->head + 1) % s->cap;
+                s->count--;
+            }
+            s->free++;
+        }
         loop_start(l);
         return;
     }
     int64_t now = bench_now_ns();
-    lsem *s = &r->sems[l->sem];
     r->grants++;
     if (++s->held > s->max_held)
         s->max_held = s->held;
     if (s->held > (int)r->limit)
         r->violations++;
-    if (s->count > 0) {
-        int64_t t = s->free_t[s->head];
-        s->head = (s->head + 1) % s->cap;
-        s->count--;
-        if (t > 0 && l->waited && l->started_ns < t)
+    if (l->waited) {
+        s->waiting--;
+        if (s->count > 0) {
+            int64_t t = s->rel_t[s->head];
+            s->head = (s->head + 1) % s->cap;
+            s->count--;
             samples_add(&r->handoff, now - t);
+        }
     }
     samples_add(&r->acq, now - l->started_ns);
     l->permit = res->permit;
@@ -243,7 +261,12 @@ static void loop_start(lloop *l)
         return;
     }
     l->started_ns = now;
-    l->waited = r->sems[l->sem].count == 0;
+    lsem *s = &r->sems[l->sem];
+    l->waited = s->free == 0;
+    if (l->waited)
+        s->waiting++;
+    else
+        s->free--;
     int rc = redsem_sem_acquire_async(r->a, r->sems[l->sem].sem, 1, LOOPS_WAIT_MS, acquired, l,
                                       NULL);
     if (rc != REDSEM_OK) {
@@ -290,11 +313,11 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
         bench_handle h;
         check(bench_handle_open(c, kind, names[i], o->limit, LOOPS_LEASE_MS, &h), c, "open");
         r.sems[i].sem = h.sem;
-        r.sems[i].cap = o->limit + 1;
-        r.sems[i].free_t = calloc(r.sems[i].cap, sizeof *r.sems[i].free_t);
-        if (r.sems[i].free_t == NULL)
+        r.sems[i].cap = (size_t)nloops + 1; /* at most one release queued per waiter */
+        r.sems[i].rel_t = calloc(r.sems[i].cap, sizeof *r.sems[i].rel_t);
+        if (r.sems[i].rel_t == NULL)
             bench_die("loops: out of memory");
-        r.sems[i].count = o->limit; /* free at the start: time 0 */
+        r.sems[i].free = (int)o->limit;
         if (i == 0) {               /* the scripts loaded before the clock starts */
             redsem_permit *p = NULL;
             check(redsem_sem_acquire(h.sem, 5000, &p), c, "warm-up acquire");
@@ -358,7 +381,7 @@ static json_t *run_kind(bench_ctx *ctx, int kind)
         if (r.sems[i].max_held > max_held)
             max_held = r.sems[i].max_held;
         redsem_sem_free(r.sems[i].sem);
-        free(r.sems[i].free_t);
+        free(r.sems[i].rel_t);
         bench_cleanup(ctx, names[i]);
     }
     bench_pct ho = bench_percentiles(r.handoff.v, r.handoff.n);
