@@ -38,7 +38,8 @@ typedef enum op_state { ST_QUEUED, ST_RUNNING, ST_DONE } op_state;
 struct redsem_async;
 
 typedef struct op {
-    struct op *next; /* in the incoming, engine or done list */
+    struct op *next, *prev; /* in the incoming, engine or done list */
+    struct op_list *in;     /* that list, as pushed (NULL: none; not kept past done) */
     uint64_t id;
     op_kind kind;
     op_state state;
@@ -66,6 +67,7 @@ typedef struct op {
 typedef struct op_list {
     op *head, *tail;
 } op_list;
+
 
 struct redsem_async {
     redsem_client *c;
@@ -107,11 +109,13 @@ static _Thread_local redsem_async *acting;
 static void list_push(op_list *l, op *o)
 {
     o->next = NULL;
+    o->prev = l->tail;
     if (l->tail != NULL)
         l->tail->next = o;
     else
         l->head = o;
     l->tail = o;
+    o->in = l;
 }
 
 static op *list_pop(op_list *l)
@@ -119,29 +123,33 @@ static op *list_pop(op_list *l)
     op *o = l->head;
     if (o != NULL) {
         l->head = o->next;
-        if (l->head == NULL)
+        if (l->head != NULL)
+            l->head->prev = NULL;
+        else
             l->tail = NULL;
-        o->next = NULL;
+        o->next = o->prev = NULL;
+        o->in = NULL;
     }
     return o;
 }
 
+/* o out of l, in constant time (a loop's thousand operations end one by one); false if o
+ * is not in l. */
 static bool list_remove(op_list *l, op *o)
 {
-    op *prev = NULL;
-    for (op *x = l->head; x != NULL; prev = x, x = x->next) {
-        if (x != o)
-            continue;
-        if (prev != NULL)
-            prev->next = x->next;
-        else
-            l->head = x->next;
-        if (l->tail == x)
-            l->tail = prev;
-        x->next = NULL;
-        return true;
-    }
-    return false;
+    if (o->in != l)
+        return false;
+    if (o->prev != NULL)
+        o->prev->next = o->next;
+    else
+        l->head = o->next;
+    if (o->next != NULL)
+        o->next->prev = o->prev;
+    else
+        l->tail = o->prev;
+    o->next = o->prev = NULL;
+    o->in = NULL;
+    return true;
 }
 
 static op *list_find(const op_list *l, uint64_t id)
@@ -205,6 +213,8 @@ static int run_callbacks(redsem_async *a)
      * delivering (REDSEM_ESTATE) */
     if (a->delivering.tail != NULL) {
         a->delivering.tail->next = a->done.head;
+        if (a->done.head != NULL)
+            a->done.head->prev = a->delivering.tail;
         if (a->done.tail != NULL)
             a->delivering.tail = a->done.tail;
     } else {

@@ -99,7 +99,7 @@ struct loop_op {
     redsem__wake_grant *bare_grant;
     /* NULL: an acquire (s); else a single call, whose outcome this takes (redsem__loop_call) */
     redsem__loop_reply reply;
-    loop_op *next;
+    loop_op *next, *prev; /* in l->ops, newest first */
 };
 
 /* A wake_push.lua call sent for other clients' waiters: nobody waits for its reply. */
@@ -147,6 +147,10 @@ struct redsem__loop {
     loop_conn req;  /* the attempts, releases, drains and pushes */
     loop_conn wait; /* one BLPOP at a time on the waiters' lists (and ctl) */
     loop_op *ops;   /* under way */
+    /* No op's timer (wake_ns) is earlier than this: exact after a step (its last pass over
+     * the ops, run_all_due, finds none due and takes their earliest), lowered by each timer
+     * set since (wake_at); early, never late, after an op's timer moved later or went. */
+    int64_t wake_min;
     /* the BLPOP in flight: its request, the keys it watches (copies), whether it was poked */
     redsem__preq blpop;
     bool blpop_pending, blpop_replied, poked;
@@ -198,6 +202,36 @@ struct redsem__loop {
     int route_rc; /* why call_conn or node_conn found no connection (the text set) */
 };
 
+/* The list of ops under way, newest first: linked and unlinked in constant time (a loop's
+ * thousand acquires are freed one by one). */
+static void ops_link(redsem__loop *l, loop_op *o)
+{
+    o->prev = NULL;
+    o->next = l->ops;
+    if (l->ops != NULL)
+        l->ops->prev = o;
+    l->ops = o;
+}
+
+/* o's timer is at (not 0; 1: now): the engine's earliest is at most that. */
+static void wake_at(loop_op *o, int64_t at)
+{
+    o->wake_ns = at;
+    if (at < o->loop->wake_min)
+        o->loop->wake_min = at;
+}
+
+static void ops_unlink(redsem__loop *l, loop_op *o)
+{
+    if (o->prev != NULL)
+        o->prev->next = o->next;
+    else
+        l->ops = o->next;
+    if (o->next != NULL)
+        o->next->prev = o->prev;
+    o->next = o->prev = NULL;
+}
+
 static int cluster_new(redsem__loop *l, char *err, size_t errlen);
 static void cluster_free(redsem__loop *l);
 
@@ -222,6 +256,7 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret)
     if (l == NULL)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     l->c = c;
+    l->wake_min = REDSEM__FOREVER;
     char err[REDSEM__ERRMSG_LEN] = "";
     redsem__endpoint cep; /* a cluster's req and wait: its first seed, never opened */
     const redsem__endpoint *ep = &c->ep;
@@ -774,7 +809,7 @@ static void map_round_end(redsem__loop *l, int rc)
     }
     for (loop_op *o = l->ops; o != NULL; o = o->next)
         if ((o->mapwait && o->resend) || o->opening_map)
-            o->wake_ns = 1;
+            wake_at(o, 1);
 }
 
 /* The judgement of a map question's outcome q on node n (cluster.c's ask_map): REDSEM_OK
@@ -1033,6 +1068,7 @@ static bool pause_resend(loop_op *o)
     o->mapwait = false;
     if (!retry_pause(o->loop, &o->rw, o->call->cap_ns, &o->wake_ns))
         return false;
+    wake_at(o, o->wake_ns);
     o->resend = true;
     wait_set(o, false);
     return true;
@@ -1047,7 +1083,7 @@ static void give_up_late(loop_op *o, int64_t deadline_ns)
 {
     o->late = true;
     wait_set(o, false);
-    o->wake_ns = deadline_ns;
+    wake_at(o, deadline_ns);
 }
 
 /* A request with WAIT ended: the oldest op queued behind it is due (sent by run_due). */
@@ -1063,7 +1099,7 @@ static void sync_next(redsem__loop *l)
     n->sync_next = NULL;
     n->sync_turn = true;
     n->resend = true;
-    n->wake_ns = 1;
+    wake_at(n, 1);
 }
 
 static void acquire_end(loop_op *o, int rc);
@@ -1172,8 +1208,8 @@ static bool map_wait(loop_op *o)
         return pause_resend(o);
     o->resend = o->mapwait = true;
     wait_set(o, false);
-    o->wake_ns = now + 20 * REDSEM__NS_PER_MS < o->map_until ? now + 20 * REDSEM__NS_PER_MS
-                                                               : o->map_until;
+    wake_at(o, now + 20 * REDSEM__NS_PER_MS < o->map_until ? now + 20 * REDSEM__NS_PER_MS
+                                                            : o->map_until);
     return true;
 }
 
@@ -1414,11 +1450,7 @@ static void op_send(loop_op *o)
 static void op_free(loop_op *o)
 {
     wait_set(o, false);
-    for (loop_op **pp = &o->loop->ops; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == o) {
-            *pp = o->next;
-            break;
-        }
+    ops_unlink(o->loop, o);
     redsem__free(o);
 }
 
@@ -1454,10 +1486,9 @@ static void op_step(loop_op *o)
     }
     if (rc == REDSEM__NAP || rc == REDSEM__WAIT) {
         wait_set(o, rc == REDSEM__WAIT);
-        o->wake_ns = o->waiting ? redsem__now_ns() + o->s.wait_ms * REDSEM__NS_PER_MS
+        int64_t at = o->waiting ? redsem__now_ns() + o->s.wait_ms * REDSEM__NS_PER_MS
                                 : o->s.nap_until_ns;
-        if (o->waiting && o->s.cut_ns < o->wake_ns)
-            o->wake_ns = o->s.cut_ns;
+        wake_at(o, o->waiting && o->s.cut_ns < at ? o->s.cut_ns : at);
         if (o->waiting)
             pend_take(o->loop, o);
         return;
@@ -1476,8 +1507,7 @@ static loop_op *op_new(redsem__loop *l, redsem__loop_done done, void *arg)
     o->loop = l;
     o->done = done;
     o->arg = arg;
-    o->next = l->ops;
-    l->ops = o;
+    ops_link(l, o);
     return o;
 }
 
@@ -1541,9 +1571,8 @@ int redsem__loop_wait(redsem__loop *l, const char *key, const char *elem, int64_
     redsem__loop *outer = stepping;
     stepping = l;
     wait_set(o, true);
-    o->wake_ns = redsem__now_ns() + wait_ms * REDSEM__NS_PER_MS;
-    if (cut_ns < o->wake_ns)
-        o->wake_ns = cut_ns;
+    int64_t at = redsem__now_ns() + wait_ms * REDSEM__NS_PER_MS;
+    wake_at(o, cut_ns < at ? cut_ns : at);
     pend_take(l, o);
     stepping = outer;
     return REDSEM_OK;
@@ -1560,13 +1589,12 @@ size_t redsem__loop_waiting(const redsem__loop *l)
 /* The opens waiting for lc end (rc, its text err): called back, freed. */
 static void opens_end(redsem__loop *l, const loop_conn *lc, int rc, const char *err)
 {
-    for (loop_op **pp = &l->ops; *pp != NULL;) {
-        loop_op *o = *pp;
+    for (loop_op *prev = NULL, *o = l->ops; o != NULL; o = prev != NULL ? prev->next : l->ops) {
         if (o->opening != lc || lc == NULL) {
-            pp = &o->next;
+            prev = o;
             continue;
         }
-        *pp = o->next;
+        ops_unlink(l, o); /* the next is read again after the callback, from prev */
         (void)redsem__set_err(l->c, rc, "%s", err);
         o->done(o->arg, rc, NULL);
         redsem__free(o);
@@ -1582,7 +1610,7 @@ int redsem__loop_open(redsem__loop *l, redsem__loop_done done, void *arg)
     stepping = l;
     if (l->topo != NULL) { /* a cluster: a round of questions reads the map */
         o->opening_map = true;
-        o->wake_ns = redsem__now_ns() + l->c->connect_timeout_ms * REDSEM__NS_PER_MS;
+        wake_at(o, redsem__now_ns() + l->c->connect_timeout_ms * REDSEM__NS_PER_MS);
         l->topo->refreshed_ns = 0;
         map_ask(l, NULL);
     } else {
@@ -1621,7 +1649,7 @@ static void wake(loop_op *o)
 {
     REDSEM__COUNT(&o->loop->ctx, wakeups, 1);
     o->s.signaled = true;
-    o->wake_ns = 1;
+    wake_at(o, 1);
 }
 
 static void wait_done(redsem__preq *q, void *arg)
@@ -1677,7 +1705,7 @@ static void cut_waits(redsem__loop *l, bool fair)
 {
     for (loop_op *o = l->ops; o != NULL; o = o->next)
         if (o->waiting && (!fair || o->s.elem[0] != '\0'))
-            o->wake_ns = 1;
+            wake_at(o, 1);
 }
 
 /* A connection of the engine lost: lc, open with nothing in flight, may be cut too (a
@@ -1701,7 +1729,7 @@ static void fail_waits(redsem__loop *l, int rc, const char *why)
         if (o->waiting) {
             o->wait_rc = rc;
             snprintf(o->err, sizeof o->err, "%s", why[0] ? why : "connection lost");
-            o->wake_ns = 1;
+            wake_at(o, 1);
         }
 }
 
@@ -2050,13 +2078,10 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
         *deadline_ns = l->blpop_after;
     if (l->drain_at != 0 && l->drain_at < *deadline_ns)
         *deadline_ns = l->drain_at;
-    for (const loop_op *o = l->ops; o != NULL; o = o->next) {
-        int64_t at = o->wake_ns;
-        if (at != 0 && o->waiting && atomic_load(&o->cancel))
-            at = 1; /* cancelled while it waits: now */
-        if (at != 0 && at < *deadline_ns)
-            *deadline_ns = at;
-    }
+    /* the ops' timers; a cancel (another thread's, async.c) rings the loop, whose step runs
+     * the op (is_due) */
+    if (l->wake_min < *deadline_ns)
+        *deadline_ns = l->wake_min;
     return n;
 }
 
@@ -2131,10 +2156,14 @@ static void run_due(loop_op *o)
  * next round); whether any ran. An op run frees only itself, and new ones go to the head. */
 static bool run_all_due(redsem__loop *l)
 {
-    int64_t now = redsem__now_ns();
+    int64_t now = redsem__now_ns(), earliest = REDSEM__FOREVER;
     size_t n = 0;
-    for (const loop_op *o = l->ops; o != NULL; o = o->next)
+    for (const loop_op *o = l->ops; o != NULL; o = o->next) {
         n += is_due(o, now);
+        if (o->wake_ns != 0 && o->wake_ns < earliest)
+            earliest = o->wake_ns;
+    }
+    l->wake_min = earliest; /* those run below set theirs again (wake_at) */
     if (n == 0)
         return false;
     loop_op **v = redsem__malloc(n * sizeof *v);
@@ -2353,7 +2382,7 @@ void redsem__loop_free(redsem__loop *l)
     }
     while (l->ops != NULL) {
         loop_op *o = l->ops;
-        l->ops = o->next;
+        ops_unlink(l, o);
         wait_set(o, false);
         redsem__free(o);
     }
