@@ -607,8 +607,10 @@ static void loop_start(redsem_async *a, op *o)
     pthread_mutex_lock(&a->mu);
     if (o->state != ST_DONE) { /* under way: a cancel reaches it through the engine's flag */
         o->loop_cancel = cancel;
-        if (atomic_load(&o->cancel))
+        if (atomic_load(&o->cancel)) {
             atomic_store(cancel, true);
+            redsem__loop_cancelled(a->loop);
+        }
     }
     pthread_mutex_unlock(&a->mu);
     loop_sync(a);
@@ -684,8 +686,10 @@ static int loop_cancel(redsem_async *a, uint64_t id)
     if (!o->waits || o->state == ST_DONE)
         return REDSEM_ESTATE;
     atomic_store(&o->cancel, true);
-    if (o->loop_cancel != NULL) /* NULL: being started; loop_start passes the flag on */
+    if (o->loop_cancel != NULL) { /* NULL: being started; loop_start passes the flag on */
         atomic_store(o->loop_cancel, true);
+        redsem__loop_cancelled(a->loop);
+    }
     ring(a);
     return REDSEM_OK;
 }
@@ -704,8 +708,10 @@ static void loop_stop(redsem_async *a)
     for (op *o = a->looping.head; o != NULL; o = o->next)
         if (o->waits && o->state != ST_DONE) { /* a release goes on, and a try */
             atomic_store(&o->cancel, true);
-            if (o->loop_cancel != NULL)
+            if (o->loop_cancel != NULL) {
                 atomic_store(o->loop_cancel, true);
+                redsem__loop_cancelled(a->loop);
+            }
         }
     pthread_mutex_unlock(&a->mu);
     int64_t end = redsem__now_ns() + 2 * a->c->command_timeout_ms * REDSEM__NS_PER_MS;

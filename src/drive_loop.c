@@ -151,6 +151,10 @@ struct redsem__loop {
      * the ops, run_all_due, finds none due and takes their earliest), lowered by each timer
      * set since (wake_at); early, never late, after an op's timer moved later or went. */
     int64_t wake_min;
+    /* Since run_all_due last looked at every op: an op was replied, or another thread set an
+     * op's cancel flag (redsem__loop_cancelled). Neither, and no timer due: none is due. */
+    bool any_replied;
+    atomic_bool any_cancel;
     /* the BLPOP in flight: its request, the keys it watches (copies), whether it was poked */
     redsem__preq blpop;
     bool blpop_pending, blpop_replied, poked;
@@ -257,6 +261,7 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret)
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     l->c = c;
     l->wake_min = REDSEM__FOREVER;
+    atomic_init(&l->any_cancel, false);
     char err[REDSEM__ERRMSG_LEN] = "";
     redsem__endpoint cep; /* a cluster's req and wait: its first seed, never opened */
     const redsem__endpoint *ep = &c->ep;
@@ -428,6 +433,7 @@ static void conn_dialed(redsem__loop *l, loop_conn *lc)
     int64_t dl = redsem__now_ns() + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
     if (dl < lc->hsq.deadline_ns)
         lc->hsq.deadline_ns = dl;
+    redsem__pipe_retime(&lc->pipe);
     (void)redsem__pipe_step(&lc->pipe, false, false, redsem__now_ns()); /* writes it */
 }
 
@@ -569,6 +575,7 @@ static void conn_cap(loop_conn *lc, int64_t dl)
         lc->open_by = dl;
     if (lc->hsq.deadline_ns > dl)
         lc->hsq.deadline_ns = dl;
+    redsem__pipe_retime(&lc->pipe);
 }
 
 /* ---------------------------------------------------------------- a Cluster client's routing */
@@ -758,6 +765,7 @@ static void map_next_node(redsem__loop *l)
         conn_cap(lc, dl);
         if (l->mapq.deadline_ns > dl)
             l->mapq.deadline_ns = dl;
+        redsem__pipe_retime(&lc->pipe);
         l->map_pending = true;
         l->map_idx = idx;
         return;
@@ -1001,6 +1009,7 @@ static void op_done(redsem__preq *q, void *arg)
 {
     loop_op *o = arg;
     o->replied = true;
+    o->loop->any_replied = true;
     if (q->rc != REDSEM_OK) /* the pipe's text now: a new connection clears it */
         snprintf(o->err, sizeof o->err, "%s", o->lc->pipe.err);
 }
@@ -2085,6 +2094,11 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
     return n;
 }
 
+void redsem__loop_cancelled(redsem__loop *l)
+{
+    atomic_store(&l->any_cancel, true);
+}
+
 unsigned redsem__loop_generation(const redsem__loop *l)
 {
     loop_conn *lcs[REDSEM__LOOP_CONNS_MAX];
@@ -2157,6 +2171,10 @@ static void run_due(loop_op *o)
 static bool run_all_due(redsem__loop *l)
 {
     int64_t now = redsem__now_ns(), earliest = REDSEM__FOREVER;
+    if (!l->any_replied && l->wake_min > now && !atomic_load(&l->any_cancel))
+        return false; /* nothing due: no pass over a thousand ops */
+    l->any_replied = false;
+    atomic_store(&l->any_cancel, false);
     size_t n = 0;
     for (const loop_op *o = l->ops; o != NULL; o = o->next) {
         n += is_due(o, now);

@@ -13,6 +13,7 @@ void redsem__pipe_init(redsem__pipe *p, redsem__conn *conn)
 {
     memset(p, 0, sizeof *p);
     p->conn = conn;
+    p->dl_min = REDSEM__FOREVER;
 }
 
 int redsem__pipe_fd(const redsem__pipe *p)
@@ -47,6 +48,7 @@ void redsem__pipe_fail(redsem__pipe *p, int rc, const char *why)
         finish(q, rc, now);
     }
     p->tail = NULL;
+    p->dl_min = REDSEM__FOREVER;
 }
 
 void redsem__pipe_reset(redsem__pipe *p)
@@ -89,6 +91,8 @@ int redsem__pipe_send(redsem__pipe *p, redsem__preq *q, const char *bytes, size_
         p->head = q;
     p->tail = q;
     p->inflight++;
+    if (!redsem__pipe_held(p, q) && q->deadline_ns < p->dl_min)
+        p->dl_min = q->deadline_ns;
     return REDSEM_OK;
 }
 
@@ -101,6 +105,15 @@ void redsem__pipe_hold(redsem__pipe *p)
 void redsem__pipe_unhold(redsem__pipe *p)
 {
     p->held = false;
+    redsem__pipe_retime(p);
+}
+
+void redsem__pipe_retime(redsem__pipe *p)
+{
+    p->dl_min = REDSEM__FOREVER;
+    for (const redsem__preq *q = p->head; q != NULL && !redsem__pipe_held(p, q); q = q->next)
+        if (q->deadline_ns < p->dl_min)
+            p->dl_min = q->deadline_ns;
 }
 
 bool redsem__pipe_held(const redsem__pipe *p, const redsem__preq *q)
@@ -128,9 +141,7 @@ short redsem__pipe_wants(const redsem__pipe *p, int64_t *deadline_ns)
     *deadline_ns = REDSEM__FOREVER;
     if (p->rc != REDSEM_OK || p->head == NULL)
         return 0;
-    for (const redsem__preq *q = p->head; q != NULL && !redsem__pipe_held(p, q); q = q->next)
-        if (q->deadline_ns < *deadline_ns)
-            *deadline_ns = q->deadline_ns;
+    *deadline_ns = p->dl_min; /* early at worst: the step then takes the exact one */
     bool out = p->out_off < out_limit(p) || p->read_wants_out;
     return (short)(POLLIN | (out ? POLLOUT : 0));
 }
@@ -256,20 +267,19 @@ int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now
         rc = flush(p, now_ns);
     if (rc == REDSEM_OK && (readable || (writable && p->read_wants_out)))
         rc = consume(p, now_ns);
-    /* a deadline passed: what arrived meanwhile is read first (a reply that came while no
-     * driver read, or in the same instant, is not given up on) */
-    if (rc == REDSEM_OK && !readable && past_deadline(p, now_ns))
+    /* a deadline passed (dl_min, early at worst, says when one may have): what arrived
+     * meanwhile is read first (a reply that came while no driver read, or in the same
+     * instant, is not given up on) */
+    bool due = p->dl_min <= now_ns;
+    if (rc == REDSEM_OK && due && !readable && past_deadline(p, now_ns))
         rc = consume(p, now_ns);
     if (rc == REDSEM_OK) {
-        for (const redsem__preq *q = p->head; q != NULL && !redsem__pipe_held(p, q);
-             q = q->next)
-            if (q->deadline_ns <= now_ns) {
-                snprintf(p->err, sizeof p->err, "no reply from Redis within the deadline");
-                rc = REDSEM_ETIMEDOUT;
-                break;
-            }
-        if (rc == REDSEM_OK)
+        if (due)
+            redsem__pipe_retime(p); /* the exact earliest of those still in flight */
+        if (p->dl_min > now_ns)
             return REDSEM_OK;
+        snprintf(p->err, sizeof p->err, "no reply from Redis within the deadline");
+        rc = REDSEM_ETIMEDOUT;
     }
     char why[sizeof p->err];
     memcpy(why, p->err, sizeof why);

@@ -71,6 +71,10 @@ typedef struct redsem__pipe {
     /* held: the bytes after the stream offset hold_end wait (redsem__pipe_hold) */
     bool held;
     uint64_t hold_end;
+    /* No request in flight (not held) has an earlier deadline: lowered by each one queued,
+     * exact after redsem__pipe_retime (a step whose now reached it takes the exact one);
+     * early, never late, after replies took the earliest. */
+    int64_t dl_min;
     int rc;        /* REDSEM_OK, or the fault that ended the connection */
     char err[256]; /* why, when rc is not REDSEM_OK */
 } redsem__pipe;
@@ -94,6 +98,8 @@ short redsem__pipe_wants(const redsem__pipe *p, int64_t *deadline_ns);
  * or the connection broke. REDSEM_OK, or the fault (p->rc) after which the connection must
  * be dropped. */
 int redsem__pipe_step(redsem__pipe *p, bool readable, bool writable, int64_t now_ns);
+/* A request in flight had its deadline_ns moved: the pipe takes its earliest again. */
+void redsem__pipe_retime(redsem__pipe *p);
 /* Hold back what is queued from now on: its bytes are not written and its requests'
  * deadlines do not run (they are not "in flight" yet) until redsem__pipe_unhold. The loop
  * engine queues a connection's handshake, holds, and lets the requests queued while it opens
