@@ -18,7 +18,8 @@ extern "C" {
  * CLIENT SIDE. Every client records, with no round trip and no I/O, for each semaphore, lock
  * and rate limiter name it used (label kind: "semaphore", "lock" or "rate"):
  *   redsem_acquire_wait_seconds  histogram: from an acquire's call to its result (for the
- *                                event-loop API: from when its worker starts it), labelled
+ *                                event-loop API too: from its call, not from when the
+ *                                loop's report starts it), labelled
  *                                with its outcome: granted, busy (REDSEM_EBUSY: none free
  *                                within the timeout, or a try-acquire that found none),
  *                                timeout (REDSEM_ETIMEDOUT), cancelled (REDSEM_ECANCELED),
