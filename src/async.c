@@ -108,13 +108,7 @@ static _Thread_local redsem_async *acting;
 
 static void list_push(op_list *l, op *o)
 {
-    o->next = NULL;
-    o->prev = l->tail;
-    if (l->tail != NULL)
-        l->tail->next = o;
-    else
-        l->head = o;
-    l->tail = o;
+    REDSEM__LIST_APPEND(l, o);
     o->in = l;
 }
 
@@ -122,12 +116,7 @@ static op *list_pop(op_list *l)
 {
     op *o = l->head;
     if (o != NULL) {
-        l->head = o->next;
-        if (l->head != NULL)
-            l->head->prev = NULL;
-        else
-            l->tail = NULL;
-        o->next = o->prev = NULL;
+        REDSEM__LIST_UNLINK(l, o);
         o->in = NULL;
     }
     return o;
@@ -139,15 +128,7 @@ static bool list_remove(op_list *l, op *o)
 {
     if (o->in != l)
         return false;
-    if (o->prev != NULL)
-        o->prev->next = o->next;
-    else
-        l->head = o->next;
-    if (o->next != NULL)
-        o->next->prev = o->prev;
-    else
-        l->tail = o->prev;
-    o->next = o->prev = NULL;
+    REDSEM__LIST_UNLINK(l, o);
     o->in = NULL;
     return true;
 }

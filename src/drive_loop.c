@@ -146,7 +146,9 @@ struct redsem__loop {
     redsem__topo sent;
     loop_conn req;  /* the attempts, releases, drains and pushes */
     loop_conn wait; /* one BLPOP at a time on the waiters' lists (and ctl) */
-    loop_op *ops;   /* under way */
+    struct {
+        loop_op *head, *tail;
+    } ops; /* under way, newest first (constant-time unlink: a loop's thousand ops) */
     /* No op's timer (wake_ns) is earlier than this: exact after a step (its last pass over
      * the ops, run_all_due, finds none due and takes their earliest), lowered by each timer
      * set since (wake_at); early, never late, after an op's timer moved later or went. */
@@ -206,34 +208,12 @@ struct redsem__loop {
     int route_rc; /* why call_conn or node_conn found no connection (the text set) */
 };
 
-/* The list of ops under way, newest first: linked and unlinked in constant time (a loop's
- * thousand acquires are freed one by one). */
-static void ops_link(redsem__loop *l, loop_op *o)
-{
-    o->prev = NULL;
-    o->next = l->ops;
-    if (l->ops != NULL)
-        l->ops->prev = o;
-    l->ops = o;
-}
-
 /* o's timer is at (not 0; 1: now): the engine's earliest is at most that. */
 static void wake_at(loop_op *o, int64_t at)
 {
     o->wake_ns = at;
     if (at < o->loop->wake_min)
         o->loop->wake_min = at;
-}
-
-static void ops_unlink(redsem__loop *l, loop_op *o)
-{
-    if (o->prev != NULL)
-        o->prev->next = o->next;
-    else
-        l->ops = o->next;
-    if (o->next != NULL)
-        o->next->prev = o->prev;
-    o->next = o->prev = NULL;
 }
 
 static int cluster_new(redsem__loop *l, char *err, size_t errlen);
@@ -815,7 +795,7 @@ static void map_round_end(redsem__loop *l, int rc)
     } else {
         l->map_rc = REDSEM_OK;
     }
-    for (loop_op *o = l->ops; o != NULL; o = o->next)
+    for (loop_op *o = l->ops.head; o != NULL; o = o->next)
         if ((o->mapwait && o->resend) || o->opening_map)
             wake_at(o, 1);
 }
@@ -1459,7 +1439,7 @@ static void op_send(loop_op *o)
 static void op_free(loop_op *o)
 {
     wait_set(o, false);
-    ops_unlink(o->loop, o);
+    REDSEM__LIST_UNLINK(&o->loop->ops, o);
     redsem__free(o);
 }
 
@@ -1516,7 +1496,7 @@ static loop_op *op_new(redsem__loop *l, redsem__loop_done done, void *arg)
     o->loop = l;
     o->done = done;
     o->arg = arg;
-    ops_link(l, o);
+    REDSEM__LIST_PREPEND(&l->ops, o); /* newest first */
     return o;
 }
 
@@ -1590,7 +1570,7 @@ int redsem__loop_wait(redsem__loop *l, const char *key, const char *elem, int64_
 size_t redsem__loop_waiting(const redsem__loop *l)
 {
     size_t n = 0;
-    for (const loop_op *o = l->ops; o != NULL; o = o->next)
+    for (const loop_op *o = l->ops.head; o != NULL; o = o->next)
         n += o->waiting;
     return n;
 }
@@ -1598,12 +1578,13 @@ size_t redsem__loop_waiting(const redsem__loop *l)
 /* The opens waiting for lc end (rc, its text err): called back, freed. */
 static void opens_end(redsem__loop *l, const loop_conn *lc, int rc, const char *err)
 {
-    for (loop_op *prev = NULL, *o = l->ops; o != NULL; o = prev != NULL ? prev->next : l->ops) {
+    for (loop_op *prev = NULL, *o = l->ops.head; o != NULL;
+         o = prev != NULL ? prev->next : l->ops.head) {
         if (o->opening != lc || lc == NULL) {
             prev = o;
             continue;
         }
-        ops_unlink(l, o); /* the next is read again after the callback, from prev */
+        REDSEM__LIST_UNLINK(&l->ops, o); /* the next: read again after the callback */
         (void)redsem__set_err(l->c, rc, "%s", err);
         o->done(o->arg, rc, NULL);
         redsem__free(o);
@@ -1685,7 +1666,7 @@ static int wait_keys(const redsem__loop *l, const char **keys, int64_t *until)
 {
     int n = 0;
     *until = REDSEM__FOREVER;
-    for (const loop_op *o = l->ops; o != NULL; o = o->next) {
+    for (const loop_op *o = l->ops.head; o != NULL; o = o->next) {
         if (!o->waiting || o->s.wkey == NULL || o->s.keylen == 0)
             continue;
         if (o->wake_ns < *until)
@@ -1712,7 +1693,7 @@ static void send_own(redsem__loop *l, redsem__preq *q, redsem__call *call, bool 
  * fair) end now, not signaled: each goes back to its acquire loop and attempts at once. */
 static void cut_waits(redsem__loop *l, bool fair)
 {
-    for (loop_op *o = l->ops; o != NULL; o = o->next)
+    for (loop_op *o = l->ops.head; o != NULL; o = o->next)
         if (o->waiting && (!fair || o->s.elem[0] != '\0'))
             wake_at(o, 1);
 }
@@ -1734,7 +1715,7 @@ static void suspect_idle(redsem__loop *l, loop_conn *lc)
 static void fail_waits(redsem__loop *l, int rc, const char *why)
 {
     l->blpop_rw.until = 0;
-    for (loop_op *o = l->ops; o != NULL; o = o->next)
+    for (loop_op *o = l->ops.head; o != NULL; o = o->next)
         if (o->waiting) {
             o->wait_rc = rc;
             snprintf(o->err, sizeof o->err, "%s", why[0] ? why : "connection lost");
@@ -1912,7 +1893,7 @@ static void blpop_reply(redsem__loop *l)
         if (l->c->wake_bell != NULL && strcmp(key, l->c->wake_bell) == 0)
             send_drain(l);
         else
-            for (loop_op *o = l->ops; o != NULL; o = o->next)
+            for (loop_op *o = l->ops.head; o != NULL; o = o->next)
                 if (o->waiting && o->s.wkey != NULL && strcmp(o->s.wkey, key) == 0 &&
                     (oldest == NULL || o->s.since_ns < oldest->s.since_ns))
                     oldest = o;
@@ -2013,7 +1994,7 @@ static void drain_reply(redsem__loop *l)
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
         const redisReply *e = r->element[i];
         bool taken = false;
-        for (loop_op *o = l->ops; e->type == REDIS_REPLY_STRING && o != NULL; o = o->next)
+        for (loop_op *o = l->ops.head; e->type == REDIS_REPLY_STRING && o != NULL; o = o->next)
             if (o->waiting && elem_of(o, e->str, e->len)) {
                 size_t n = strlen(o->s.elem);
                 take_grant(o, e->str + n, e->len - n);
@@ -2176,7 +2157,7 @@ static bool run_all_due(redsem__loop *l)
     l->any_replied = false;
     atomic_store(&l->any_cancel, false);
     size_t n = 0;
-    for (const loop_op *o = l->ops; o != NULL; o = o->next) {
+    for (const loop_op *o = l->ops.head; o != NULL; o = o->next) {
         n += is_due(o, now);
         if (o->wake_ns != 0 && o->wake_ns < earliest)
             earliest = o->wake_ns;
@@ -2188,7 +2169,7 @@ static bool run_all_due(redsem__loop *l)
     if (v == NULL)
         return false; /* the next step tries again */
     size_t k = 0;
-    for (loop_op *o = l->ops; o != NULL && k < n; o = o->next)
+    for (loop_op *o = l->ops.head; o != NULL && k < n; o = o->next)
         if (is_due(o, now))
             v[k++] = o;
     for (size_t i = 0; i < k; i++)
@@ -2381,7 +2362,7 @@ size_t redsem__loop_inflight(const redsem__loop *l)
 size_t redsem__loop_pending(const redsem__loop *l)
 {
     size_t n = 0;
-    for (const loop_op *o = l->ops; o != NULL; o = o->next)
+    for (const loop_op *o = l->ops.head; o != NULL; o = o->next)
         n++;
     return n;
 }
@@ -2398,9 +2379,9 @@ void redsem__loop_free(redsem__loop *l)
         lcs[i]->state = LC_CLOSED;
         redsem__pipe_reset(&lcs[i]->pipe); /* requests end (ops: not called back) */
     }
-    while (l->ops != NULL) {
-        loop_op *o = l->ops;
-        ops_unlink(l, o);
+    while (l->ops.head != NULL) {
+        loop_op *o = l->ops.head;
+        REDSEM__LIST_UNLINK(&l->ops, o);
         wait_set(o, false);
         redsem__free(o);
     }

@@ -153,13 +153,7 @@ static void waker_give(redsem__sync *S, sync_waker *k)
 /* Under S->mu: w sleeps (on the list, oldest first), or not. */
 static void list_add(redsem__sync *S, sync_wait *w)
 {
-    w->next = NULL;
-    w->prev = S->tail;
-    if (S->tail != NULL)
-        S->tail->next = w;
-    else
-        S->head = w;
-    S->tail = w;
+    REDSEM__LIST_APPEND(S, w);
     w->listed = true;
 }
 
@@ -167,14 +161,7 @@ static void list_del(redsem__sync *S, sync_wait *w)
 {
     if (!w->listed)
         return;
-    if (w->prev != NULL)
-        w->prev->next = w->next;
-    else
-        S->head = w->next;
-    if (w->next != NULL)
-        w->next->prev = w->prev;
-    else
-        S->tail = w->prev;
+    REDSEM__LIST_UNLINK(S, w);
     w->listed = false;
 }
 

@@ -53,8 +53,8 @@ extern "C" {
 /** Opaque: one client's operations on one loop. Since: 0.4 */
 typedef struct redsem_async redsem_async;
 
-/** Kept for programs written for 0.4-0.6, whose event-loop API ran on at most this many
- * worker threads; the library starts none now and nothing reads it. Since: 0.4 */
+/** Kept for the API only: nothing reads it, and the event-loop API starts no thread
+ * (NEWS.md, 0.7.0, says what it was). Since: 0.4 */
 #define REDSEM_ASYNC_WORKERS_MAX 64
 
 /** What redsem_async_socket_fn asks the loop to watch (bits). */

@@ -333,9 +333,8 @@ REDSEM_API int redsem_options_set_retry_ms(redsem_options *options, int64_t ms);
  * redsem_options_set_max_connections - the most request connections to each Redis server
  * the client may open.
  *
- * An upper bound, kept for programs written for 0.4-0.6 (whose clients kept a pool of up to
- * n connections per server): since 0.7 a client opens one request connection per server
- * whatever n is, shared by all its threads with many requests in flight (counted in
+ * An upper bound, checked and kept: a client opens one request connection per server
+ * whatever n is (any n in range has the same effect), shared by all its threads with many requests in flight (counted in
  * redsem_client_stats.pipelined), and one wait connection for its blocking waiters (see
  * THREADS above). Automatic renewal sends on the same request connection.
  *
@@ -488,8 +487,8 @@ typedef struct redsem_client_stats {
                               Redis Cluster, after TRYAGAIN or CLUSTERDOWN) */
     uint64_t wakeups;      /* blocking waits ended by a wake-up signal */
     uint64_t redirects;    /* Redis Cluster MOVED and ASK replies followed (Since: 0.3) */
-    uint64_t pool_waits;   /* 0 since 0.7 (no pool: one request connection per server);
-                              kept for the ABI (Since: 0.4) */
+    uint64_t pool_waits;   /* always 0: a client has no pool of connections (one request
+                              connection per server); kept for the ABI (Since: 0.4) */
     uint64_t pipelined;    /* requests written while others (other threads', or other
                               operations' on a redsem_async's loop) were in flight on the
                               same connection (Since: 0.4) */

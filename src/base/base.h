@@ -90,4 +90,41 @@ static inline int64_t redsem__ctx_retry_until(redsem__ctx *ctx, int64_t until)
 int redsem__ctx_err(redsem__ctx *ctx, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* ---------------------------------------------------------------- intrusive lists */
+/* A list of any struct with members prev and next, kept by a struct l with members head and
+ * tail: added at either end and unlinked in constant time (the engine's ops, the event-loop
+ * API's operations, the sleeping threads of a blocking engine). o must be in l to unlink. */
+#define REDSEM__LIST_APPEND(l, o)                                                          \
+    do {                                                                                   \
+        (o)->next = NULL;                                                                  \
+        (o)->prev = (l)->tail;                                                             \
+        if ((l)->tail != NULL)                                                             \
+            (l)->tail->next = (o);                                                         \
+        else                                                                               \
+            (l)->head = (o);                                                               \
+        (l)->tail = (o);                                                                   \
+    } while (0)
+#define REDSEM__LIST_PREPEND(l, o)                                                         \
+    do {                                                                                   \
+        (o)->prev = NULL;                                                                  \
+        (o)->next = (l)->head;                                                             \
+        if ((l)->head != NULL)                                                             \
+            (l)->head->prev = (o);                                                         \
+        else                                                                               \
+            (l)->tail = (o);                                                               \
+        (l)->head = (o);                                                                   \
+    } while (0)
+#define REDSEM__LIST_UNLINK(l, o)                                                          \
+    do {                                                                                   \
+        if ((o)->prev != NULL)                                                             \
+            (o)->prev->next = (o)->next;                                                   \
+        else                                                                               \
+            (l)->head = (o)->next;                                                         \
+        if ((o)->next != NULL)                                                             \
+            (o)->next->prev = (o)->prev;                                                   \
+        else                                                                               \
+            (l)->tail = (o)->prev;                                                         \
+        (o)->next = (o)->prev = NULL;                                                      \
+    } while (0)
+
 #endif /* REDSEM_BASE_H */
