@@ -589,8 +589,7 @@ static void loop_start(redsem_async *a, op *o)
     if (o->state != ST_DONE) { /* under way: a cancel reaches it through the engine's flag */
         o->loop_cancel = cancel;
         if (atomic_load(&o->cancel)) {
-            atomic_store(cancel, true);
-            redsem__loop_cancelled(a->loop);
+            redsem__loop_cancel(a->loop, cancel);
         }
     }
     pthread_mutex_unlock(&a->mu);
@@ -668,8 +667,7 @@ static int loop_cancel(redsem_async *a, uint64_t id)
         return REDSEM_ESTATE;
     atomic_store(&o->cancel, true);
     if (o->loop_cancel != NULL) { /* NULL: being started; loop_start passes the flag on */
-        atomic_store(o->loop_cancel, true);
-        redsem__loop_cancelled(a->loop);
+        redsem__loop_cancel(a->loop, o->loop_cancel);
     }
     ring(a);
     return REDSEM_OK;
@@ -690,8 +688,7 @@ static void loop_stop(redsem_async *a)
         if (o->waits && o->state != ST_DONE) { /* a release goes on, and a try */
             atomic_store(&o->cancel, true);
             if (o->loop_cancel != NULL) {
-                atomic_store(o->loop_cancel, true);
-                redsem__loop_cancelled(a->loop);
+                redsem__loop_cancel(a->loop, o->loop_cancel);
             }
         }
     pthread_mutex_unlock(&a->mu);

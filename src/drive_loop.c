@@ -154,7 +154,7 @@ struct redsem__loop {
      * set since (wake_at); early, never late, after an op's timer moved later or went. */
     int64_t wake_min;
     /* Since run_all_due last looked at every op: an op was replied, or another thread set an
-     * op's cancel flag (redsem__loop_cancelled). Neither, and no timer due: none is due. */
+     * op's cancel flag (redsem__loop_cancel). Neither, and no timer due: none is due. */
     bool any_replied;
     atomic_bool any_cancel;
     /* the BLPOP in flight: its request, the keys it watches (copies), whether it was poked */
@@ -2075,8 +2075,9 @@ int redsem__loop_wants(const redsem__loop *l, redsem__loop_watch w[REDSEM__LOOP_
     return n;
 }
 
-void redsem__loop_cancelled(redsem__loop *l)
+void redsem__loop_cancel(redsem__loop *l, atomic_bool *cancel)
 {
+    atomic_store(cancel, true);
     atomic_store(&l->any_cancel, true);
 }
 

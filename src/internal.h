@@ -521,9 +521,10 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret);
 int redsem__loop_acquire(redsem__loop *l, const redsem__acquirer *q, const redsem__kind *kind,
                          const char *id, int64_t timeout_ms, int64_t lease_ms, int64_t since_ns,
                          redsem__loop_done done, void *arg, atomic_bool **ret_cancel);
-/* Another thread (or a callback) set the cancel flag an acquire's *ret_cancel points to: the
- * engine's next step looks at its ops (without this, it may see no op due). Any thread. */
-void redsem__loop_cancelled(redsem__loop *l);
+/* Cancel the acquire whose *ret_cancel is cancel: its flag is set, and the engine's next step
+ * looks at its ops (a step with no reply and no timer due looks at none). Any thread; the
+ * op's waiting ends at that step, so the caller has the loop step soon (async.c rings). */
+void redsem__loop_cancel(redsem__loop *l, atomic_bool *cancel);
 /* One call on the loop: a script call, or a command (call->script REDSEM__SCRIPT_NONE:
  * call->ka is the whole command; its first call->nkeys words after the name route it in a
  * cluster, none: any node). loop_call: build(arg, call) builds it in place, in the op;

@@ -157,8 +157,7 @@ STRATEGY_TEST(loop, a_cancelled_wait_ends_on_the_loop, .timeout = 60)
     for (int i = 0; i < 5; i++)
         turn(l, 10);
     cr_assert_not(o.done);
-    atomic_store(cancel, true);
-    redsem__loop_cancelled(l); /* as async.c does: the next step looks at the ops */
+    redsem__loop_cancel(l, cancel);
     run_until(l, &o, 1);
     cr_assert_eq(o.rc, REDSEM_ECANCELED, "%s", redsem_client_errmsg(c));
     cr_assert_eq(tf_waiters(s), 0, "the cancelled waiter is still queued");
