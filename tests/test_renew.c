@@ -439,19 +439,48 @@ Test(renew, forked_child_neither_renews_nor_releases_the_parents_permit, TO)
     redsem_client_free(c);
 }
 
+/* What the server's deadline zset gives the holder `id` of `name`, less the server's TIME: the
+ * lease it has left as the server sees it (ms), or INT64_MIN. */
+static int64_t server_left_ms(redsem_strategy s, const char *name, const char *id)
+{
+    char key[256], out[64];
+    snprintf(key, sizeof key, "redsem:{%s}:%s", name,
+             s == REDSEM_STRATEGY_BASIC ? "holders" : "timeouts");
+    const char *script = "local t = redis.call('TIME') "
+                         "local d = redis.call('ZSCORE', KEYS[1], ARGV[1]) "
+                         "if not d then return -1000000 end "
+                         "return tonumber(d) - (t[1] * 1000 + math.floor(t[2] / 1000))";
+    if (ts_command(tf_server(), out, sizeof out, "EVAL", script, "1", key, id, NULL) != 0)
+        return INT64_MIN;
+    return strtoll(out, NULL, 10);
+}
+
 STRATEGY_TEST(renew, a_refresh_too_close_to_the_end_is_refused, TO)
 {
-    /* lease 600 ms: margin = 6 + 2 + 12 + 17 = 37 ms. A refresh arriving with 15 ms left is
-     * refused (it would arrive after the renewer told the holder its permit was lost). */
+    /* lease 600 ms: margin = 6 + 2 + 12 + 17 = 37 ms. A refresh arriving with less than that
+     * left on the server's clock is refused (it would arrive after the renewer told the
+     * holder its permit was lost). The time left is read from the server itself: the
+     * client's own validity is shorter by the drift and by however long the last refresh
+     * took to reach the server, which is unbounded on a loaded machine (CI once saw a
+     * refresh accepted because its validity had counted 15 ms that the server had not). */
+    const char *name = tf_name("late");
     redsem_client *c = tf_client();
     redsem_sem *s = NULL;
-    OK(c, redsem_sem_open(c, tf_name("late"), strategy, 1, 600, &s));
+    OK(c, redsem_sem_open(c, name, strategy, 1, 600, &s));
     redsem_permit *p = NULL;
     OK(c, redsem_sem_try_acquire(s, &p));
     OK(c, redsem_permit_refresh(p)); /* plenty left: fine */
-    while (redsem_permit_validity_ms(p) > 8 + 15 - 8) /* validity = lease - 8 */
-        tf_sleep_ms(1);
+    int64_t left = server_left_ms(strategy, name, redsem_permit_id(p));
+    cr_assert(left > 37 && left <= 600, "the server gives the refreshed lease %lld ms",
+              (long long)left);
+    /* sleep until 15 ms are left on the server's clock (the two clocks tick alike: one
+     * machine); a sleep that overruns leaves less, which must be refused all the same */
+    tf_sleep_ms(left - 15);
+    left = server_left_ms(strategy, name, redsem_permit_id(p));
+    cr_assert(left < 37, "%lld ms left after the sleep", (long long)left);
     EXPECT(c, REDSEM_ELOST, redsem_permit_refresh(p));
+    cr_assert(server_left_ms(strategy, name, redsem_permit_id(p)) < 37,
+              "a refused refresh extended the lease");
     redsem_permit_free(p);
     redsem_sem_free(s);
     redsem_client_free(c);
