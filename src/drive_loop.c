@@ -165,6 +165,9 @@ struct redsem__loop {
     redsem__preq drain; /* a drain of the client's id list after its bell popped */
     bool drain_pending, drain_replied;
     bool drain_again; /* the bell popped while a drain was in flight: drain once more */
+    /* the element the bell's BLPOP popped and woke its waiter with (bell_take), for the drain
+     * to drop its copy of (the id list holds the same text: grant_heads pushes to both) */
+    char *bell_taken;
     char ctl[128]; /* our control list: a push ends the BLPOP, to watch a new key */
     /* with sync_replicas: a request with WAIT is in flight (one at a time: WAIT holds the
      * connection on the server until its replicas answer or it times out, and what follows
@@ -1871,8 +1874,11 @@ static void wait_sync(redsem__loop *l)
     redisFreeCommand(cmd);
 }
 
+static void bell_take(redsem__loop *l, const redisReply *e);
+
 /* The BLPOP's reply: the oldest op waiting on the list popped is woken (the client's bell: the
- * fair waiters its id list names, once drained). A timeout or a fault wakes nobody. */
+ * waiter its element names at once, bell_take, and the fair waiters its id list names once
+ * drained). A timeout or a fault wakes nobody. */
 static void blpop_reply(redsem__loop *l)
 {
     redsem__preq *q = &l->blpop;
@@ -1890,9 +1896,10 @@ static void blpop_reply(redsem__loop *l)
         r->element[0]->type == REDIS_REPLY_STRING) {
         const char *key = r->element[0]->str;
         loop_op *oldest = NULL;
-        if (l->c->wake_bell != NULL && strcmp(key, l->c->wake_bell) == 0)
+        if (l->c->wake_bell != NULL && strcmp(key, l->c->wake_bell) == 0) {
+            bell_take(l, r->element[1]);
             send_drain(l);
-        else
+        } else
             for (loop_op *o = l->ops.head; o != NULL; o = o->next)
                 if (o->waiting && o->s.wkey != NULL && strcmp(o->s.wkey, key) == 0 &&
                     (oldest == NULL || o->s.since_ns < oldest->s.since_ns))
@@ -1969,6 +1976,45 @@ static void pend_take(redsem__loop *l, loop_op *o)
     }
 }
 
+/* The element e the bell popped (the oldest its id list had when the bell was empty: a copy)
+ * wakes the op waiting as it now, a round trip before the drain brings the same text, which
+ * the drain then drops (bell_taken). Unsafe it is not either way: a copy taken twice, by this
+ * wait or a later one of the same id, carries a token no greater than the fence that wait's
+ * attempt saw, and direct_grant (acquire.c) refuses it; the drop only spares a wake-up. */
+static void bell_take(redsem__loop *l, const redisReply *e)
+{
+    if (e == NULL || e->type != REDIS_REPLY_STRING)
+        return;
+    bool taken = false;
+    for (loop_op *o = l->ops.head; o != NULL; o = o->next)
+        if (o->waiting && elem_of(o, e->str, e->len)) {
+            size_t n = strlen(o->s.elem);
+            take_grant(o, e->str + n, e->len - n);
+            wake(o);
+            taken = true;
+        }
+    if (!taken)
+        return; /* the drain's copy wakes it, or keeps it for its next wait */
+    redsem__free(l->bell_taken);
+    l->bell_taken = redsem__malloc(e->len + 1);
+    if (l->bell_taken != NULL) {
+        memcpy(l->bell_taken, e->str, e->len);
+        l->bell_taken[e->len] = '\0';
+    }
+}
+
+/* Whether the drained element e is the copy of the one bell_take woke its waiter with (then
+ * forgotten: the token in it makes the text of one grant's element unique). */
+static bool bell_copy(redsem__loop *l, const redisReply *e)
+{
+    if (l->bell_taken == NULL || e->type != REDIS_REPLY_STRING ||
+        strlen(l->bell_taken) != e->len || memcmp(l->bell_taken, e->str, e->len) != 0)
+        return false;
+    redsem__free(l->bell_taken);
+    l->bell_taken = NULL;
+    return true;
+}
+
 /* The drain's reply: each element "<id> <meta>[ ...]" wakes the op waiting as it; one of a
  * waiter between two attempts is lost (its poll finds its grant). Full: drain again. */
 static void drain_reply(redsem__loop *l)
@@ -1993,8 +2039,9 @@ static void drain_reply(redsem__loop *l)
         atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], r->type != REDIS_REPLY_ERROR);
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
         const redisReply *e = r->element[i];
-        bool taken = false;
-        for (loop_op *o = l->ops.head; e->type == REDIS_REPLY_STRING && o != NULL; o = o->next)
+        bool copy = bell_copy(l, e), taken = copy;
+        for (loop_op *o = l->ops.head; !copy && e->type == REDIS_REPLY_STRING && o != NULL;
+             o = o->next)
             if (o->waiting && elem_of(o, e->str, e->len)) {
                 size_t n = strlen(o->s.elem);
                 take_grant(o, e->str + n, e->len - n);
@@ -2390,6 +2437,7 @@ void redsem__loop_free(redsem__loop *l)
         redsem__free(l->bkeys[i]);
     for (int i = 0; i < LOOP_PEND_MAX; i++)
         redsem__free(l->pend[i]);
+    redsem__free(l->bell_taken);
     cluster_free(l);
     for (int i = 0; i < 2; i++)
         redsem__node_close(&lcs[i]->node);

@@ -511,16 +511,29 @@ Test(loop, an_unblocked_blpop_cuts_the_waits_and_is_issued_again, .timeout = 60)
 
 /* A drain that ran but whose reply was lost with its connection (the server closes it: its
  * 300 elements of 200 bytes overflow a 1-byte output buffer limit), the fair waiter's element
- * among those it took: the element is gone from the server, so the engine ends the fair
- * waiters' waits at once, and the attempt finds its direct grant (with no wake-up to give,
- * it would be its poll's, 0.75-1 s later); the drain is sent again after the pause, on a
- * new connection (counted in retries and connects). */
-Test(loop, a_drain_lost_with_its_elements_lets_the_fair_waiters_attempt, .timeout = 60)
+ * among those it took.
+ * - foreign_bell: the bell popped an element of no waiter of ours, pushed (with another to
+ *   the id list, so that the release's grant_heads pushes to the id list only) before the
+ *   release. The waiter's element is only in the drain: gone from the server with it, so
+ *   the engine ends the fair waiters' waits at once, and the attempt finds its direct grant
+ *   (with no wake-up to give, it would be its poll's, 0.75-1 s later).
+ * - otherwise the bell popped the waiter's own element (a copy of the id list's first), which
+ *   wakes it with its direct grant at once, the drain's reply not awaited: lost, it costs
+ *   the waiter nothing.
+ * Either way the drain is sent again after the pause, on a new connection (counted in
+ * retries and connects). */
+static void drain_lost_with_elements(bool foreign_bell)
 {
     fair_wait w;
     fair_wait_start(&w);
-    OK(w.h, redsem_permit_release(w.held)); /* the bell: the BLPOP's reply, not read yet */
     char out[128] = "";
+    if (foreign_bell)
+        cr_assert_eq(ts_command(&w.srv, out, sizeof out, "EVAL",
+                                "redis.call('RPUSH', KEYS[1], 'x') "
+                                "return redis.call('RPUSH', KEYS[2], 'x')",
+                                "2", w.c->wake_ids, w.c->wake_bell, NULL),
+                     0, "%s", out);
+    OK(w.h, redsem_permit_release(w.held)); /* the bell: the BLPOP's reply, not read yet */
     cr_assert_eq(ts_command(&w.srv, out, sizeof out, "EVAL",
                             "for i=1,300 do redis.call('RPUSH', KEYS[1], string.rep('x', 200)) "
                             "end return 1",
@@ -536,7 +549,14 @@ Test(loop, a_drain_lost_with_its_elements_lets_the_fair_waiters_attempt, .timeou
     int64_t poll_ns = 0, t0 = tf_now_ms();
     (void)redsem__loop_wants(w.l, ws, &poll_ns);
     run_by_deadline(w.l, &w.o);
-    OK(w.c, redsem_client_get_stats(w.c, &st1));
+    /* the lost drain and its new connection (a turn after its pause sends it again): the
+     * waiter granted by the bell's element may have been done before either */
+    for (int i = 0; i < 200; i++) {
+        OK(w.c, redsem_client_get_stats(w.c, &st1));
+        if (st1.retries > st0.retries && st1.connects > st0.connects)
+            break;
+        turn(w.l, 50);
+    }
     /* granted before its poll was due (judged only if that was 300 ms away at least) */
     int64_t poll_ms = poll_ns / REDSEM__NS_PER_MS;
     cr_assert(poll_ms - t0 < 300 || w.o.at_ms < poll_ms,
@@ -545,10 +565,25 @@ Test(loop, a_drain_lost_with_its_elements_lets_the_fair_waiters_attempt, .timeou
     cr_assert_eq(ts_command(&w.srv, out, sizeof out, "CONFIG", "SET",
                             "client-output-buffer-limit", "normal 0 0 0", NULL),
                  0, "%s", out);
-    cr_assert_eq(st1.wakeups, st0.wakeups, "woken: the drain's reply was not lost");
+    if (foreign_bell) {
+        cr_assert_eq(st1.wakeups, st0.wakeups, "woken: the drain's reply was not lost");
+    } else {
+        cr_assert_eq(st1.wakeups - st0.wakeups, 1, "not woken by the bell's element alone");
+        cr_assert_eq(st1.direct_grants - st0.direct_grants, 1, "no direct grant");
+    }
     cr_assert_geq(st1.retries - st0.retries, 1, "the lost drain is not in the stats' retries");
     cr_assert_geq(st1.connects - st0.connects, 1, "the request connection was not made again");
     fair_wait_end(&w);
+}
+
+Test(loop, a_drain_lost_with_its_elements_lets_the_fair_waiters_attempt, .timeout = 60)
+{
+    drain_lost_with_elements(true);
+}
+
+Test(loop, the_bells_own_element_wakes_its_waiter_before_the_drain, .timeout = 60)
+{
+    drain_lost_with_elements(false);
 }
 
 /* A stalled server (SIGSTOP): the pipe gives up every request in flight at the earliest
