@@ -1770,7 +1770,8 @@ static void send_drain(redsem__loop *l)
  * lost, not the ids: they are drained now (on the request connection), as wake.c's next
  * round drains. UNBLOCKED (CLIENT UNBLOCK ... ERROR; a primary demoted under a wait):
  * nothing was popped, the waits are cut and each waiter attempts again, counted as a retry,
- * as wake.c's Sentinel wait (the attempts find what the server says now). Else (a timeout:
+ * as wake.c's Sentinel wait (the attempts find what the server says now); so does READONLY
+ * under Sentinel (the primary demoted), which also gives the wait connection up. Else (a timeout:
  * a stalled server; another error reply), or once the window ends: no BLPOP for 100 ms,
  * the waits end by their timers and the attempts poll. */
 static void wait_fault(redsem__loop *l, const redsem__preq *q, const redisReply *r, bool bell)
@@ -1781,6 +1782,20 @@ static void wait_fault(redsem__loop *l, const redsem__preq *q, const redisReply 
     if (r != NULL && r->type == REDIS_REPLY_ERROR && strncmp(r->str, "UNBLOCKED", 9) == 0) {
         REDSEM__COUNT(&l->ctx, retries, 1);
         l->blpop_after = 0;
+        cut_waits(l, false);
+        return;
+    }
+    if (r != NULL && r->type == REDIS_REPLY_ERROR && l->wait.node.resolve != NULL &&
+        strncmp(r->str, "READONLY", 8) == 0) {
+        /* Sentinel: the primary was demoted under the wait (a BLPOP sent to it after its
+         * UNBLOCKED, before the watch moved): nothing was popped. The connection is given up,
+         * as demoted_reply gives up a request's, and the waits are cut as after UNBLOCKED:
+         * each waiter attempts again (resolving the primary anew), and no BLPOP goes for
+         * 100 ms. */
+        if (l->wait.pipe.rc == REDSEM_OK)
+            redsem__pipe_fail(&l->wait.pipe, REDSEM_ECONN,
+                              "the primary became a replica (READONLY)");
+        REDSEM__COUNT(&l->ctx, retries, 1);
         cut_waits(l, false);
         return;
     }
