@@ -443,11 +443,11 @@ Test(rate, bad_input_is_refused_and_writes_nothing, .timeout = 60)
 
 /* `redsem run --rate` in a process whose wall clock is shift_s seconds off (the fault
  * suite's LD_PRELOAD shim), `count` times in a row; each CMD appends the grant's server time
- * and its own wall clock (date +%s) to out. */
+ * and its own wall clock (date +%s) to out. path: the shift's file (made here from its
+ * template, "...XXXXXX"), for the caller to unlink once the runs ended. */
 static pid_t skewed_runs(const char *shim, const char *name, const char *rate, int64_t shift_s,
-                         int count, const char *out)
+                         int count, const char *out, char *path)
 {
-    char path[] = "/tmp/redsem-rate-shift-XXXXXX";
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
     int64_t us = shift_s * 1000000;
@@ -489,8 +489,10 @@ Test(rate, client_clocks_minutes_off_change_nothing, .timeout = 120)
     grant_log *l = new_log();
     /* two skewed processes (10 minutes ahead, 10 behind) and four correct clients share a
      * rate of 2 per 600 ms */
-    pid_t ahead = skewed_runs(shim, name, "2/600ms", 600, RUNS, out_ahead);
-    pid_t behind = skewed_runs(shim, name, "2/600ms", -600, RUNS, out_behind);
+    char shift_ahead[] = "/tmp/redsem-rate-shift-XXXXXX";
+    char shift_behind[] = "/tmp/redsem-rate-shift-XXXXXX";
+    pid_t ahead = skewed_runs(shim, name, "2/600ms", 600, RUNS, out_ahead, shift_ahead);
+    pid_t behind = skewed_runs(shim, name, "2/600ms", -600, RUNS, out_behind, shift_behind);
     struct worker w = {l, name, 2, 600, 3000};
     pthread_t t[4];
     for (int i = 0; i < 4; i++)
@@ -498,11 +500,12 @@ Test(rate, client_clocks_minutes_off_change_nothing, .timeout = 120)
     for (int i = 0; i < 4; i++)
         pthread_join(t[i], NULL);
     cr_assert_eq(atomic_load(&l->errors), 0);
-    const char *outs[2] = {out_ahead, out_behind};
+    const char *outs[2] = {out_ahead, out_behind}, *shifts[2] = {shift_ahead, shift_behind};
     pid_t pids[2] = {ahead, behind};
     for (int k = 0; k < 2; k++) {
         int status;
         cr_assert_eq(waitpid(pids[k], &status, 0), pids[k]);
+        unlink(shifts[k]);
         cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "skewed runs failed");
         FILE *f = fopen(outs[k], "r");
         cr_assert_not_null(f);

@@ -112,6 +112,8 @@ static void stall(fw_kind kind, bool sigstop)
      * id), in an order of its own. Find out, clean up, then a fresh acquire must succeed. */
     int64_t t1 = fw_now_ns();
     int rc_ping = redsem_client_ping(c);
+    char ping_msg[512];
+    snprintf(ping_msg, sizeof ping_msg, "%s", redsem_client_errmsg(c));
     int rc_ref = redsem_permit_refresh(p);
     cr_expect(rc_ref == REDSEM_OK || rc_ref == REDSEM_ELOST, "refresh after the stall: %s",
               redsem_err_name(rc_ref));
@@ -140,7 +142,8 @@ static void stall(fw_kind kind, bool sigstop)
     int64_t t2 = fw_now_ns();
     int rc_acq = fh_acquire(s, l, 3000, &x);
     int64_t acq_ms = since(t2), resume_ms = since(t1);
-    cr_expect_eq(rc_ping, REDSEM_OK);
+    cr_expect_eq(rc_ping, REDSEM_OK, "the first ping after the stall: %s (%s)",
+                 redsem_err_name(rc_ping), ping_msg);
     cr_expect_eq(rc_acq, REDSEM_OK, "acquire after the stall: %s", redsem_err_name(rc_acq));
     /* the locked strategy's guard, left by an abandoned attempt, expires after 1 s */
     cr_expect_leq(acq_ms, kind == FW_LOCKED ? 1000 + 250 : 250, "acquire after the stall took "
