@@ -62,6 +62,8 @@ struct loop_op {
     bool replied; /* ... and has ended (queued for loop_step) */
     int64_t wake_ns; /* a pause or a wait ends then (0: none) */
     bool waiting;    /* REDSEM__WAIT (else a pause before an attempt) */
+    uint32_t whash;  /* ... its key's hash (key_hash), and its element's length: set as it */
+    size_t elen;     /* starts waiting, so that a thousand waiters are told apart cheaply */
     int wait_rc;     /* ... ended by a fault of the wait connection (REDSEM_OK: none) */
     bool resend;     /* the pause ends with its call sent again (lost connection, LOADING) */
     bool late;       /* ... or with its request's timeout (give_up_late) */
@@ -161,7 +163,9 @@ struct redsem__loop {
     redsem__preq blpop;
     bool blpop_pending, blpop_replied, poked;
     char *bkeys[LOOP_WAIT_KEYS_MAX];
+    uint32_t bhash[LOOP_WAIT_KEYS_MAX]; /* their hashes */
     int nbkeys;
+    bool unwatched; /* an op began waiting on a key the BLPOP in flight does not watch */
     redsem__preq drain; /* a drain of the client's id list after its bell popped */
     bool drain_pending, drain_replied;
     bool drain_again; /* the bell popped while a drain was in flight: drain once more */
@@ -981,10 +985,29 @@ static void push_wakeups(redsem__loop *l, const char *sigprefix, redisReply *wra
 
 /* o waits (its wait under way: its key in the BLPOP), or not; the client counts the waits
  * of fair waiters (redsem__wake_any: a release then names its id list). */
+static bool watched_key(const redsem__loop *l, const char *key, uint32_t h);
+
+/* FNV-1a of the len bytes of key: the waits' keys told apart by it first. */
+static uint32_t key_hash(const char *key, size_t len)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)key[i]) * 16777619u;
+    return h;
+}
+
 static void wait_set(loop_op *o, bool waiting)
 {
     if (waiting != o->waiting && o->s.elem[0] != '\0')
         atomic_fetch_add_explicit(&o->loop->c->waits, waiting ? 1 : -1, memory_order_relaxed);
+    if (waiting && !o->waiting) {
+        redsem__loop *l = o->loop;
+        o->elen = strlen(o->s.elem);
+        o->whash = o->s.wkey != NULL ? key_hash(o->s.wkey, strlen(o->s.wkey)) : 0;
+        if (l->blpop_pending && o->s.wkey != NULL && o->s.keylen != 0 &&
+            l->nbkeys < LOOP_WAIT_KEYS_MAX - 1 && !watched_key(l, o->s.wkey, o->whash))
+            l->unwatched = true; /* wait_sync pokes the BLPOP, and the next one watches it */
+    }
     o->waiting = waiting;
 }
 
@@ -1654,19 +1677,29 @@ static void wait_done(redsem__preq *q, void *arg)
         l->drain_replied = true;
 }
 
-/* Whether key is one the BLPOP in flight watches. */
-static bool watched(const redsem__loop *l, const char *key)
+/* Whether key (hash h) is one the BLPOP in flight watches. */
+static bool watched_key(const redsem__loop *l, const char *key, uint32_t h)
 {
     for (int i = 0; i < l->nbkeys; i++)
-        if (strcmp(l->bkeys[i], key) == 0)
+        if (l->bhash[i] == h && l->bkeys[i] != NULL && strcmp(l->bkeys[i], key) == 0)
             return true;
     return false;
 }
 
+static bool watched(const redsem__loop *l, const char *key)
+{
+    return watched_key(l, key, key_hash(key, strlen(key)));
+}
+
 /* The keys of the waiting ops (distinct, at most LOOP_WAIT_KEYS_MAX - 1) into keys; how many,
  * and in *until the earliest end of their waits. */
-static int wait_keys(const redsem__loop *l, const char **keys, int64_t *until)
+static int wait_keys(const redsem__loop *l, const char **keys, uint32_t *hashes,
+                     int64_t *until)
 {
+    /* the keys taken, by hash (open addressing, at most half full) */
+    enum { SET = 2 * LOOP_WAIT_KEYS_MAX };
+    int set[SET];
+    memset(set, -1, sizeof set);
     int n = 0;
     *until = REDSEM__FOREVER;
     for (const loop_op *o = l->ops.head; o != NULL; o = o->next) {
@@ -1674,11 +1707,14 @@ static int wait_keys(const redsem__loop *l, const char **keys, int64_t *until)
             continue;
         if (o->wake_ns < *until)
             *until = o->wake_ns;
-        bool seen = false;
-        for (int i = 0; i < n && !seen; i++)
-            seen = strcmp(keys[i], o->s.wkey) == 0;
-        if (!seen && n < LOOP_WAIT_KEYS_MAX - 1)
+        size_t i = o->whash % SET;
+        while (set[i] >= 0 && (hashes[set[i]] != o->whash || strcmp(keys[set[i]], o->s.wkey) != 0))
+            i = (i + 1) % SET;
+        if (set[i] < 0 && n < LOOP_WAIT_KEYS_MAX - 1) {
+            set[i] = n;
+            hashes[n] = o->whash;
             keys[n++] = o->s.wkey;
+        }
     }
     return n;
 }
@@ -1818,38 +1854,45 @@ static void wait_fault(redsem__loop *l, const redsem__preq *q, const redisReply 
     }
 }
 
+/* End the BLPOP in flight by a push to our control list (one wake_push.lua call on the
+ * request connection, once per BLPOP), so that the next one watches the keys waited on now. */
+static void poke(redsem__loop *l)
+{
+    redsem__call call;
+    redsem__call_init(&call, REDSEM__SCRIPT_WAKE_PUSH, REDSEM__REQ_RETRY, NULL);
+    const char *k[] = {l->ctl, l->ctl};
+    redsem__call_keys(&call, 2, k);
+    redsem__args_str(&call.ka, "s");
+    redsem__args_str(&call.ka, "1");
+    bool sent = false;
+    loop_push *p = redsem__calloc(1, sizeof *p);
+    if (p != NULL) {
+        p->req.done = push_done;
+        bool body = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
+        sent = send_call(l, &l->req, &p->req, &call, body, false, NULL) == REDSEM_OK;
+        if (!sent)
+            redsem__free(p);
+    }
+    l->poked = sent;
+    l->unwatched = !sent; /* not sent: the next step tries again */
+}
+
 /* Start the BLPOP on the waiting ops' keys and our control list, until the earliest of their
  * waits ends; or, one being in flight without a key now waited on, end it by a push to the
  * control list. */
 static void wait_sync(redsem__loop *l)
 {
     const char *keys[LOOP_WAIT_KEYS_MAX];
+    uint32_t hashes[LOOP_WAIT_KEYS_MAX];
     int64_t until;
     if (l->topo != NULL)
         return; /* a Cluster client's waits end by their timers: its waiters poll */
-    int n = wait_keys(l, keys, &until);
     if (l->blpop_pending) {
-        for (int i = 0; i < n && !l->poked; i++)
-            if (!watched(l, keys[i])) {
-                redsem__call call;
-                redsem__call_init(&call, REDSEM__SCRIPT_WAKE_PUSH, REDSEM__REQ_RETRY, NULL);
-                const char *k[] = {l->ctl, l->ctl};
-                redsem__call_keys(&call, 2, k);
-                redsem__args_str(&call.ka, "s");
-                redsem__args_str(&call.ka, "1");
-                bool sent = false;
-                loop_push *p = redsem__calloc(1, sizeof *p);
-                if (p != NULL) {
-                    p->req.done = push_done;
-                    bool body = !atomic_load(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_PUSH]);
-                    sent = send_call(l, &l->req, &p->req, &call, body, false, NULL) == REDSEM_OK;
-                    if (!sent)
-                        redsem__free(p);
-                }
-                l->poked = sent;
-            }
+        if (l->unwatched && !l->poked) /* an op began waiting on a key not watched */
+            poke(l);
         return;
     }
+    int n = wait_keys(l, keys, hashes, &until);
     int64_t now = redsem__now_ns();
     if (now < l->blpop_after)
         return; /* the waits end by their timers, or a resend by its deadline */
@@ -1882,9 +1925,11 @@ static void wait_sync(redsem__loop *l)
     if (redsem__pipe_send(&l->wait.pipe, &l->blpop, cmd, (size_t)len) == REDSEM_OK) {
         REDSEM__COUNT(&l->ctx, requests, 1);
         l->blpop_pending = true;
-        l->poked = false;
-        for (int i = 0; i < n; i++)
+        l->poked = l->unwatched = false;
+        for (int i = 0; i < n; i++) {
+            l->bhash[l->nbkeys] = hashes[i];
             l->bkeys[l->nbkeys++] = redsem__strdup(keys[i]); /* NULL: not watched */
+        }
     }
     redisFreeCommand(cmd);
 }
@@ -1910,13 +1955,15 @@ static void blpop_reply(redsem__loop *l)
     if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
         r->element[0]->type == REDIS_REPLY_STRING) {
         const char *key = r->element[0]->str;
+        uint32_t kh = key_hash(key, r->element[0]->len);
         loop_op *oldest = NULL;
         if (l->c->wake_bell != NULL && strcmp(key, l->c->wake_bell) == 0) {
             bell_take(l, r->element[1]);
             send_drain(l);
         } else
             for (loop_op *o = l->ops.head; o != NULL; o = o->next)
-                if (o->waiting && o->s.wkey != NULL && strcmp(o->s.wkey, key) == 0 &&
+                if (o->waiting && o->s.wkey != NULL && o->whash == kh &&
+                    strcmp(o->s.wkey, key) == 0 &&
                     (oldest == NULL || o->s.since_ns < oldest->s.since_ns))
                     oldest = o;
         if (oldest != NULL)
@@ -1944,7 +1991,7 @@ static void take_grant(loop_op *o, const char *rest, size_t len)
 /* Whether the drained element e (len bytes) is o's: "<id> <meta>", then the end or a space. */
 static bool elem_of(const loop_op *o, const char *e, size_t len)
 {
-    size_t n = strlen(o->s.elem);
+    size_t n = o->waiting ? o->elen : strlen(o->s.elem);
     return n > 0 && len >= n && memcmp(e, o->s.elem, n) == 0 && (len == n || e[n] == ' ');
 }
 
