@@ -983,8 +983,6 @@ static void push_wakeups(redsem__loop *l, const char *sigprefix, redisReply *wra
     freeReplyObject(wrap);
 }
 
-/* o waits (its wait under way: its key in the BLPOP), or not; the client counts the waits
- * of fair waiters (redsem__wake_any: a release then names its id list). */
 static bool watched_key(const redsem__loop *l, const char *key, uint32_t h);
 
 /* FNV-1a of the len bytes of key: the waits' keys told apart by it first. */
@@ -996,6 +994,8 @@ static uint32_t key_hash(const char *key, size_t len)
     return h;
 }
 
+/* o waits (its wait under way: its key in the BLPOP), or not; the client counts the waits
+ * of fair waiters (redsem__wake_any: a release then names its id list). */
 static void wait_set(loop_op *o, bool waiting)
 {
     if (waiting != o->waiting && o->s.elem[0] != '\0')
@@ -2043,19 +2043,22 @@ static void pend_take(redsem__loop *l, loop_op *o)
  * the drain then drops (bell_taken). Unsafe it is not either way: a copy taken twice, by this
  * wait or a later one of the same id, carries a token no greater than the fence that wait's
  * attempt saw, and direct_grant (acquire.c) refuses it; the drop only spares a wake-up. */
-static void bell_take(redsem__loop *l, const redisReply *e)
+/* Wake each waiting op the element e names, with the direct grant it carries; whether any. */
+static bool wake_named(redsem__loop *l, const redisReply *e)
 {
-    if (e == NULL || e->type != REDIS_REPLY_STRING)
-        return;
     bool taken = false;
-    for (loop_op *o = l->ops.head; o != NULL; o = o->next)
+    for (loop_op *o = l->ops.head; e->type == REDIS_REPLY_STRING && o != NULL; o = o->next)
         if (o->waiting && elem_of(o, e->str, e->len)) {
-            size_t n = strlen(o->s.elem);
-            take_grant(o, e->str + n, e->len - n);
+            take_grant(o, e->str + o->elen, e->len - o->elen);
             wake(o);
             taken = true;
         }
-    if (!taken)
+    return taken;
+}
+
+static void bell_take(redsem__loop *l, const redisReply *e)
+{
+    if (e == NULL || !wake_named(l, e))
         return; /* the drain's copy wakes it, or keeps it for its next wait */
     redsem__free(l->bell_taken);
     l->bell_taken = redsem__malloc(e->len + 1);
@@ -2101,15 +2104,7 @@ static void drain_reply(redsem__loop *l)
         atomic_store(&l->c->scripts.sent[REDSEM__SCRIPT_WAKE_DRAIN], r->type != REDIS_REPLY_ERROR);
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
         const redisReply *e = r->element[i];
-        bool copy = bell_copy(l, e), taken = copy;
-        for (loop_op *o = l->ops.head; !copy && e->type == REDIS_REPLY_STRING && o != NULL;
-             o = o->next)
-            if (o->waiting && elem_of(o, e->str, e->len)) {
-                size_t n = strlen(o->s.elem);
-                take_grant(o, e->str + n, e->len - n);
-                wake(o);
-                taken = true;
-            }
+        bool taken = bell_copy(l, e) || wake_named(l, e);
         if (!taken && e->type == REDIS_REPLY_STRING)
             pend_keep(l, e->str, e->len);
     }
