@@ -7,8 +7,9 @@
  * connection, or answered LOADING, is sent again after a pause (its timer: resend) within
  * its retry window, "maybe applied" kept (retry_later); one given up with an earlier
  * request's deadline ends at its own (give_up_late); NOSCRIPT sends the body; with
- * sync_replicas WAIT rides in the same write, one at a time (sync_busy), and a grant short
- * of its replicas is given back by a release on the loop (giveback_start). The waits' requests
+ * sync_replicas one WAIT per connection covers the calls written before it (group commit:
+ * sync_flush; its members park their replies until it answers), and a grant short of its
+ * replicas is given back by a release on the loop (giveback_start). The waits' requests
  * are states as the shared wait's (wake.c): a BLPOP or a drain lost with its connection, or
  * answered LOADING, goes again after the same pause within its own window (wait_fault,
  * drain_lost); a lost drain's fair waiters attempt at once (its elements may be lost);
@@ -68,9 +69,19 @@ struct loop_op {
     bool resend;     /* the pause ends with its call sent again (lost connection, LOADING) */
     bool late;       /* ... or with its request's timeout (give_up_late) */
     loop_retry rw;       /* its call's retry window */
-    bool sync;           /* its request carries WAIT (sync_replicas) */
-    bool sync_turn;      /* ... and its turn came (queued again first if it was taken) */
-    loop_op *sync_next;  /* queued behind the WAIT in flight (loop's sync_head) */
+    /* sync_replicas: its call, written alone, waits for a WAIT of its connection (a member
+     * of the loop's synced list: SYNC_NEXT for the next WAIT, SYNC_CUR for the one in
+     * flight); its reply, in, parks (pr, pinfo) until that WAIT's outcome (wdone: wrc, the
+     * replicas it counted, werr: its error text in err) */
+    struct loop_sync {
+        loop_op *op;
+        struct loop_sync *next, *prev;
+    } sm;
+    int wg;
+    bool wdone, werr, parked;
+    int wrc, wacked;
+    redisReply *pr;
+    redsem__req_info pinfo;
     char err[256];       /* why its request failed (the pipe's text, kept) */
     loop_conn *lc;       /* the connection its request went to (route) */
     /* a Cluster client's: where a redirection sends its next copy (to: an index of the
@@ -131,7 +142,16 @@ struct loop_conn {
     redsem__preq roleq;       /* Sentinel: ROLE re-checked on the open connection */
     bool role_pending, role_demoted; /* ... in flight; answered "not the primary" */
     size_t idx; /* a Cluster client's: its node's index in the map's table */
+    redsem__loop *loop;
+    /* sync_replicas: the WAIT in flight, for the calls written before it (sync_flush), its
+     * members' earliest cap (0: none), the flush that sent it */
+    redsem__preq syncq;
+    bool sync_pending;
+    int64_t sync_cap;
+    uint64_t sync_round;
 };
+
+enum { SYNC_NONE, SYNC_NEXT, SYNC_CUR };
 
 #define LOOP_WAIT_KEYS_MAX 256 /* keys one BLPOP watches (a waiter beyond polls) */
 #define LOOP_PEND_MAX 256
@@ -173,11 +193,13 @@ struct redsem__loop {
      * to drop its copy of (the id list holds the same text: grant_heads pushes to both) */
     char *bell_taken;
     char ctl[128]; /* our control list: a push ends the BLPOP, to watch a new key */
-    /* with sync_replicas: a request with WAIT is in flight (one at a time: WAIT holds the
-     * connection on the server until its replicas answer or it times out, and what follows
-     * waits behind it), and the ops whose WAIT waits for it, oldest first */
-    bool sync_busy;
-    loop_op *sync_head, *sync_tail;
+    /* with sync_replicas: the ops whose calls wait for a WAIT (loop_op's sm), oldest first;
+     * a WAIT may be due (a member joined, or one ended); the flushes so far */
+    struct {
+        struct loop_sync *head, *tail;
+    } synced;
+    bool sync_due;
+    uint64_t flushes;
     int64_t blpop_after; /* after a refused or failed BLPOP, none before then (waiters poll) */
     bool blpop_resend;   /* ... and then one at once (a lost one's pause: a deadline) */
     loop_retry blpop_rw; /* the BLPOP's retry window (closed by a reply) */
@@ -268,6 +290,7 @@ int redsem__loop_new(redsem_client *c, redsem__loop **ret)
         ep = &l->sent.single.ep; /* the data node's: credentials, db, TLS */
     }
     loop_conn *lcs[2] = {&l->req, &l->wait};
+    l->req.loop = l->wait.loop = l;
     for (int i = 0; i < 2; i++) {
         int rc = redsem__node_init(&lcs[i]->node, &l->ctx, ep, &c->cfg, err, sizeof err);
         if (rc != REDSEM_OK) {
@@ -389,6 +412,15 @@ static void conn_fail(redsem__loop *l, loop_conn *lc, int rc, const char *err)
 
 /* lc is open: the requests held behind its handshake go, each with a deadline from now (as a
  * request after a blocking connect), within its call's cap. */
+static void sync_done(redsem__preq *q, void *arg);
+
+/* The cap of q, a request on lc: its op's call's, or a WAIT's members' (0: none). */
+static int64_t preq_cap(const loop_conn *lc, const redsem__preq *q)
+{
+    const loop_op *o = q->done == op_done ? q->arg : NULL;
+    return o != NULL ? o->call->cap_ns : q->done == sync_done ? lc->sync_cap : 0;
+}
+
 static void conn_opened(redsem__loop *l, loop_conn *lc)
 {
     int64_t now = redsem__now_ns(), dl = now + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
@@ -397,9 +429,9 @@ static void conn_opened(redsem__loop *l, loop_conn *lc)
             continue;
         if (q->deadline_ns < dl)
             q->deadline_ns = dl;
-        const loop_op *o = q->done == op_done ? q->arg : NULL;
-        if (o != NULL && o->call->cap_ns != 0 && o->call->cap_ns < q->deadline_ns)
-            q->deadline_ns = o->call->cap_ns;
+        int64_t cap = preq_cap(lc, q);
+        if (cap != 0 && cap < q->deadline_ns)
+            q->deadline_ns = cap;
     }
     redsem__pipe_unhold(&lc->pipe);
     redsem__node_opened(&lc->node);
@@ -546,9 +578,9 @@ static int64_t open_deadline(const loop_conn *lc)
 {
     int64_t d = lc->open_by;
     for (const redsem__preq *q = lc->pipe.head; q != NULL; q = q->next) {
-        const loop_op *o = q->done == op_done ? q->arg : NULL;
-        if (o != NULL && o->call->cap_ns != 0 && o->call->cap_ns < d)
-            d = o->call->cap_ns;
+        int64_t cap = preq_cap(lc, q);
+        if (cap != 0 && cap < d)
+            d = cap;
     }
     return d;
 }
@@ -641,6 +673,7 @@ static loop_conn *node_conn(redsem__loop *l, size_t i)
     }
     lc->node.cluster = true;
     lc->idx = i;
+    lc->loop = l;
     l->nconn[i] = lc;
     l->nconns++;
     return lc;
@@ -888,12 +921,12 @@ static int send_cmd(redsem__loop *l, loop_conn *lc, redsem__preq *q, redsem__arg
 
 #define LOOP_ASKING "*1\r\n$6\r\nASKING\r\n"
 
-/* Queue call on lc's pipe as q: [SCRIPT LOAD body] [ASKING] EVALSHA sha nkeys keys args
- * [WAIT n timeout], in one write (node.c's format_requests): the body when body is set (the
+/* Queue call on lc's pipe as q: [SCRIPT LOAD body] [ASKING] EVALSHA sha nkeys keys args,
+ * in one write (node.c's format_requests): the body when body is set (the
  * server does not hold the script yet), by SCRIPT LOAD (*load set), or by EVAL on a server
  * that refuses SCRIPT LOAD (the script cache's eval_body); a command (REDSEM__SCRIPT_NONE)
  * goes as its ka says. q->nreplies set; counted in the loop's stats as a lane counts (the
- * SCRIPT LOAD or EVAL body in script_loads, WAIT as a request). */
+ * SCRIPT LOAD or EVAL body in script_loads). */
 static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const redsem__call *call,
                      bool body, bool asking, bool *load_out)
 {
@@ -902,8 +935,7 @@ static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const reds
         return rc;
     bool script = call->script != REDSEM__SCRIPT_NONE;
     bool load = script && body && !atomic_load(&lc->node.scripts->eval_body);
-    bool sync = call_syncs(l, call);
-    redsem__args a, la, wa;
+    redsem__args a, la;
     if (script) {
         redsem__script_args(&redsem__script_defs[call->script], body, load, call->nkeys,
                             &call->ka, &a, &la);
@@ -913,17 +945,12 @@ static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const reds
     }
     if (load_out != NULL)
         *load_out = load;
-    redsem__args_init(&wa);
-    redsem__args_str(&wa, "WAIT");
-    redsem__args_i64(&wa, l->c->sync_replicas);
-    redsem__args_i64(&wa, l->c->sync_timeout_ms);
-    char *pre = NULL, *cmd = NULL, *post = NULL;
+    char *pre = NULL, *cmd = NULL;
     int plen = load ? redsem__args_format(&la, &pre) : 0;
     int clen = redsem__args_format(&a, &cmd);
-    int wlen = sync ? redsem__args_format(&wa, &post) : 0;
     size_t alen = asking ? strlen(LOOP_ASKING) : 0;
-    size_t len = alen + (size_t)plen + (size_t)clen + (size_t)wlen;
-    char *buf = plen >= 0 && clen >= 0 && wlen >= 0 ? redsem__malloc(len) : NULL;
+    size_t len = alen + (size_t)plen + (size_t)clen;
+    char *buf = plen >= 0 && clen >= 0 ? redsem__malloc(len) : NULL;
     if (buf != NULL) {
         /* ASKING right before the call: it holds for one command, a SCRIPT LOAD would
          * take it */
@@ -931,9 +958,7 @@ static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const reds
             memcpy(buf, pre, (size_t)plen);
         memcpy(buf + plen, LOOP_ASKING, alen);
         memcpy(buf + alen + plen, cmd, (size_t)clen);
-        if (wlen > 0)
-            memcpy(buf + alen + plen + clen, post, (size_t)wlen);
-        q->nreplies = (asking ? 1 : 0) + (load ? 2 : 1) + (sync ? 1 : 0);
+        q->nreplies = (asking ? 1 : 0) + (load ? 2 : 1);
         int64_t cap = call->cap_ns;
         q->deadline_ns = redsem__now_ns() + l->c->command_timeout_ms * REDSEM__NS_PER_MS;
         if (cap != 0 && cap < q->deadline_ns)
@@ -943,7 +968,7 @@ static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const reds
         rc = REDSEM_ENOMEM;
     }
     if (rc == REDSEM_OK) {
-        REDSEM__COUNT(&l->ctx, requests, sync ? 2 : 1);
+        REDSEM__COUNT(&l->ctx, requests, 1);
         REDSEM__COUNT(&l->ctx, script_loads, script && body ? 1 : 0);
         if (lc->pipe.inflight > 1)
             REDSEM__COUNT(&l->ctx, pipelined, 1);
@@ -951,7 +976,6 @@ static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const reds
     redsem__free(buf);
     redisFreeCommand(pre);
     redisFreeCommand(cmd);
-    redisFreeCommand(post);
     return rc == REDSEM_OK ? rc : redsem__set_err(l->c, rc, "the request could not be queued");
 }
 
@@ -1101,20 +1125,150 @@ static void give_up_late(loop_op *o, int64_t deadline_ns)
     wake_at(o, deadline_ns);
 }
 
-/* A request with WAIT ended: the oldest op queued behind it is due (sent by run_due). */
-static void sync_next(redsem__loop *l)
+/* Group commit (sync_replicas): a call that must reach the replicas is written alone and
+ * joins the loop's synced list (sync_join); before a step's round writes, each connection
+ * with members and no WAIT in flight gets one (sync_flush), covering every call written on
+ * it before (WAIT counts the replicas that acknowledged the connection's last write). One
+ * WAIT in flight per connection: it holds the connection on the server until its replicas
+ * answer or its timeout, and the calls written meanwhile wait for the next one. A member's
+ * reply parks until its WAIT's outcome (sync_end), as the blocking path's reply waited for
+ * the WAIT written after it. */
+static void attempt_outcome(loop_op *o, int rc, redisReply *r, redsem__req_info *info);
+static int loop_conns(const redsem__loop *l, loop_conn *v[REDSEM__LOOP_CONNS_MAX]);
+
+static void sync_leave(loop_op *o)
 {
-    l->sync_busy = false;
-    loop_op *n = l->sync_head;
-    if (n == NULL)
+    if (o->wg != SYNC_NONE)
+        REDSEM__LIST_UNLINK(&o->loop->synced, &o->sm);
+    o->wg = SYNC_NONE;
+}
+
+static void sync_join(loop_op *o)
+{
+    o->sm.op = o;
+    o->wg = SYNC_NEXT;
+    o->werr = false;
+    REDSEM__LIST_APPEND(&o->loop->synced, &o->sm);
+    o->loop->sync_due = true;
+}
+
+/* The WAIT in flight on lc ended (rc; acked: the replicas it counted; bad: its reply was
+ * not a count, the text in l->ctx.errmsg): each of its members takes the outcome, and a
+ * parked one is due (its reply goes on: sync_resume). */
+static void sync_end(loop_conn *lc, int rc, const char *why, int acked, bool bad)
+{
+    redsem__loop *l = lc->loop;
+    lc->sync_pending = false;
+    l->sync_due = true;
+    for (struct loop_sync *m = l->synced.head, *nx; m != NULL; m = nx) {
+        nx = m->next;
+        loop_op *o = m->op;
+        if (o->wg != SYNC_CUR || o->lc != lc)
+            continue;
+        sync_leave(o);
+        o->wdone = true;
+        o->wrc = rc;
+        o->wacked = acked;
+        o->werr = bad;
+        if (rc != REDSEM_OK || bad)
+            snprintf(o->err, sizeof o->err, "%.250s", rc != REDSEM_OK ? why : l->ctx.errmsg);
+        if (o->parked)
+            o->replied = l->any_replied = true;
+    }
+}
+
+static void sync_done(redsem__preq *q, void *arg)
+{
+    loop_conn *lc = arg;
+    redsem__loop *l = lc->loop;
+    int acked = -1;
+    l->ctx.errmsg[0] = '\0';
+    if (q->rc == REDSEM_OK) {
+        acked = redsem__node_wait_acked(&lc->node, q->replies[0]);
+        freeReplyObject(q->replies[0]);
+    }
+    sync_end(lc, q->rc, lc->pipe.err, acked, q->rc == REDSEM_OK && l->ctx.errmsg[0] != '\0');
+}
+
+/* Send a WAIT on lc for its members (SYNC_NEXT to SYNC_CUR, by the caller): within the
+ * command timeout and their caps (sync_cap). */
+static void sync_send(redsem__loop *l, loop_conn *lc)
+{
+    redsem__args a;
+    redsem__args_init(&a);
+    redsem__args_str(&a, "WAIT");
+    redsem__args_i64(&a, l->c->sync_replicas);
+    redsem__args_i64(&a, l->c->sync_timeout_ms);
+    lc->syncq = (redsem__preq){.nreplies = 1, .done = sync_done, .arg = lc};
+    lc->sync_pending = true;
+    lc->sync_cap = 0;
+    lc->sync_round = l->flushes;
+    int rc = send_cmd(l, lc, &lc->syncq, &a);
+    if (rc != REDSEM_OK) { /* its members' outcome, when the flush ends */
+        lc->sync_pending = false;
+        lc->syncq.rc = rc;
+    }
+}
+
+/* The WAITs due: one on each connection whose members wait for one and that has none in
+ * flight (one that cannot be sent ends at once: its members are due). */
+static void sync_flush(redsem__loop *l)
+{
+    if (!l->sync_due)
         return;
-    l->sync_head = n->sync_next;
-    if (l->sync_head == NULL)
-        l->sync_tail = NULL;
-    n->sync_next = NULL;
-    n->sync_turn = true;
-    n->resend = true;
-    wake_at(n, 1);
+    l->sync_due = false;
+    l->flushes++;
+    bool any = false;
+    for (struct loop_sync *m = l->synced.head; m != NULL; m = m->next) {
+        loop_op *o = m->op;
+        /* its call in flight or its reply parked (else it was lost: not covered) */
+        if (o->wg != SYNC_NEXT || !((o->pending && !o->replied) || o->parked))
+            continue;
+        loop_conn *lc = o->lc;
+        if (lc->sync_pending && lc->sync_round != l->flushes)
+            continue; /* the next WAIT covers it */
+        if (!lc->sync_pending && lc->sync_round != l->flushes) {
+            sync_send(l, lc);
+            any = true;
+        }
+        o->wg = SYNC_CUR;
+        int64_t cap = o->call->cap_ns;
+        if (lc->sync_pending && cap != 0 && (lc->sync_cap == 0 || cap < lc->sync_cap)) {
+            lc->sync_cap = cap;
+            if (cap < lc->syncq.deadline_ns) {
+                lc->syncq.deadline_ns = cap;
+                redsem__pipe_retime(&lc->pipe);
+            }
+        }
+    }
+    loop_conn *lcs[REDSEM__LOOP_CONNS_MAX]; /* a WAIT that could not be sent */
+    for (int i = 0, nc = any ? loop_conns(l, lcs) : 0; i < nc; i++)
+        if (lcs[i]->sync_round == l->flushes && !lcs[i]->sync_pending)
+            sync_end(lcs[i], lcs[i]->syncq.rc, lcs[i]->syncq.rc == REDSEM_ENOMEM ? "out of memory"
+                     : lcs[i]->pipe.err, -1, false);
+}
+
+/* A parked reply's WAIT ended: the reply goes on with the replicas it counted; a WAIT lost
+ * with its connection or past its deadline leaves the call "maybe applied" on the replicas,
+ * as a lost request (op_lost). */
+static void op_lost(loop_op *o, int rc, const redsem__preq *q);
+
+static void sync_resume(loop_op *o)
+{
+    redisReply *r = o->pr;
+    redsem__req_info info = o->pinfo;
+    o->parked = false;
+    o->pr = NULL;
+    if (o->wrc != REDSEM_OK) {
+        freeReplyObject(r);
+        o->maybe = true;
+        op_lost(o, o->wrc, &o->req);
+        return;
+    }
+    info.replicas_acked = o->wacked;
+    if (o->werr)
+        (void)redsem__set_err(o->loop->c, REDSEM_EREPLICA, "%s", o->err);
+    attempt_outcome(o, REDSEM_OK, r, &info);
 }
 
 static void acquire_end(loop_op *o, int rc);
@@ -1249,22 +1403,18 @@ static bool demoted_reply(redsem__loop *l, loop_op *o, const redisReply *r)
  * its data: sent again within o's retry window; once it ends, the reply is judged as any
  * other) or, under Sentinel, READONLY (a demoted primary: the connection is given up, and
  * the call goes again as after a lost connection before writing, or that is its outcome).
- * true: handled (r and w, if not NULL, freed). */
-static bool refused_again(loop_op *o, redisReply *r, redisReply *w, redsem__req_info *info)
+ * true: handled (r freed). */
+static bool refused_again(loop_op *o, redisReply *r, redsem__req_info *info)
 {
     if (redsem__loading_reply(r)) { /* once its window ends, the reply is the outcome */
         if (!retry_later(o))
             return false;
         freeReplyObject(r);
-        if (w != NULL)
-            freeReplyObject(w);
         return true;
     }
     if (!demoted_reply(o->loop, o, r))
         return false;
     freeReplyObject(r);
-    if (w != NULL)
-        freeReplyObject(w);
     int rc = redsem__set_err(o->loop->c, REDSEM_ECONN, "%s", o->err);
     if (retry_later(o))
         return true;
@@ -1279,7 +1429,7 @@ static bool refused_again(loop_op *o, redisReply *r, redisReply *w, redsem__req_
 static void cmd_reply(loop_op *o, redisReply *r, redsem__req_info *info)
 {
     info->maybe_applied = o->maybe;
-    if (refused_again(o, r, NULL, info))
+    if (refused_again(o, r, info))
         return;
     if (redsem__redirect_reply(r)) {
         redsem__loop *l = o->loop;
@@ -1305,29 +1455,15 @@ static void op_reply(loop_op *o)
     redsem_client *c = l->c;
     redsem__preq *q = &o->req;
     redsem__req_info info = {.sent_ns = q->sent_ns, .recv_ns = q->recv_ns, .replicas_acked = -1};
-    o->pending = o->replied = false;
-    if (o->sync)
-        sync_next(l);
+    o->replied = false;
+    if (o->parked) { /* its WAIT ended */
+        sync_resume(o);
+        return;
+    }
+    o->pending = false;
     if (q->rc != REDSEM_OK) {
         o->maybe = o->maybe || q->written;
-        int rc = redsem__set_err(c, q->rc, "%s", o->err);
-        if ((rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) && l->topo != NULL) {
-            map_ask(l, o->lc); /* a failover may have moved its slots: the others asked first */
-            l->failed_ns[o->lc->idx] = redsem__now_ns();
-            if (rc == REDSEM_ETIMEDOUT)
-                l->silent_ns[o->lc->idx] = l->failed_ns[o->lc->idx];
-        }
-        /* one server: timeouts are not retried (it may be stalled); a Cluster node that does
-         * not answer may have been failed over: idempotent calls go again, maybe applied */
-        if ((rc == REDSEM_ECONN || (rc == REDSEM_ETIMEDOUT && l->topo != NULL)) &&
-            retry_later(o))
-            return;
-        if (rc == REDSEM_ETIMEDOUT && o->maybe && redsem__now_ns() < q->deadline_ns) {
-            give_up_late(o, q->deadline_ns);
-            return;
-        }
-        info.maybe_applied = o->maybe;
-        attempt_outcome(o, rc, NULL, &info);
+        op_lost(o, q->rc, q);
         return;
     }
     if (l->topo != NULL)
@@ -1342,7 +1478,6 @@ static void op_reply(loop_op *o)
     }
     _Atomic bool *sent = &o->lc->node.scripts->sent[o->call->script];
     redisReply *r = q->replies[ri];
-    redisReply *w = o->sync ? q->replies[q->nreplies - 1] : NULL;
     bool refused = false; /* SCRIPT LOAD refused (not a compile error): EVAL bodies */
     if (o->load) {
         const redisReply *lr = q->replies[0];
@@ -1353,15 +1488,8 @@ static void op_reply(loop_op *o)
                       strncmp(lr->str, "ERR Error compiling", 19) != 0;
         freeReplyObject(q->replies[0]);
     }
-    if (refused_again(o, r, w, &info))
+    if (refused_again(o, r, &info))
         return;
-    if (w != NULL) {
-        l->ctx.errmsg[0] = '\0';
-        info.replicas_acked = redsem__node_wait_acked(&o->lc->node, w);
-        if (l->ctx.errmsg[0] != '\0')
-            (void)redsem__set_err(c, REDSEM_EREPLICA, "%s", l->ctx.errmsg);
-        freeReplyObject(w);
-    }
     info.maybe_applied = o->maybe;
     bool noscript = r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOSCRIPT", 8) == 0;
     if (noscript && o->noscript++ < LOOP_NOSCRIPT_MAX) {
@@ -1386,7 +1514,43 @@ static void op_reply(loop_op *o)
         return;
     }
     atomic_store(sent, true);
+    if (o->wg != SYNC_NONE || o->wdone) { /* its reply waits for its WAIT (sync_end) */
+        o->pr = r;
+        o->pinfo = info;
+        o->parked = true;
+        if (o->wdone)
+            sync_resume(o);
+        else if (o->wg == SYNC_NEXT) /* not sent yet: a flush skips an unread reply */
+            l->sync_due = true;
+        return;
+    }
     attempt_outcome(o, REDSEM_OK, r, &info);
+}
+
+/* o's request (q) ended with rc (ECONN, ETIMEDOUT, ...; o->err says why) or its WAIT did: it
+ * goes again within its retry window ("maybe applied" kept), or gives up at its own deadline
+ * (give_up_late), or that is its outcome. */
+static void op_lost(loop_op *o, int rc, const redsem__preq *q)
+{
+    redsem__loop *l = o->loop;
+    rc = redsem__set_err(l->c, rc, "%s", o->err);
+    if ((rc == REDSEM_ECONN || rc == REDSEM_ETIMEDOUT) && l->topo != NULL) {
+        map_ask(l, o->lc); /* a failover may have moved its slots: the others asked first */
+        l->failed_ns[o->lc->idx] = redsem__now_ns();
+        if (rc == REDSEM_ETIMEDOUT)
+            l->silent_ns[o->lc->idx] = l->failed_ns[o->lc->idx];
+    }
+    /* one server: timeouts are not retried (it may be stalled); a Cluster node that does
+     * not answer may have been failed over: idempotent calls go again, maybe applied */
+    if ((rc == REDSEM_ECONN || (rc == REDSEM_ETIMEDOUT && l->topo != NULL)) && retry_later(o))
+        return;
+    if (rc == REDSEM_ETIMEDOUT && o->maybe && redsem__now_ns() < q->deadline_ns) {
+        give_up_late(o, q->deadline_ns);
+        return;
+    }
+    redsem__req_info info = {.sent_ns = q->sent_ns, .recv_ns = q->recv_ns,
+                             .maybe_applied = o->maybe, .replicas_acked = -1};
+    attempt_outcome(o, rc, NULL, &info);
 }
 
 /* A Cluster node that timed out less than a command timeout ago, which the map still names
@@ -1411,24 +1575,8 @@ static void op_send(loop_op *o)
         q->attempt_call(q->handle, o->s.id, o->s.att_mode, q->weight, o->stage, o->call);
         o->call->cap_ns = o->s.cap_ns;
     }
-    o->sync = call_syncs(l, o->call);
-    if (o->sync && l->sync_busy) { /* behind the WAIT in flight (sync_next) */
-        if (o->sync_turn) { /* its turn was taken by a new one: first again */
-            o->sync_next = l->sync_head;
-            l->sync_head = o;
-            if (l->sync_tail == NULL)
-                l->sync_tail = o;
-        } else {
-            if (l->sync_tail != NULL)
-                l->sync_tail->sync_next = o;
-            else
-                l->sync_head = o;
-            l->sync_tail = o;
-        }
-        o->sync_turn = false;
-        return;
-    }
-    o->sync_turn = false;
+    sync_leave(o); /* a WAIT covers the copy sent now, not an earlier one */
+    o->wdone = false;
     bool asking = o->redirected && o->asking;
     o->lc = o->redirected ? node_conn(l, o->to) : call_conn(l, o->call);
     o->redirected = o->asking = false;
@@ -1452,7 +1600,8 @@ static void op_send(loop_op *o)
     int rc = send_call(l, o->lc, &o->req, o->call, body, asking, &o->load);
     if (rc == REDSEM_OK) {
         o->pending = true;
-        l->sync_busy = l->sync_busy || o->sync;
+        if (call_syncs(l, o->call))
+            sync_join(o);
         return;
     }
     if (rc == REDSEM_ECONN && retry_later(o))
@@ -1465,6 +1614,9 @@ static void op_send(loop_op *o)
 static void op_free(loop_op *o)
 {
     wait_set(o, false);
+    sync_leave(o);
+    if (o->pr != NULL)
+        freeReplyObject(o->pr);
     REDSEM__LIST_UNLINK(&o->loop->ops, o);
     redsem__free(o);
 }
@@ -2353,6 +2505,7 @@ void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
     stepping = l;
     bool ran;
     do {
+        sync_flush(l); /* the WAITs due go in the write below, after the calls they cover */
         /* writes what was queued (also by the last round), reads what arrived */
         loop_conn *lcs[REDSEM__LOOP_CONNS_MAX];
         for (int i = 0, nc = loop_conns(l, lcs); i < nc; i++)
@@ -2378,7 +2531,7 @@ void redsem__loop_step(redsem__loop *l, const struct pollfd *ready, int n)
         }
         ran = run_all_due(l) || ran;
         wait_sync(l);
-    } while (ran);
+    } while (ran || l->sync_due);
     stepping = outer;
 }
 
@@ -2477,17 +2630,20 @@ void redsem__loop_free(redsem__loop *l)
     if (l == NULL)
         return;
     redsem__stats_detach(l->c, &l->ctx); /* its counters stay in the client's */
-    loop_conn *lcs[2] = {&l->req, &l->wait};
-    for (int i = 0; i < 2; i++) {
+    loop_conn *lcs[REDSEM__LOOP_CONNS_MAX];
+    for (int i = 0, nc = loop_conns(l, lcs); i < nc; i++) {
         redsem__sentinel_ask_cancel(&lcs[i]->ask);
         redsem__dial_cancel(&lcs[i]->dial);
         lcs[i]->state = LC_CLOSED;
         redsem__pipe_reset(&lcs[i]->pipe); /* requests end (ops: not called back) */
     }
+    l->synced.head = l->synced.tail = NULL;
     while (l->ops.head != NULL) {
         loop_op *o = l->ops.head;
         REDSEM__LIST_UNLINK(&l->ops, o);
         wait_set(o, false);
+        if (o->pr != NULL)
+            freeReplyObject(o->pr);
         redsem__free(o);
     }
     for (int i = 0; i < l->nbkeys; i++)
@@ -2496,8 +2652,8 @@ void redsem__loop_free(redsem__loop *l)
         redsem__free(l->pend[i]);
     redsem__free(l->bell_taken);
     cluster_free(l);
-    for (int i = 0; i < 2; i++)
-        redsem__node_close(&lcs[i]->node);
+    redsem__node_close(&l->req.node);
+    redsem__node_close(&l->wait.node);
     if (l->sent.kind != 0)
         redsem__topo_close(&l->sent);
     redsem__free(l);

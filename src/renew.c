@@ -449,9 +449,9 @@ static void *renewer_main(void *arg)
             redsem__refresh_many(r->owner, ps, k, rcs, sent);
         redsem__call_cap_set(r->owner, 0);
         pthread_mutex_lock(&r->mu);
-        /* together in one round trip on one server; one by one in a Redis Cluster, and with
-         * sync replicas (each refresh waits for its WAIT) */
-        bool together = r->owner->ep.kind != REDSEM__EP_CLUSTER && r->owner->sync_replicas == 0;
+        /* together in one round trip on one server (with sync replicas, one WAIT after
+         * them all: the engine's group commit); one by one in a Redis Cluster */
+        bool together = r->owner->ep.kind != REDSEM__EP_CLUSTER;
         r->stats.round_trips += together ? 1 : (uint64_t)k;
         for (int i = 0; i < k; i++)
             renewed(r, batch[i], rcs[i], sent[i]);

@@ -680,10 +680,21 @@ Test(loop, a_server_loading_its_data_is_waited_for_on_the_loop, .timeout = 60)
 
 
 
+/* The WAITs srv has run (INFO commandstats). */
+static long long wait_calls(ts_server *srv)
+{
+    char out[8192] = "";
+    cr_assert_eq(ts_command(srv, out, sizeof out, "INFO", "commandstats", NULL), 0);
+    const char *w = strstr(out, "cmdstat_wait:calls=");
+    return w != NULL ? atoll(w + strlen("cmdstat_wait:calls=")) : 0;
+}
+
 /* A client that waits for replicas, on the loop: with its one replica up, a grant reaches
- * it (the script and WAIT in one write: 2 requests); a client that asks for 2 replicas gets
- * REDSEM_EREPLICA once WAIT times out, and the grant is given back (no holder left), also
- * with several acquires in flight at once (their WAITs go one at a time). */
+ * it (the script, then WAIT: 2 requests); many acquires started at once share their WAITs
+ * (group commit: one WAIT covers the calls written before it, so far fewer WAITs than
+ * grants), each granted; a client that asks for 2 replicas gets REDSEM_EREPLICA once WAIT
+ * times out, and the grant is given back (no holder left), also with several acquires in
+ * flight at once (they share a WAIT). */
 STRATEGY_TEST(loop, waits_for_replicas_on_the_loop, .timeout = 60)
 {
     ts_server prim, rep;
@@ -721,6 +732,32 @@ STRATEGY_TEST(loop, waits_for_replicas_on_the_loop, .timeout = 60)
                  "a synced grant is the script and WAIT: %llu requests",
                  (unsigned long long)(st1.requests - st0.requests));
     cr_assert_eq(tf_holders(s1), 2);
+    enum { MANY = 24 };
+    redsem_sem *sm = NULL;
+    OK(one, redsem_sem_open(one, "many", strategy, MANY, 10000, &sm));
+    outcome m[MANY] = {{0}};
+    sem_start(l1, sm, 5000, &m[0], NULL); /* its scripts loaded: the rest as above */
+    run_until(l1, m, 1);
+    OK(one, m[0].rc);
+    long long waits0 = wait_calls(&prim);
+    for (int i = 1; i < MANY; i++)
+        sem_start(l1, sm, 5000, &m[i], NULL);
+    run_until(l1, m, MANY);
+    long long waits = wait_calls(&prim) - waits0;
+    for (int i = 1; i < MANY; i++) {
+        cr_assert_eq(m[i].rc, REDSEM_OK, "%s: %s", redsem_err_name(m[i].rc),
+                     redsem_client_errmsg(one));
+        OK(one, redsem_permit_release(m[i].permit));
+        redsem_permit_free(m[i].permit);
+    }
+    OK(one, redsem_permit_release(m[0].permit));
+    redsem_permit_free(m[0].permit);
+    /* a WAIT each would be MANY - 1 at least; shared: a few (locked: its guard lets one
+     * attempt in at a time, the others try again after a pause: seldom shared, none more) */
+    long long most = strategy == REDSEM_STRATEGY_LOCKED ? MANY - 1 : (MANY - 1) / 2;
+    cr_assert(waits > 0 && waits <= most, "%lld WAITs for %d synced grants: not shared",
+              waits, MANY - 1);
+    redsem_sem_free(sm);
     outcome f[3] = {{0}};
     for (int i = 0; i < 3; i++) /* blocking: locked tries at once may find the guard taken */
         sem_start(l2, s2, 5000, &f[i], NULL);

@@ -234,7 +234,9 @@ REDSEM_API int redsem_options_set_tls_insecure_skip_verify(redsem_options *optio
  * redsem_options_set_sync_replicas - require grants and refreshes to reach replicas.
  *
  * Every acquire attempt and every refresh (automatic renewal included) is followed, in the
- * same round trip (pipelined after the script), by WAIT replicas timeout_ms. A grant that
+ * same round trip (pipelined after the script), by WAIT replicas timeout_ms; the calls of a
+ * client written on one connection around the same time share one WAIT (it counts the
+ * replicas that acknowledged every write before it: group commit). A grant that
  * fewer replicas acknowledge in time is given back and the acquire returns REDSEM_EREPLICA;
  * a refresh returns REDSEM_EREPLICA and does not move the validity deadline (the renewer
  * retries it, and reports the permit lost if it never succeeds in time). What it buys, and
@@ -247,7 +249,8 @@ REDSEM_API int redsem_options_set_tls_insecure_skip_verify(redsem_options *optio
  *              command timeout when the client is created (REDSEM_EINVAL otherwise).
  *              Ignored when replicas is 0.
  * Returns: REDSEM_OK; REDSEM_EINVAL (NULL options, or a value out of range).
- * Server: none now; later WAIT after each acquire script and refresh.
+ * Server: none now; later WAIT after the acquire scripts and refreshes (one per connection
+ * in flight at a time, covering the calls written before it).
  * Thread safety: one thread at a time per options object. Since: 0.2
  */
 REDSEM_API int redsem_options_set_sync_replicas(redsem_options *options, int replicas,

@@ -133,9 +133,9 @@ typedef struct redsem_renew_stats {
     int64_t max_lateness_ms; /* worst delay of a renewal behind its schedule */
     uint64_t round_trips;   /* the round trips the renewals took: renewals falling due
                                within 10 ms of each other go together, up to 16 in one
-                               round trip on one server without sync replicas; in a Redis
-                               Cluster, or with redsem_options_set_sync_replicas(), they go
-                               one by one (Since: 0.4) */
+                               round trip on one server (with
+                               redsem_options_set_sync_replicas(), one WAIT after them all);
+                               in a Redis Cluster they go one by one (Since: 0.4) */
     uint64_t reserved[7];
 } redsem_renew_stats;
 
