@@ -17,7 +17,16 @@
  * "raw" rows: the same three settings on a raw hiredis connection, per pair EVALSHA of a
  * script that SETs one key (so that there is something to replicate) followed in the same
  * write by WAIT n timeout when n > 0, then EVALSHA of "return 1": what WAIT itself costs on
- * this machine, without the library. */
+ * this machine, without the library.
+ *
+ * "shared" rows: 8 and 32 threads on one client (one for no WAIT, one for sync_replicas 1),
+ * basic try-acquire + release pairs on a semaphore of limit T, SHARED_ROUNDS rounds of a
+ * SHARED_SECS batch of each setting, alternating: pairs/s, its ratio to no WAIT (the median
+ * of the per-round ratios) and the WAITs the primary ran per synced grant (INFO
+ * commandstats): the calls written on a connection while a WAIT is due share it (the
+ * engine's group commit), so under many threads far fewer than one. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +68,122 @@ static void check(int rc, redsem_client *c, const char *what)
 static double ratio(double a, double b)
 {
     return b > 0 ? a / b : 0;
+}
+
+#define SHARED_ROUNDS 6
+#define SHARED_SECS 0.4
+
+typedef struct shared_run {
+    redsem_sem *s;
+    atomic_bool go, stop;
+    atomic_long pairs, failed;
+} shared_run;
+
+static void *shared_thread(void *arg)
+{
+    shared_run *r = arg;
+    while (!atomic_load(&r->go))
+        bench_sleep_ns(100000);
+    long n = 0, f = 0;
+    while (!atomic_load(&r->stop)) {
+        redsem_permit *p = NULL;
+        if (redsem_sem_try_acquire(r->s, &p) == REDSEM_OK) {
+            n++;
+            (void)redsem_permit_release(p);
+            redsem_permit_free(p);
+        } else {
+            f++;
+        }
+    }
+    atomic_fetch_add(&r->pairs, n);
+    atomic_fetch_add(&r->failed, f);
+    return NULL;
+}
+
+/* One batch: threads pairs on s for SHARED_SECS; pairs/s (*pairs: how many, *failed added). */
+static double shared_batch(redsem_sem *s, int threads, long *pairs, long *failed)
+{
+    shared_run r = {.s = s};
+    pthread_t tid[32];
+    for (int t = 0; t < threads; t++)
+        if (pthread_create(&tid[t], NULL, shared_thread, &r) != 0)
+            bench_die("sync: pthread_create failed");
+    int64_t t0 = bench_now_ns();
+    atomic_store(&r.go, true);
+    bench_sleep_ns((int64_t)(SHARED_SECS * 1e9));
+    atomic_store(&r.stop, true);
+    for (int t = 0; t < threads; t++)
+        pthread_join(tid[t], NULL);
+    *pairs = atomic_load(&r.pairs);
+    *failed += atomic_load(&r.failed);
+    return (double)*pairs / ((double)(bench_now_ns() - t0) / 1e9);
+}
+
+/* The WAITs the server behind c has run. */
+static long long wait_calls(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "INFO commandstats");
+    const char *w = r != NULL && r->type == REDIS_REPLY_STRING ? strstr(r->str, "cmdstat_wait:calls=")
+                                                               : NULL;
+    long long n = w != NULL ? atoll(w + strlen("cmdstat_wait:calls=")) : 0;
+    freeReplyObject(r);
+    return n;
+}
+
+static void shared_rows(bench_ctx *ctx, const bench_ctx *px, json_t *rows)
+{
+    static const int counts[] = {8, 32};
+    redisContext *info = bench_raw_connect(px);
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        int T = counts[k];
+        bench_progress(ctx, "sync shared: %d threads", T);
+        redsem_client *c[2];
+        redsem_sem *s[2];
+        for (int n = 0; n < 2; n++) {
+            bench_ctx cx = *px;
+            cx.sync_replicas = n;
+            cx.sync_timeout_ms = SYNC_TIMEOUT_MS;
+            char name[64];
+            bench_name(ctx, "sync-shared", name, sizeof name);
+            c[n] = bench_client(&cx);
+            check(redsem_sem_open(c[n], name, REDSEM_STRATEGY_BASIC, (uint32_t)T, LEASE_MS,
+                                  &s[n]), c[n], "open");
+        }
+        double rate[2][SHARED_ROUNDS], ratios[SHARED_ROUNDS];
+        long failed[2] = {0, 0}, synced = 0;
+        long long waits = 0;
+        for (int rd = 0; rd < SHARED_ROUNDS; rd++) {
+            for (int step = 0; step < 2; step++) {
+                int n = (rd + step) % 2;
+                long long w0 = wait_calls(info);
+                long got = 0;
+                rate[n][rd] = shared_batch(s[n], T, &got, &failed[n]);
+                if (n == 1) {
+                    waits += wait_calls(info) - w0;
+                    synced += got;
+                }
+            }
+            ratios[rd] = ratio(rate[1][rd], rate[0][rd]);
+        }
+        double none = bench_median(rate[0], SHARED_ROUNDS), one = bench_median(rate[1], SHARED_ROUNDS);
+        double med = bench_median(ratios, SHARED_ROUNDS);
+        double per = synced > 0 ? (double)waits / (double)synced : 0;
+        printf("shared   %2d threads on one client, basic: %9.0f pairs/s without WAIT, %9.0f with "
+               "WAIT 1 (x none %5.3f), %.3f WAITs per synced grant, failed %ld\n",
+               T, none, one, med, per, failed[0] + failed[1]);
+        json_array_append_new(rows, json_pack("{s:s, s:i, s:f, s:f, s:f, s:f, s:i}", "strategy",
+                                              "shared-basic", "threads", T, "pairs_per_s_none",
+                                              none, "pairs_per_s_wait1", one, "ratio_pairs_per_s",
+                                              med, "waits_per_grant", per, "failed",
+                                              (json_int_t)(failed[0] + failed[1])));
+        for (int n = 0; n < 2; n++) {
+            redsem_sem_free(s[n]);
+            redsem_client_free(c[n]);
+        }
+    }
+    redisFree(info);
+    bench_cleanup(px, NULL);
+    fflush(stdout);
 }
 
 static char raw_sha_set[41], raw_sha_one[41], raw_key[256];
@@ -303,6 +428,8 @@ void bench_run_sync(bench_ctx *ctx)
         bench_cleanup(&px, NULL);
         fflush(stdout);
     }
+
+    shared_rows(ctx, &px, rows);
 
     json_t *out = json_object();
     json_object_set_new(out, "replicas", json_integer(SYNC_REPLICAS));
