@@ -505,123 +505,7 @@ static void parse_args(int argc, char **argv, bench_opts *o)
 
 /* ---------------------------------------------------------------- server, CPUs */
 
-static ts_server server;
-static pid_t main_pid;
-
-/* The private servers the tls and sync workloads start, and their temporary directories. */
-#define MAX_TRACKED 8
-static ts_server *volatile tracked[MAX_TRACKED];
-static struct {
-    char dir[256];
-    const char *const *files;
-    volatile int on;
-} tracked_dirs[MAX_TRACKED];
-static cpu_set_t start_mask; /* the CPUs allowed at the start, before the bench pinned itself */
-static bool have_start_mask;
-
-int bench_server_start(const char *const *extra, bool tcp, int cpu, ts_server *s)
-{
-    int slot = 0;
-    while (slot < MAX_TRACKED && tracked[slot] != NULL)
-        slot++;
-    if (slot == MAX_TRACKED)
-        bench_die("too many private servers");
-    /* the child inherits this thread's affinity: for "any CPU", the one the bench started
-     * with, not the CPU it pinned itself to */
-    cpu_set_t cur;
-    bool restore = cpu < 0 && have_start_mask && sched_getaffinity(0, sizeof cur, &cur) == 0 &&
-                   sched_setaffinity(0, sizeof start_mask, &start_mask) == 0;
-    int rc = ts_server_start_pinned(s, extra, tcp, cpu);
-    if (restore)
-        (void)sched_setaffinity(0, sizeof cur, &cur);
-    if (rc == 0)
-        tracked[slot] = s;
-    return rc;
-}
-
-void bench_server_stop(ts_server *s)
-{
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked[i] == s)
-            tracked[i] = NULL;
-    ts_server_stop(s);
-}
-
-void bench_tempdir_track(const char *dir, const char *const *files)
-{
-    for (int i = 0; i < MAX_TRACKED; i++) {
-        if (!tracked_dirs[i].on) {
-            snprintf(tracked_dirs[i].dir, sizeof tracked_dirs[i].dir, "%s", dir);
-            tracked_dirs[i].files = files;
-            tracked_dirs[i].on = 1;
-            return;
-        }
-    }
-    bench_die("too many temporary directories");
-}
-
-/* async-signal-safe */
-static void remove_dir(int i)
-{
-    char path[512];
-    for (const char *const *f = tracked_dirs[i].files; f && *f; f++) {
-        size_t n = strlen(tracked_dirs[i].dir), m = strlen(*f);
-        if (n + 1 + m < sizeof path) {
-            memcpy(path, tracked_dirs[i].dir, n);
-            path[n] = '/';
-            memcpy(path + n + 1, *f, m + 1);
-            unlink(path);
-        }
-    }
-    rmdir(tracked_dirs[i].dir);
-    tracked_dirs[i].on = 0;
-}
-
-void bench_tempdir_remove(const char *dir)
-{
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked_dirs[i].on && strcmp(tracked_dirs[i].dir, dir) == 0)
-            remove_dir(i);
-}
-
-static void stop_server(void)
-{
-    if (getpid() != main_pid)
-        return;
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked[i] != NULL)
-            bench_server_stop(tracked[i]);
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked_dirs[i].on)
-            remove_dir(i);
-    if (server.pid > 0)
-        ts_server_stop(&server);
-}
-
-/* async-signal-safe: stop a private server, remove its files */
-static void kill_server(ts_server *s)
-{
-    if (s->pid > 0) {
-        kill(s->pid, SIGCONT);
-        kill(s->pid, SIGTERM);
-        unlink(s->sock);
-        unlink(s->log);
-        rmdir(s->dir);
-    }
-}
-
-static void on_signal(int sig)
-{
-    /* async-signal-safe subset: stop the private servers, remove their files, leave */
-    kill_server(&server);
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked[i] != NULL)
-            kill_server(tracked[i]);
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked_dirs[i].on)
-            remove_dir(i);
-    _exit(128 + sig);
-}
+static ts_server server; /* the private server, unless --url */
 
 /* The first two CPUs this process may run on (-1 if absent). */
 static void allowed_cpus(int *first, int *second, int *count)
@@ -948,7 +832,6 @@ int main(int argc, char **argv)
 {
     bench_opts o;
     parse_args(argc, argv, &o);
-    main_pid = getpid();
     bench_ctx ctx = {.o = &o, .t0_ns = bench_now_ns(), .json = json_object()};
     setvbuf(stdout, NULL, _IOLBF, 0);
 
@@ -964,15 +847,11 @@ int main(int argc, char **argv)
     /* the private servers of the tls and sync workloads, which run even with --url */
     ctx.server_cpu = server_cpu;
     ctx.replica_cpu = o.affinity == AFF_SAME ? cpu0 : -1;
-    have_start_mask = sched_getaffinity(0, sizeof start_mask, &start_mask) == 0;
+    bench_servers_init(&server); /* before the bench pins itself */
     if (o.url != NULL)
         server_cpu = -1; /* not ours to pin */
 
     char transport[32];
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
-    atexit(stop_server);
     if (o.url == NULL) {
         static const char *const extra[] = {"--maxmemory-policy", "noeviction", NULL};
         int rc = ts_server_start_pinned(&server, extra, !o.unix_socket, server_cpu);
