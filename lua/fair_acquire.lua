@@ -154,9 +154,16 @@ if m[5] then
 end
 
 -- Remove expired requests: holders give their weight back, waiters leave the queue; then
--- hand what is free to the head. Returns the token if this request got a permit.
+-- hand what is free to the head. Returns the token if this request got a permit. The
+-- earliest deadline is read first: when it is still ahead (the usual case) nothing expired,
+-- and it is kept (first_dl) for the reply's ms-until-the-earliest-deadline below, as
+-- nothing writes the timeouts between the two: one command instead of two.
 local cleaned_up = 0
+local first_dl = nil
 local function cleanup()
+  first_dl = redis.call('ZRANGE', timeouts, '0', '0', 'WITHSCORES')
+  if not first_dl[2] or tonumber(first_dl[2]) > now then return nil end
+  first_dl = nil
   local gone = redis.call('ZRANGEBYSCORE', timeouts, '-inf', string.format('%d', now), 'LIMIT',
     '0', '256')
   cleaned_up = #gone
@@ -235,7 +242,7 @@ if not queued then
   end
 end
 
-local first = redis.call('ZRANGE', timeouts, '0', '0', 'WITHSCORES')
+local first = first_dl or redis.call('ZRANGE', timeouts, '0', '0', 'WITHSCORES')
 local next_ms = -1
 if first[2] then next_ms = math.max(0, tonumber(first[2]) - now) end
 local function busy()
