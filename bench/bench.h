@@ -221,10 +221,11 @@ long bench_connected_clients(struct redisContext *c);
 long bench_cleanup(const bench_ctx *ctx, const char *name);
 
 /* ---------------------------------------------------------------- private servers (servers.c) */
-/* Once, first thing in main(), before the bench pins itself to a CPU: remember the CPUs
- * allowed (bench_server_start's "any CPU"), and stop every private server (main, the main
- * one, whose start main() makes itself; borrowed for the process's life) and remove the
- * tracked directories at exit and on SIGINT, SIGTERM and SIGHUP. */
+/* Once, in main() before the bench pins itself to a CPU: remember the CPUs allowed
+ * (bench_server_start's "any CPU"), and at exit and on SIGINT, SIGTERM and SIGHUP stop every
+ * private server and remove the tracked directories. `main` is the bench's own private
+ * server, which main() starts itself (its pid 0 until then); borrowed for the process's
+ * life. */
 void bench_servers_init(struct ts_server *main);
 /* Start one more private redis-server (ts_server_start_pinned; cpu < 0: on every CPU the
  * bench was allowed at its start, not only the bench's own); it is stopped, and its

@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -90,16 +90,23 @@ void bench_tempdir_remove(const char *dir)
             remove_dir(i);
 }
 
+/* Every tracked server through stop (bench_server_stop, or kill_server in a signal handler),
+ * then every tracked directory removed. */
+static void end_tracked(void (*stop)(ts_server *))
+{
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked[i] != NULL)
+            stop(tracked[i]);
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked_dirs[i].on)
+            remove_dir(i);
+}
+
 static void stop_server(void)
 {
     if (getpid() != main_pid)
         return;
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked[i] != NULL)
-            bench_server_stop(tracked[i]);
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked_dirs[i].on)
-            remove_dir(i);
+    end_tracked(bench_server_stop);
     if (main_server != NULL && main_server->pid > 0)
         ts_server_stop(main_server);
 }
@@ -121,12 +128,7 @@ static void on_signal(int sig)
     /* async-signal-safe subset: stop the private servers, remove their files, leave */
     if (main_server != NULL)
         kill_server(main_server);
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked[i] != NULL)
-            kill_server(tracked[i]);
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked_dirs[i].on)
-            remove_dir(i);
+    end_tracked(kill_server);
     _exit(128 + sig);
 }
 
