@@ -8,7 +8,8 @@
 -- client on its validity clock, see basic_release.lua); {'wake', 1, wake-ups...} removed
 -- and waiters granted, whose wake-ups the caller pushes (prelude.lua's grant_heads).
 -- First writes are ZREM/HDEL (not DENYOOM): release works when the server is out of memory;
--- Redis checks maxmemory only before a script's first write, so HINCRBY after them runs.
+-- Redis checks maxmemory only before a script's first write, so the HINCRBY or HSET of
+-- `used` after them runs.
 -- One HMGET reads the permit and what grant_heads needs (limit, fence, used); grant_heads
 -- runs only if a waiter is queued (ZCARD, read before the first write: cheaper than its
 -- ZRANGE and the call when nobody waits). With nobody queued 'used' is decremented by
