@@ -1333,17 +1333,20 @@ Test(cli, lost_lease_redis_stalled)
  * "- FENCE" before it exits to one ledger (O_APPEND, one write per line). At most 3 are ever
  * inside, 3 are inside at some point, every CMD ran once with its own fencing token.
  * Under valgrind 8 (still more than the limit): 24 valgrind processes on 2 cores starve
- * each other past the CLI's 2 s command timeout (CI saw exit 69 once). */
+ * each other past the CLI's 2 s command timeout (CI saw exit 69 once); and each CMD holds
+ * 2 s, not 0.3: valgrind's CLIs start seconds apart, and with a short hold fewer than 3
+ * were ever inside at once (a valgrind run beside another test saw a maximum of 2). */
 static void concurrency(const char *strategy)
 {
     enum { NMAX = 24, LIMIT = 3 };
-    const int N = getenv("REDSEM_VALGRIND") != NULL ? 8 : NMAX;
+    const bool valgrind = getenv("REDSEM_VALGRIND") != NULL;
+    const int N = valgrind ? 8 : NMAX;
     const char *name = cli_name(strategy);
     const char *ledger = cli_path("ledger");
     char script[1024];
     snprintf(script, sizeof script,
-             "echo \"+ $REDSEM_FENCE\" >> '%s'; sleep 0.3; echo \"- $REDSEM_FENCE\" >> '%s'",
-             ledger, ledger);
+             "echo \"+ $REDSEM_FENCE\" >> '%s'; sleep %s; echo \"- $REDSEM_FENCE\" >> '%s'",
+             ledger, valgrind ? "2" : "0.3", ledger);
     static cli_proc procs[NMAX];
     for (int i = 0; i < N; i++)
         cli_start(&procs[i], NULL,
