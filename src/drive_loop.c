@@ -2617,14 +2617,6 @@ size_t redsem__loop_inflight(const redsem__loop *l)
     return n;
 }
 
-size_t redsem__loop_pending(const redsem__loop *l)
-{
-    size_t n = 0;
-    for (const loop_op *o = l->ops.head; o != NULL; o = o->next)
-        n++;
-    return n;
-}
-
 void redsem__loop_free(redsem__loop *l)
 {
     if (l == NULL)

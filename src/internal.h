@@ -574,7 +574,6 @@ size_t redsem__loop_inflight(const redsem__loop *l);
 /* A Cluster client's engine's slot map and node table (NULL: not a cluster), for the
  * white-box tests. */
 redsem__topo *redsem__loop_topo(redsem__loop *l);
-size_t redsem__loop_pending(const redsem__loop *l);
 void redsem__loop_free(redsem__loop *l);
 
 /* The renewer of the permits granted on one event loop (renew.c): the client's renewer's

@@ -25,8 +25,6 @@ void redsem__free(void *p);
 #define REDSEM__FOREVER INT64_MAX
 int64_t redsem__now_ns(void); /* CLOCK_MONOTONIC */
 int64_t redsem__deadline_after_ms(int64_t ms); /* now + ms, saturating; ms < 0 => forever */
-/* Sleep until min(now + ns, deadline); returns early on EINTR only. */
-void redsem__sleep_ns(int64_t ns);
 /* Uniform random integer in [lo, hi] (libsodium). */
 int64_t redsem__rand_between(int64_t lo, int64_t hi);
 /* Validity deadline: sent + lease - (lease/100 + 2 ms). */

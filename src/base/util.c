@@ -1,5 +1,4 @@
 /* redsem - clocks, randomness and argument validation. */
-#include <errno.h>
 #include <sodium.h>
 #include <string.h>
 #include <time.h>
@@ -26,15 +25,6 @@ int64_t redsem__deadline_after_ms(int64_t ms)
     if (ms > (REDSEM__FOREVER - now) / REDSEM__NS_PER_MS)
         return REDSEM__FOREVER;
     return now + ms * REDSEM__NS_PER_MS;
-}
-
-void redsem__sleep_ns(int64_t ns)
-{
-    if (ns <= 0)
-        return;
-    struct timespec ts = {.tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL};
-    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
-        ;
 }
 
 int64_t redsem__rand_between(int64_t lo, int64_t hi)
