@@ -15,7 +15,8 @@
 
 static atomic_uint_fast64_t client_serials;
 
-int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err, size_t errlen)
+/* Open a client (redsem_client_new and redsem_client_new_verbose). */
+static int client_open(const redsem_options *o, redsem_client **ret, char *err, size_t errlen)
 {
     if (sodium_init() < 0) {
         snprintf(err, errlen, "libsodium failed to initialise");
@@ -101,7 +102,7 @@ int redsem_client_new_verbose(const redsem_options *options, redsem_client **ret
         }
         options = defaults;
     }
-    int rc = redsem__client_open(options, ret_client, err, sizeof err);
+    int rc = client_open(options, ret_client, err, sizeof err);
     redsem_options_free(defaults);
     if (rc != REDSEM_OK && errbuf && errbuf_len)
         snprintf(errbuf, errbuf_len, "%s", err);

@@ -55,7 +55,6 @@ int redsem__set_err(redsem_client *c, int code, const char *fmt, ...)
 /* With sync_replicas: REDSEM_EREPLICA when fewer replicas acknowledged the refresh of info
  * than required (the message says so); REDSEM_OK otherwise. */
 int redsem__refresh_synced(redsem_client *c, const redsem__req_info *info);
-void redsem__clear_err(redsem_client *c);
 int redsem__check_owner(redsem_client *c); /* EFORKED after fork */
 /* The first element of a script's {status, ...} array reply; REDSEM_EPROTO otherwise. */
 int redsem__reply_status(redsem_client *c, const struct redisReply *r, const char *what,
@@ -210,11 +209,7 @@ int64_t redsem__call_cap(const redsem_client *c);
 /* The calling thread's error text for c: a buffer of REDSEM__ERRMSG_LEN bytes that the
  * thread's next call on c may overwrite (client.c). */
 char *redsem__errbuf(const redsem_client *c);
-/* The renewer of c, or NULL (an atomic read: another thread may be starting it). */
-redsem__renewer *redsem__renewer_of(const redsem_client *c);
 
-/* Open a client (redsem_client_new and redsem_client_new_verbose). */
-int redsem__client_open(const redsem_options *o, redsem_client **ret, char *err, size_t errlen);
 
 /* Build "PREFIX{NAME}SUFFIX". */
 char *redsem__key(const redsem_client *c, const char *name, const char *suffix);
@@ -315,7 +310,7 @@ typedef struct redsem__kind {
     /* Server-side release of one permit p, without touching renewal, as one script call:
      * release_call builds it in place; release_reply takes its outcome (rc; on REDSEM_OK its
      * reply r, borrowed, and info) and returns REDSEM_OK, REDSEM_ELOST (the message set on
-     * c) or the call's code. Run by redsem__release (permit.c) on the calling thread. */
+     * c) or the call's code. Run by permit.c's release_on_server on the calling thread. */
     void (*release_call)(void *handle, const redsem_permit *p, redsem__call *call);
     int (*release_reply)(redsem_client *c, void *handle, const redsem_permit *p, int rc,
                          const struct redisReply *r, const redsem__req_info *info);
@@ -648,9 +643,6 @@ int redsem__refresh_end(redsem_permit *p, int rc, int64_t sent_ns);
 void redsem__refresh_many(redsem_client *c, redsem_permit *const *ps, int k, int *rcs,
                           int64_t *sent_ns);
 
-/* Release p on the server through client c, without touching renewal or its state: its
- * kind's release call on the calling thread (redsem__call_run). */
-int redsem__release(redsem_client *c, redsem_permit *p);
 /* redsem_permit_release() around its call, for a driver that runs the call itself: begin
  * checks p (fork, already released: REDSEM_ESTATE) and stops its renewal; end takes the
  * call's status (REDSEM_OK or REDSEM_ELOST mark p released) and returns it. */

@@ -107,7 +107,9 @@ void redsem__refresh_many(redsem_client *c, redsem_permit *const *ps, int k, int
     }
 }
 
-int redsem__release(redsem_client *c, redsem_permit *p)
+/* Release p on the server through client c, without touching renewal or its state: its
+ * kind's release call on the calling thread (redsem__call_run). */
+static int release_on_server(redsem_client *c, redsem_permit *p)
 {
     redsem__call call;
     p->kind->release_call(p->handle, p, &call);
@@ -194,7 +196,7 @@ int redsem_permit_release(redsem_permit *p)
     int rc = redsem__release_begin(p);
     if (rc != REDSEM_OK)
         return rc;
-    return redsem__release_end(p, redsem__release(p->client, p));
+    return redsem__release_end(p, release_on_server(p->client, p));
 }
 
 void redsem_permit_free(redsem_permit *p)

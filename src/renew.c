@@ -469,6 +469,12 @@ static void *renewer_main(void *arg)
 static void renewer_stop(redsem_client *c);
 static void renewal_detach(redsem_permit *p);
 static void renewal_forget(redsem_client *c, const void *handle);
+/* The renewer of c, or NULL (an atomic read: another thread may be starting it). */
+static redsem__renewer *renewer_of(const redsem_client *c)
+{
+    return __atomic_load_n(&c->renewer, __ATOMIC_ACQUIRE);
+}
+
 static const redsem__renew_ops renew_ops = {renewer_stop, renewal_detach, renewal_forget};
 
 /* A renewer of c with empty queues (no thread yet), or NULL: out of memory. */
@@ -578,7 +584,7 @@ static void renewal_detach(redsem_permit *p)
     }
     redsem__renewer *r = open_home(p);
     if (r == NULL) {
-        r = redsem__renewer_of(p->client);
+        r = renewer_of(p->client);
         if (r == NULL) {
             __atomic_store_n(&p->renewal, NULL, __ATOMIC_RELEASE);
             return;
@@ -631,7 +637,7 @@ static void renewal_forget(redsem_client *c, const void *handle)
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_unlock(&c->renew_mu);
-    redsem__renewer *r = redsem__renewer_of(c);
+    redsem__renewer *r = renewer_of(c);
     if (r == NULL)
         return;
     pthread_mutex_lock(&r->mu);
@@ -772,11 +778,6 @@ void redsem__renew_loop_put(redsem__renewer *r)
 
 /* ------------------------------------------------------------------ public API */
 
-redsem__renewer *redsem__renewer_of(const redsem_client *c)
-{
-    return __atomic_load_n(&c->renewer, __ATOMIC_ACQUIRE);
-}
-
 int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_fn on_lost,
                              void *user_data)
 {
@@ -807,7 +808,7 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
         return redsem__set_err(c, REDSEM_ENOMEM, "out of memory");
     /* granted on a loop that still runs: renewed there; else by the client's thread */
     redsem__renewer *r = open_home(p);
-    if (r == NULL && redsem__renewer_of(c) == NULL) {
+    if (r == NULL && renewer_of(c) == NULL) {
         /* threads sharing c may enable renewal at once: one starts the renewer */
         pthread_mutex_lock(&c->renew_mu);
         if (c->renewer == NULL)
@@ -819,7 +820,7 @@ int redsem_permit_auto_renew(redsem_permit *p, int64_t interval_ms, redsem_lost_
         }
     }
     if (r == NULL) {
-        r = redsem__renewer_of(c);
+        r = renewer_of(c);
         pthread_mutex_lock(&r->mu);
     }
     e->permit = p;
@@ -887,7 +888,7 @@ int redsem_client_renew_stats(redsem_client *c, redsem_renew_stats *st)
     memset(st, 0, sizeof *st);
     if (c->pid != getpid())
         return REDSEM_OK;
-    redsem__renewer *r = redsem__renewer_of(c);
+    redsem__renewer *r = renewer_of(c);
     if (r != NULL) {
         pthread_mutex_lock(&r->mu);
         stats_add(st, r);

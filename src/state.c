@@ -55,7 +55,8 @@ int redsem__set_err(redsem_client *c, int code, const char *fmt, ...)
     return code;
 }
 
-void redsem__clear_err(redsem_client *c)
+/* The calling thread's error text for c made empty. */
+static void clear_err(redsem_client *c)
 {
     err_slot *e = err_find(c);
     if (e != NULL)
@@ -103,7 +104,7 @@ void redsem__text_copy(char *dst, const char *src)
 
 int redsem__check_owner(redsem_client *c)
 {
-    redsem__clear_err(c);
+    clear_err(c);
     if (c->pid != getpid())
         return redsem__set_err(c, REDSEM_EFORKED,
                                "this client was created by process %ld; it cannot be used "

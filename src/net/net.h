@@ -167,9 +167,6 @@ ssize_t redsem__conn_recv_nb(redsem__conn *c, char *buf, size_t len, short *even
  * connection (err_no: errno, 0 for a close by the peer); _PROTO keeps err as the reader
  * wrote it. */
 int redsem__io_status(int io, int err_no, char *err, size_t errlen);
-/* Wait for events on fd until deadline_ns (REDSEM__FOREVER: no limit). 1 ready, 0 timeout,
- * -1 error (errno). */
-int redsem__wait_fd(int fd, short events, int64_t deadline_ns);
 
 /* ---------------------------------------------------------------- a connect that never blocks (dial.c) */
 /* A dial opens one connection of an endpoint without blocking, for an event loop (the loop

@@ -113,10 +113,12 @@ void redsem__conn_abort(redsem__conn *c)
     redsem__conn_close(c);
 }
 
-/* redsem__wait_fd as an I/O status: REDSEM__IO_OK ready, _TIMEOUT, or _CLOSED with errno. */
+/* wait_fd as an I/O status: REDSEM__IO_OK ready, _TIMEOUT, or _CLOSED with errno. */
 static int wait_io(int fd, short events, int64_t deadline_ns, int *err_no);
 
-int redsem__wait_fd(int fd, short events, int64_t deadline_ns)
+/* Wait for events on fd until deadline_ns (REDSEM__FOREVER: no limit). 1 ready, 0 timeout,
+ * -1 error (errno). */
+static int wait_fd(int fd, short events, int64_t deadline_ns)
 {
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = events};
@@ -248,7 +250,7 @@ static int tls_connect(redsem__conn *c, int fd, void *ctx, const char *host, int
         rc = redsem__tls_handshake(c, host, &ev, err, errlen);
         if (rc != REDSEM_OK || ev == 0)
             break;
-        int w = redsem__wait_fd(fd, ev, deadline_ns);
+        int w = wait_fd(fd, ev, deadline_ns);
         if (w <= 0)
             return redsem__tls_wait_failed(c, host, w == 0 ? 0 : errno, err, errlen);
     }
@@ -479,7 +481,7 @@ int redsem__io_status(int io, int err_no, char *err, size_t errlen)
 
 static int wait_io(int fd, short events, int64_t deadline_ns, int *err_no)
 {
-    int w = redsem__wait_fd(fd, events, deadline_ns);
+    int w = wait_fd(fd, events, deadline_ns);
     if (w > 0)
         return REDSEM__IO_OK;
     if (w == 0)
