@@ -608,7 +608,6 @@ struct redsem_permit {
     int64_t lease_ms;
     _Atomic int64_t deadline_ns; /* validity deadline, monotonic */
     _Atomic int state;           /* REDSEM__HELD / RELEASED / LOST */
-    uint32_t limit_seen;         /* semaphore limit when granted (fair release hint) */
     uint32_t weight;             /* permits this permit object stands for (1 for a lock) */
     void *renewal; /* renewer entry, NULL if not renewed (__atomic access; written under the
                     * renewer's lock) */

@@ -43,10 +43,7 @@ int redsem__key_slot(const char *key, size_t len)
  * redsem__node * that the table, the map and the calls use. */
 typedef struct cnode {
     redsem__node n;
-    int64_t used_ns;   /* when a call or a map request last went to it */
-    int64_t failed_ns; /* when it last did not answer (refused, reset, timed out); 0: it has
-                        * answered since */
-    int64_t silent_ns; /* when it last timed out; 0: it has answered since */
+    int64_t used_ns; /* when a call or a map request last went to it */
 } cnode;
 
 static cnode *cn(redsem__node *n)
