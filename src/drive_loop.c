@@ -1,8 +1,9 @@
-/* redsem - the event-loop driver of acquires (a first part of the engine's second driver):
- * the acquire loop's steps (acquire.c) run as requests on one non-blocking connection of
- * their own (node/conn.h's pipe), and its waits as one BLPOP at a time on a second one,
- * stepped by whoever calls redsem__loop_step() when the descriptors and the deadline that
- * redsem__loop_wants() names are due: an event loop. It starts no thread and never sleeps.
+/* redsem - the engine: an acquire's steps (acquire.c) and every other call run as ops,
+ * their requests on one non-blocking connection (node/conn.h's pipe), the waits as one
+ * BLPOP at a time on a second one, stepped by whoever calls redsem__loop_step() when the
+ * descriptors and the deadline that redsem__loop_wants() names are due: the event-loop API
+ * (async.c) on the caller's loop, or the blocking driver's calling threads (drive_sync.c).
+ * It starts no thread and never sleeps.
  * An op's faults are its states, as node.c's request loop has them: a request lost with its
  * connection, or answered LOADING, is sent again after a pause (its timer: resend) within
  * its retry window, "maybe applied" kept (retry_later); one given up with an earlier
