@@ -210,7 +210,6 @@ int64_t redsem__call_cap(const redsem_client *c);
  * thread's next call on c may overwrite (client.c). */
 char *redsem__errbuf(const redsem_client *c);
 
-
 /* Build "PREFIX{NAME}SUFFIX". */
 char *redsem__key(const redsem_client *c, const char *name, const char *suffix);
 
