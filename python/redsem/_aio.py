@@ -4,6 +4,10 @@ As pycares drives c-ares: the library names a descriptor to watch (loop.add_read
 if it wants one, a timer (loop.call_later); when either fires, redsem_async_action() runs
 the completion callbacks of the finished operations on the loop's thread, which resolve
 asyncio futures. One redsem_async per (Client, event loop), made on first use.
+
+It takes nothing from _core (which calls it): the clients, semaphores, locks and permits
+it is given are used through their attributes (_node, _client, _async) and a semaphore's
+or lock's _permit(), which wraps a granted C permit.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from ._core import Client, Permit, _cb_state, _Native, _str
 from ._errors import Busy, Error, Unknown, error_for
+from ._native import _cb_state, _Native, _str
 from ._redsem import ffi, lib
 
 _bindings: Dict[int, "_Binding"] = {}
@@ -30,7 +34,7 @@ class _Op:
     __slots__ = ("binding", "future", "owner", "permit", "op", "pinned", "release")
 
     def __init__(self, binding: "_Binding", future: Optional["asyncio.Future[Any]"],
-                 owner: Any = None, permit: Optional[Permit] = None) -> None:
+                 owner: Any = None, permit: Any = None) -> None:
         self.binding = binding
         self.future = future
         self.owner = owner      # the semaphore or lock: alive until the callback ran
@@ -44,7 +48,7 @@ class _Binding:
     """One redsem_async bound to one asyncio loop, or (loop None) driven by the main
     thread's blocking waits (wait_interruptibly)."""
 
-    def __init__(self, client: Client, loop: Optional[asyncio.AbstractEventLoop]) -> None:
+    def __init__(self, client: Any, loop: Optional[asyncio.AbstractEventLoop]) -> None:
         self.client = client
         self.loop = loop
         self.timer: Optional[asyncio.TimerHandle] = None
@@ -80,7 +84,7 @@ class _Binding:
         with _lock:
             _bindings.pop(self.key, None)
 
-    def start(self, future: "asyncio.Future[Any]", owner: Any, permit: Optional[Permit],
+    def start(self, future: "asyncio.Future[Any]", owner: Any, permit: Any,
               fn: Any, *args: Any, release: bool = False) -> _Op:
         """Start fn(async, handle, *args, cb, user, &op) on the owner's (semaphore, lock)
         or the permit's handle, pinned until the completion ran."""
@@ -106,7 +110,7 @@ class _Binding:
         return op
 
 
-def _binding(client: Client) -> _Binding:
+def _binding(client: Any) -> _Binding:
     loop = asyncio.get_running_loop()
     with client._async_lock:
         b = client._async.get(loop)
@@ -184,7 +188,7 @@ def _complete(op: _Op, result: Any) -> None:
     fut = op.future
     permit = None
     if result.permit != ffi.NULL:
-        permit = Permit(op.owner, op.binding.client, result.permit)
+        permit = op.owner._permit(result.permit)
     if result.status != ffi.NULL:
         lib.redsem_status_free(result.status)
     if op.release and rc in (0, lib.REDSEM_ELOST):
@@ -236,7 +240,7 @@ def _settle(owner: Any, holder_id: str) -> None:
     threading.Thread(target=run, name="redsem-settle", daemon=True).start()
 
 
-def _release_quietly(b: _Binding, permit: Permit) -> None:
+def _release_quietly(b: _Binding, permit: Any) -> None:
     """Give a permit nobody awaits any more back, without blocking the loop."""
     try:
         fut = b.loop.create_future()
@@ -254,12 +258,12 @@ class AsyncAcquire:
         self._owner = owner
         self._timeout_ms = timeout_ms
         self._permits = permits
-        self._permit: Optional[Permit] = None
+        self._permit: Any = None
 
-    async def _run(self) -> Permit:
+    async def _run(self) -> Any:
         owner = self._owner
         b = _binding(owner._client)
-        fut: "asyncio.Future[Permit]" = b.loop.create_future()
+        fut: "asyncio.Future[Any]" = b.loop.create_future()
         if hasattr(owner, "strategy"):
             op = b.start(fut, owner, None, lib.redsem_sem_acquire_async, self._permits,
                          self._timeout_ms)
@@ -276,7 +280,7 @@ class AsyncAcquire:
     def __await__(self) -> Any:
         return self._run().__await__()
 
-    async def __aenter__(self) -> Permit:
+    async def __aenter__(self) -> Any:
         self._permit = await self._run()
         return self._permit
 
@@ -293,7 +297,7 @@ class AsyncAcquire:
             p.close()
 
 
-async def release_async(permit: Permit) -> None:
+async def release_async(permit: Any) -> None:
     """Permit.release() without blocking the loop; raises as release()."""
     permit._unregister()
     b = _binding(permit._client)
@@ -302,7 +306,7 @@ async def release_async(permit: Permit) -> None:
     await asyncio.shield(fut)
 
 
-async def refresh_async(permit: Permit) -> None:
+async def refresh_async(permit: Any) -> None:
     """Permit.refresh() without blocking the loop; raises as refresh()."""
     b = _binding(permit._client)
     fut: "asyncio.Future[Any]" = b.loop.create_future()
@@ -345,7 +349,7 @@ class _Waiter:
         self.finished = True
 
 
-def _main_binding(client: Client) -> _Binding:
+def _main_binding(client: Any) -> _Binding:
     with client._async_lock:
         b = client._async.get(None)
         if b is None:
@@ -367,7 +371,7 @@ def _drive(b: _Binding, w: _Waiter) -> None:
             b.action(fd, lib.REDSEM_WATCH_IN)
 
 
-def wait_interruptibly(owner: Any, fn: Any, *args: Any) -> Permit:
+def wait_interruptibly(owner: Any, fn: Any, *args: Any) -> Any:
     """A blocking acquire's wait, made through the event-loop API and driven here with
     select(), so that an exception of a signal handler (KeyboardInterrupt on Ctrl-C)
     interrupts it: the acquire is then cancelled, a permit granted meanwhile released and
@@ -387,7 +391,7 @@ def wait_interruptibly(owner: Any, fn: Any, *args: Any) -> Permit:
             except BaseException:  # another signal: keep cleaning up
                 continue
         p, w.result = w.result, None
-        if isinstance(p, Permit):
+        if p is not None:  # a permit granted meanwhile
             try:
                 p.release()
             except Error:
@@ -397,6 +401,6 @@ def wait_interruptibly(owner: Any, fn: Any, *args: Any) -> Permit:
         raise
     if w.exc is not None:
         raise w.exc
-    if not isinstance(w.result, Permit):  # cancelled by someone else: not expected
+    if w.result is None:  # cancelled by someone else: not expected
         raise error_for(lib.REDSEM_ECANCELED)
     return w.result

@@ -16,7 +16,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from ._errors import Busy, Error, Lost, StateError, Unknown, error_for
+from . import _aio
+from ._errors import Busy, Error, Lost, StateError, error_for
+from ._native import _cb_state, _Native, _str
 from ._redsem import ffi, lib
 
 Seconds = Union[int, float]
@@ -95,140 +97,6 @@ def _left(ms: int, t0: float) -> int:
 
 def _closed(what: str) -> Any:
     raise StateError(lib.REDSEM_ESTATE, f"the {what} is closed")
-
-
-def _str(p: Any) -> str:
-    return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
-
-
-# --------------------------------------------------------------------------- native handles
-
-class _State(threading.local):
-    active = False  # this thread runs a lost-lease callback
-    defer = False   # this thread runs an event-loop completion
-
-
-_cb_state = _State()
-_deferred: List[Tuple["_Native", Any]] = []
-_tree_lock = threading.RLock()
-
-
-def _in_callback() -> bool:
-    st = _cb_state
-    return st.active or st.defer
-
-
-class _Native:
-    """One C handle, freed once it was closed, no call on it is running (pins) and every
-    handle made from it was freed (children).
-
-    The C library wants a permit freed before its semaphore, a semaphore before its client,
-    and no handle freed while a call on it runs; Python's garbage collector promises no
-    order and threads may close a handle another one uses, so it is ordered here: an
-    explicit close() while another thread is inside a call on the handle waits for that
-    call to return, never frees memory under it."""
-
-    __slots__ = ("ptr", "free", "parent", "root", "refs", "closed")
-
-    def __init__(self, ptr: Any, free: Callable[[Any], None],
-                 parent: Optional["_Native"] = None) -> None:
-        self.ptr = ptr
-        self.free = free
-        self.parent = parent
-        self.root: _Native = parent.root if parent is not None else self
-        self.refs = 0
-        self.closed = False
-        if parent is not None:
-            with _tree_lock:
-                parent.refs += 1
-
-    def pin(self, what: str) -> Any:
-        """The pointer, kept from being freed until unpin()."""
-        with _tree_lock:
-            ptr = self.ptr
-            if ptr is None or self.closed:
-                raise StateError(lib.REDSEM_ESTATE, f"the {what} is closed")
-            self.refs += 1
-            return ptr
-
-    def unpin(self) -> None:
-        with _tree_lock:
-            self.refs -= 1
-            todo = _collect(self)
-        if todo or _deferred:
-            _finish(todo)
-
-    def close(self) -> None:
-        """Mark closed; free it now if nothing holds it. Idempotent."""
-        with _tree_lock:
-            self.closed = True
-            todo = _collect(self)
-        if todo or _deferred:
-            _finish(todo)
-
-    def call(self, what: str, fn: Callable[..., int], *args: Any,
-             holder_id: Optional[str] = None) -> None:
-        """fn(ptr, *args) with the handle pinned; a failure raises the mapped exception
-        with the client's message for this thread (read before anything else runs)."""
-        if _cb_state.active:
-            raise StateError(lib.REDSEM_ESTATE, "a lost-lease callback must not call the library")
-        ptr = self.pin(what)
-        try:
-            rc = fn(ptr, *args)
-            if rc == 0:
-                return
-            root = self.root.ptr
-            err = error_for(rc, _str(lib.redsem_client_errmsg(root)) if root else "")
-        finally:
-            self.unpin()
-        if holder_id is not None and isinstance(err, Unknown):
-            err.holder_id = holder_id
-        raise err
-
-    def read(self, fn: Callable[[Any], Any], dflt: Any) -> Any:
-        """An accessor (no I/O) on the pinned handle; dflt once it is closed."""
-        with _tree_lock:
-            ptr = self.ptr
-            if ptr is None:
-                return dflt
-            self.refs += 1
-        try:
-            return fn(ptr)
-        finally:
-            self.unpin()
-
-
-def _collect(node: _Native) -> List[Tuple[_Native, Any]]:
-    """Under the lock: take the node's pointer if it is to be freed now."""
-    if node.closed and node.refs == 0 and node.ptr is not None:
-        ptr, node.ptr = node.ptr, None
-        return [(node, ptr)]
-    return []
-
-
-def _finish(todo: List[Tuple[_Native, Any]]) -> None:
-    """Free (outside the lock); a parent's count drops only once its child is freed."""
-    if _in_callback():
-        # never free from a lost-lease callback, nor from an event-loop completion (a
-        # garbage collection may run there; the C library forbids both): later
-        with _tree_lock:
-            _deferred.extend(todo)
-        return
-    if _deferred:
-        with _tree_lock:
-            todo = _deferred + todo
-            del _deferred[:]
-    i = 0
-    while i < len(todo):  # in order: a parent joins the list after its child's free
-        node, ptr = todo[i]
-        i += 1
-        node.free(ptr)
-        parent, node.parent = node.parent, None
-        if parent is not None:
-            with _tree_lock:
-                parent.refs -= 1
-                if parent.closed and parent.refs == 0:
-                    todo.extend(_collect(parent))
 
 
 # --------------------------------------------------------------------------- results
@@ -677,13 +545,11 @@ class Permit:
     async def release_async(self) -> None:
         """release() for asyncio: awaits the release without blocking the event loop.
         Raises as release()."""
-        from ._aio import release_async
-        await release_async(self)
+        await _aio.release_async(self)
 
     async def refresh_async(self) -> None:
         """refresh() for asyncio, without blocking the event loop. Raises as refresh()."""
-        from ._aio import refresh_async
-        await refresh_async(self)
+        await _aio.refresh_async(self)
 
     def close(self) -> None:
         """Free the local permit without releasing it (its lease expires on the server);
@@ -796,8 +662,7 @@ class Semaphore:
                 self._node.call("semaphore", lib.redsem_sem_acquire_as_n, bid, n, 0, pp,
                                 holder_id=hid)
             except Busy:
-                from ._aio import wait_interruptibly
-                return wait_interruptibly(self, lib.redsem_sem_acquire_async, n,
+                return _aio.wait_interruptibly(self, lib.redsem_sem_acquire_async, n,
                                           _left(ms, t0))
             return Permit(self, self._client, pp[0], hid, n)
         self._node.call("semaphore", lib.redsem_sem_acquire_as_n, bid, n, ms, pp, holder_id=hid)
@@ -820,6 +685,10 @@ class Semaphore:
         self._node.call("semaphore", lib.redsem_sem_adopt, _text(holder_id, "holder_id"), pp)
         return Permit(self, self._client, pp[0])
 
+    def _permit(self, ptr: Any) -> Permit:
+        """A Permit for a C permit of this semaphore (the event-loop API's grants: _aio)."""
+        return Permit(self, self._client, ptr)
+
     def set_limit(self, limit: int) -> None:
         """Change the limit on the server, for every client (raising it wakes waiters;
         lowering it revokes nothing). Raises: redsem.InvalidArgument, redsem.Conflict,
@@ -840,8 +709,7 @@ class Semaphore:
         ``async with sem.acquire_async(timeout=5.0) as permit:``. Cancelling the task
         cancels the acquire; a permit granted meanwhile is released, never left held.
         Raises as acquire()."""
-        from ._aio import AsyncAcquire
-        return AsyncAcquire(self, _seconds_ms(timeout, "timeout", forever_ok=True),
+        return _aio.AsyncAcquire(self, _seconds_ms(timeout, "timeout", forever_ok=True),
                             _count(permits, "permits", 1))
 
     def close(self) -> None:
@@ -901,8 +769,7 @@ class Lock:
             try:
                 return self.acquire(0)
             except Busy:
-                from ._aio import wait_interruptibly
-                return wait_interruptibly(self, lib.redsem_lock_acquire_async, _left(ms, t0))
+                return _aio.wait_interruptibly(self, lib.redsem_lock_acquire_async, _left(ms, t0))
         if self.reentrant and token is None:
             self._node.call("lock", lib.redsem_lock_acquire, ms, pp)
         else:
@@ -926,6 +793,10 @@ class Lock:
         self._node.call("lock", lib.redsem_lock_adopt, _text(token, "token"), pp)
         return Permit(self, self._client, pp[0])
 
+    def _permit(self, ptr: Any) -> Permit:
+        """A Permit for a C permit of this lock (the event-loop API's grants: _aio)."""
+        return Permit(self, self._client, ptr)
+
     def status(self, max_entries: int = 16) -> Status:
         """Who holds the lock now (strategy "lock", limit 1, hold_count for reentrancy)."""
         ps = ffi.new("redsem_status **")
@@ -935,8 +806,7 @@ class Lock:
     def acquire_async(self, timeout: Optional[Seconds] = None) -> "Any":
         """acquire() for asyncio (``await`` or ``async with``); cancelling the task cancels
         it and never leaves the lock held. Raises as acquire()."""
-        from ._aio import AsyncAcquire
-        return AsyncAcquire(self, _seconds_ms(timeout, "timeout", forever_ok=True), 1)
+        return _aio.AsyncAcquire(self, _seconds_ms(timeout, "timeout", forever_ok=True), 1)
 
     def close(self) -> None:
         """Free the handle once its permits are gone. Idempotent."""
