@@ -4,36 +4,34 @@
  * descriptors and the deadline that redsem__loop_wants() names are due: the event-loop API
  * (async.c) on the caller's loop, or the blocking driver's calling threads (drive_sync.c).
  * It starts no thread and never sleeps.
- * An op's faults are its states, as node.c's request loop has them: a request lost with its
- * connection, or answered LOADING, is sent again after a pause (its timer: resend) within
- * its retry window, "maybe applied" kept (retry_later); one given up with an earlier
- * request's deadline ends at its own (give_up_late); NOSCRIPT sends the body; with
- * sync_replicas one WAIT per connection covers the calls written before it (group commit:
- * sync_flush; its members park their replies until it answers), and a grant short of its
- * replicas is given back by a release on the loop (giveback_start). The waits' requests
- * are states as the shared wait's (wake.c): a BLPOP or a drain lost with its connection, or
- * answered LOADING, goes again after the same pause within its own window (wait_fault,
- * drain_lost); a lost drain's fair waiters attempt at once (its elements may be lost);
- * UNBLOCKED cuts the waits (each attempts again). Its counters are
+ * An op's faults are its states: a request lost with its connection, or answered LOADING,
+ * is sent again after a pause (its timer: resend) within its retry window, "maybe applied"
+ * kept (retry_later); one given up with an earlier request's deadline ends at its own
+ * (give_up_late); NOSCRIPT sends the body; with sync_replicas one WAIT per connection
+ * covers the calls written before it (group commit: sync_flush; its members park their
+ * replies until it answers), and a grant short of its replicas is given back by a release
+ * on the loop (giveback_start). The waits' requests are states too: a BLPOP or a drain lost
+ * with its connection, or answered LOADING, goes again after the same pause within its own
+ * window (wait_fault, drain_lost); a lost drain's fair waiters attempt at once (its
+ * elements may be lost); UNBLOCKED cuts the waits (each attempts again). Its counters are
  * the client's (redsem__stats_attach).
  * A connection opens without blocking either (conn_open: closed, resolving, connecting, tls
- * through net/dial.c; then its handshake as one request on its pipe, judged by node.c's
+ * through net/dial.c; then its handshake as one request on its pipe, judged by node/node.c's
  * redsem__handshake_judge; open): the requests sent meanwhile wait behind it in the pipe
  * (held) and end with the connect's code, never written, if it fails.
  * A Cluster client: a slot map of the engine's own (cluster.c's, read by CLUSTER SLOTS on
  * the loop: map_ask), a request connection per node, each call sent to the node of its first
- * key's slot (call_conn); MOVED, ASK, TRYAGAIN and CLUSTERDOWN judged as a lane judges them
- * (redsem__cluster_redirected) and followed as states of the op (op_redirected): at once to
+ * key's slot (call_conn); MOVED, ASK, TRYAGAIN and CLUSTERDOWN judged by topo/cluster.c's
+ * redsem__cluster_redirected and followed as states of the op (op_redirected): at once to
  * the node named, or after a pause within the retry window; a lost node asks for the map
  * again. Its waiters poll (no BLPOP: one takes the keys of one slot only).
- * Under Sentinel the
- * resolve step comes first (LC_RESOLVING): the client's watch gives the primary's address,
- * or the Sentinels are asked without blocking (topo/sentinel_loop.c: dialled, asked and
- * judged as the blocking resolve asks them, same codes and texts); the handshake then checks
- * ROLE, and so does a request every REDSEM__ROLE_CHECK_MS (role_recheck); an open connection
- * to a primary the watch says moved, one that answers READONLY (demoted_reply) or whose ROLE
- * is no longer "master" is given up, and its calls are resent within their retry windows,
- * resolving again, as node.c's primary_moved, READONLY branch and roundtrip_checked.
+ * Under Sentinel the resolve step comes first (LC_RESOLVING): the client's watch gives the
+ * primary's address, or the Sentinels are asked without blocking (topo/sentinel_loop.c:
+ * dialled, asked and judged as the blocking resolve asks them, same codes and texts); the
+ * handshake then checks ROLE, and so does a request every REDSEM__ROLE_CHECK_MS
+ * (role_recheck); an open connection to a primary the watch says moved, one that answers
+ * READONLY (demoted_reply) or whose ROLE is no longer "master" is given up, and its calls
+ * are resent within their retry windows, resolving again.
  * What it does not do yet: docs/design.md section 16. */
 #include <poll.h>
 #include <stdio.h>
@@ -45,8 +43,8 @@
 
 #define LOOP_NOSCRIPT_MAX 5
 
-/* A retry window, as node.c's request loop keeps one per request: opened at the first
- * failure, with the pause before the next copy. */
+/* A retry window, one per request: opened at the first failure, with the pause before the
+ * next copy. */
 typedef struct loop_retry {
     int64_t until;      /* the window ends then (0: not opened) */
     int64_t backoff_ns; /* the next pause */
@@ -209,7 +207,7 @@ struct redsem__loop {
     bool drain_due;      /* its window ended undrained: the next BLPOP drains first */
     unsigned gen;  /* connections made (a new one may reuse a closed one's number) */
     /* drained elements whose waiter was between two attempts: its next wait takes one at
-     * once (as wake.c's pending ids), kept LOOP_PEND_NS at most */
+     * once, kept LOOP_PEND_NS at most */
     char *pend[LOOP_PEND_MAX];
     int64_t pend_at[LOOP_PEND_MAX];
     /* a Cluster client: a slot map of its own (cluster.c's, read by CLUSTER SLOTS on the
@@ -511,7 +509,7 @@ static void role_done(redsem__preq *q, void *arg)
 }
 
 /* Sentinel: ROLE goes ahead of the next request on lc (open) once the last check is
- * REDSEM__ROLE_CHECK_MS old, as node.c's roundtrip_checked sends it (counted as a request). */
+ * REDSEM__ROLE_CHECK_MS old (counted as a request). */
 static void role_recheck(redsem__loop *l, loop_conn *lc)
 {
     int64_t now = redsem__now_ns();
@@ -534,8 +532,8 @@ static void role_recheck(redsem__loop *l, loop_conn *lc)
 
 static int conn_open(redsem__loop *l, loop_conn *lc)
 {
-    /* Sentinel: an open connection to a primary the watch says moved is given up first, as
-     * node.c's primary_moved (what is in flight on it is lost: resent within its window) */
+    /* Sentinel: an open connection to a primary the watch says moved is given up first
+     * (what is in flight on it is lost: resent within its window) */
     char why[256];
     if (lc->state == LC_OPEN && lc->pipe.rc == REDSEM_OK && lc->node.resolve != NULL &&
         redsem__sentinel_moved_nb(&l->sent, &lc->node, why, sizeof why))
@@ -609,7 +607,7 @@ static int cluster_new(redsem__loop *l, char *err, size_t errlen)
         return REDSEM_ENOMEM;
     }
     int rc = redsem__topo_init(l->topo, &l->ctx, &l->c->ep, &l->c->cfg, err, errlen);
-    l->topo->seed_first = &l->c->seed_first; /* asked first, as by a new lane */
+    l->topo->seed_first = &l->c->seed_first; /* asked first, by every engine of the client */
     return rc;
 }
 
@@ -923,11 +921,11 @@ static int send_cmd(redsem__loop *l, loop_conn *lc, redsem__preq *q, redsem__arg
 #define LOOP_ASKING "*1\r\n$6\r\nASKING\r\n"
 
 /* Queue call on lc's pipe as q: [SCRIPT LOAD body] [ASKING] EVALSHA sha nkeys keys args,
- * in one write (node.c's format_requests): the body when body is set (the
+ * in one write: the body when body is set (the
  * server does not hold the script yet), by SCRIPT LOAD (*load set), or by EVAL on a server
  * that refuses SCRIPT LOAD (the script cache's eval_body); a command (REDSEM__SCRIPT_NONE)
- * goes as its ka says. q->nreplies set; counted in the loop's stats as a lane counts (the
- * SCRIPT LOAD or EVAL body in script_loads). */
+ * goes as its ka says. q->nreplies set; counted in the loop's stats (requests; the SCRIPT
+ * LOAD or EVAL body also in script_loads). */
 static int send_call(redsem__loop *l, loop_conn *lc, redsem__preq *q, const redsem__call *call,
                      bool body, bool asking, bool *load_out)
 {
@@ -1065,7 +1063,7 @@ static void op_call(loop_op *o)
 
 /* A copy of a call (an op's, the BLPOP, a drain) was lost with its connection (or none could
  * be made), or came back LOADING (a restarted server loading its data: nothing ran): whether
- * it goes again, as node.c's request loop resends: within the retry window w (opened at the
+ * it goes again: within the retry window w (opened at the
  * first failure: retry_ms, cut by cap_ns unless 0), after a jittered pause of 5 ms doubling
  * to 100 ms (*at: its end, a timer of the loop, never a sleep), each counted in
  * stats.retries. */
@@ -1385,7 +1383,7 @@ static bool map_wait(loop_op *o)
 
 /* Sentinel: whether r says the primary was demoted under us (READONLY: a failover; the call
  * was refused before anything was written). Then the connection is given up (the next
- * request resolves the primary again) and o->err says why, as node.c's READONLY branch. */
+ * request resolves the primary again) and o->err says why. */
 static bool demoted_reply(redsem__loop *l, loop_op *o, const redisReply *r)
 {
     (void)l;
@@ -1892,8 +1890,7 @@ static void cut_waits(redsem__loop *l, bool fair)
 
 /* A connection of the engine lost: lc, open with nothing in flight, may be cut too (a
  * CLIENT KILL of every client, a restart) without its knowing, so it is closed: its next
- * request connects anew rather than failing on it (as a lane's pool marks its idle
- * connections suspect after a fault). */
+ * request connects anew rather than failing on it. */
 static void suspect_idle(redsem__loop *l, loop_conn *lc)
 {
     if (lc->state == LC_OPEN && lc->pipe.rc == REDSEM_OK && lc->pipe.head == NULL)
@@ -1903,7 +1900,7 @@ static void suspect_idle(redsem__loop *l, loop_conn *lc)
 /* The BLPOP failed for good: lost with its connection and not issued again (retry 0, or its
  * window ended: rc REDSEM_ECONN), or refused (an error reply: REDSEM_ESERVER, say WRONGTYPE
  * for a key that is not a list): every wait ends with rc (why), and each acquire leaves its
- * queue before it returns the fault, as on a lane. */
+ * queue before it returns the fault. */
 static void fail_waits(redsem__loop *l, int rc, const char *why)
 {
     l->blpop_rw.until = 0;
@@ -1920,8 +1917,7 @@ static void fail_waits(redsem__loop *l, int rc, const char *why)
  * after a pause within its retry window (retry_pause: drain_at, a timer of the loop); once
  * that ends, or after a timeout, the next BLPOP drains first (drain_due). One written may
  * have run, its elements (trimmed off the list) lost with its reply: the fair waiters' waits
- * end now, and each one's attempt finds its direct grant, as its poll would a second later
- * (wake.c's leader loses them too, and the waiters poll). */
+ * end now, and each one's attempt finds its direct grant, as its poll would a second later. */
 static void drain_lost(redsem__loop *l, bool again, bool written)
 {
     if (written)
@@ -1956,13 +1952,12 @@ static void send_drain(redsem__loop *l)
  * connection for a lost one, after a pause within its retry window (retry_pause:
  * blpop_after, then a deadline of the loop), so that a wake-up pushed meanwhile, which stays
  * in its list, is popped then, one reconnect late; a bell a written one may have popped is
- * lost, not the ids: they are drained now (on the request connection), as wake.c's next
- * round drains. UNBLOCKED (CLIENT UNBLOCK ... ERROR; a primary demoted under a wait):
- * nothing was popped, the waits are cut and each waiter attempts again, counted as a retry,
- * as wake.c's Sentinel wait (the attempts find what the server says now); so does READONLY
- * under Sentinel (the primary demoted), which also gives the wait connection up. Else (a timeout:
- * a stalled server; another error reply), or once the window ends: no BLPOP for 100 ms,
- * the waits end by their timers and the attempts poll. */
+ * lost, not the ids: they are drained now (on the request connection). UNBLOCKED (CLIENT
+ * UNBLOCK ... ERROR; a primary demoted under a wait): nothing was popped, the waits are cut
+ * and each waiter attempts again, counted as a retry (the attempts find what the server says
+ * now); so does READONLY under Sentinel (the primary demoted), which also gives the wait
+ * connection up. Else (a timeout: a stalled server; another error reply), or once the window
+ * ends: no BLPOP for 100 ms, the waits end by their timers and the attempts poll. */
 static void wait_fault(redsem__loop *l, const redsem__preq *q, const redisReply *r, bool bell)
 {
     if (r == NULL && q != NULL && q->rc == REDSEM_ECONN)

@@ -326,8 +326,8 @@ static sync_waker *wait_ops(redsem__sync *S, sync_wait *w)
 }
 
 /* A Sentinel client: the watch of the Sentinels' announcements subscribed, if it is not
- * (the engine only reads it): on this thread, before the call, outside the engine's lock, as
- * a lane's request subscribed again; one thread at a time. */
+ * (the engine only reads it): on this thread, before the call, outside the engine's lock;
+ * one thread at a time. */
 static void keep_watch(redsem__sync *S)
 {
     redsem_client *c = S->c;

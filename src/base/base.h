@@ -46,9 +46,10 @@ int redsem__new_id(char out[REDSEM_ID_BUFSIZE]);
 
 /* ---------------------------------------------------------------- per-client context */
 #define REDSEM__ERRMSG_LEN 512
-/* What the layers below the client share for one of its connection sets (a pool lane,
- * pool.c): the text of the last error, the counters, and a cap on how long any request may
- * run. The lane owns it; each node of the lane points to it; one thread at a time uses it. */
+/* What the layers below the client share for one of its engines (drive_loop.c; also the
+ * blocking driver's Sentinel watch keeper, drive_sync.c): the text of the last error, the
+ * counters, and a cap on how long any request may run. The engine owns it; each of its
+ * nodes points to it; one thread at a time uses it. */
 typedef struct redsem__ctx {
     char errmsg[REDSEM__ERRMSG_LEN];
     redsem_client_stats stats;

@@ -62,7 +62,7 @@ int redsem__tls_opts_copy(redsem__tls_opts *dst, const redsem__tls_opts *src);
 /* An OpenSSL client context (SSL_CTX *) for o, or NULL with the reason in err (a file that
  * cannot be read, a key that does not match its certificate). Made once per client (reading
  * the CA file or the system's CA bundle costs ~18 ms of CPU and ~0.9 MiB with Debian's
- * bundle: bench -w tls, lanes) and shared by all its connections: after this setup it is only
+ * bundle: bench -w tls) and shared by all its connections: after this setup it is only
  * read (SSL_new), which OpenSSL 3 allows from any thread. */
 void *redsem__tls_ctx_new(const redsem__tls_opts *o, char *err, size_t errlen);
 /* Another reference to ctx (SSL_CTX_up_ref, atomic); ctx itself. NULL: NULL. */

@@ -21,8 +21,8 @@ typedef struct redsem__node_cfg {
     const redsem__tls_opts *tls; /* used for rediss:// endpoints; NULL: defaults */
     int sync_replicas;           /* > 0: WAIT for this many replicas after REQ_SYNC requests */
     int64_t sync_timeout_ms;     /* WAIT's timeout (< command timeout) */
-    /* The client's TLS context (SSL_CTX *, made from tls), shared by every node of every
-     * lane: each holds a reference. NULL: a rediss:// node makes its own from tls. */
+    /* The client's TLS context (SSL_CTX *, made from tls), shared by every node of its
+     * engines: each holds a reference. NULL: a rediss:// node makes its own from tls. */
     void *tls_ctx;
     bool allow_eviction;         /* false: refuse a server that may evict keys (INFO memory) */
 } redsem__node_cfg;
@@ -47,7 +47,9 @@ typedef struct redsem__redirect {
 /* The server's clock (TIME, us) minus our CLOCK_MONOTONIC (us), as last measured: from TIME
  * at connect, then from every acquire reply; INT64_MIN while unknown. Used only to tell the
  * server until when an acquire may still run (its "not after"), never to judge a lease.
- * Atomic: the lanes of one client that reach one server share one (pool.c). */
+ * Atomic: the connections of a client's engines to its one server (the request and wait
+ * connections of the blocking driver's engine and of each event-loop binding's) share the
+ * client's (redsem__loop_new); a Cluster node keeps its own. */
 typedef struct redsem__clock {
     _Atomic int64_t offset_us;
 } redsem__clock;
@@ -61,10 +63,10 @@ int64_t redsem__clock_not_after_us(const redsem__clock *k, int64_t command_timeo
 
 /* The scripts a server is known to hold in its cache: loaded there (SCRIPT LOAD, or EVAL
  * with the body where SCRIPT LOAD is refused) and not reported missing since (NOSCRIPT). A
- * node's own, or one that its client shares among the lanes that reach the same server
- * (pool.c, as the clock), so that a new lane does not send every body again. eval_body:
+ * node's own, or the client's, shared as the clock is (redsem__loop_new), so that a new
+ * connection does not send every body again. eval_body:
  * the server refused SCRIPT LOAD (an ACL without script|load, a renamed command): bodies go
- * by EVAL. Atomic: lanes of one client run in parallel. */
+ * by EVAL. Atomic: a client's engines run in different threads. */
 typedef struct redsem__script_cache {
     _Atomic bool sent[REDSEM__SCRIPT_COUNT];
     _Atomic bool eval_body;
@@ -84,12 +86,10 @@ struct redsem__node {
     bool allow_eviction; /* false: every connect reads INFO memory (check_eviction) */
     redsem__conn conn;
     bool connected;
-    /* the scripts the server holds: own_scripts, or one its client shares among the lanes
-     * that reach the same server (set after node_init) */
+    /* the scripts the server holds: own_scripts, or the client's (set after node_init) */
     redsem__script_cache own_scripts;
     redsem__script_cache *scripts;
-    /* The server's clock: own_clock, or one its client shares among the lanes that reach the
-     * same server (set after node_init). */
+    /* The server's clock: own_clock, or the client's (set after node_init). */
     redsem__clock own_clock;
     redsem__clock *clock;
     /* Set by a topology that finds the node's address itself (Sentinel): called before every

@@ -3,7 +3,7 @@
  * node then connects to that address and checks with ROLE that it is the primary (node.c).
  *
  * The client also follows the Sentinels' announcements, as the guide asks: one connection per
- * client (the watch, shared by its lanes) stays subscribed to +switch-master and
+ * client (the watch, shared by its engines) stays subscribed to +switch-master and
  * +promoted-slave on one Sentinel (on_message says what each tells). It is made by the first
  * resolve, on the connection of the Sentinel that answered (the question and SUBSCRIBE in one
  * write: the Sentinel runs both before anything else, so no switch falls between them), and

@@ -12,7 +12,7 @@
 enum { REDSEM__TOPO_SINGLE = 1, REDSEM__TOPO_SENTINEL = 2, REDSEM__TOPO_CLUSTER = 3 };
 
 #define REDSEM__SLOTS 16384
-/* CLUSTER: the nodes a lane's topology holds at once (primaries of the map, seeds, nodes in
+/* CLUSTER: the nodes an engine's topology holds at once (primaries of the map, seeds, nodes in
  * use); a node that left the map is dropped (redsem__cluster_sweep), so addresses may change
  * any number of times over a client's life. */
 #define REDSEM__CLUSTER_NODES_MAX 256
@@ -30,7 +30,7 @@ typedef struct redsem__topo {
     redsem__endpoint given;
     size_t first;
     /* SENTINEL: the client's watch of the Sentinels' announcements (sentinel.c), shared by
-     * its lanes, not owned; NULL: none (every resolve asks the Sentinels). */
+     * its engines, not owned; NULL: none (every resolve asks the Sentinels). */
     struct redsem__sentinel_watch *watch;
     redsem__ctx *ctx;
     /* CLUSTER: the nodes known (primaries of the slot map, seeds, ASK targets, nodes that
@@ -38,7 +38,7 @@ typedef struct redsem__topo {
      * connected on first use; nodes has REDSEM__CLUSTER_NODES_MAX entries, of which the
      * first nnodes are used, NULL marking a dropped node's free entry (indices never move);
      * slots[s] is 1 + the index in nodes of the primary serving slot s, 0 if not known. The
-     * topology belongs to one lane, used by one thread at a time: a node pointer is only
+     * topology belongs to one engine, used by one thread at a time: a node pointer is only
      * held within one call or step of the engine that owns the topology. */
     redsem__node_cfg cfg;
     redsem__node **nodes;
@@ -46,9 +46,9 @@ typedef struct redsem__topo {
     uint16_t *slots;
     int64_t refreshed_ns; /* when the slot map was last read (CLUSTER SLOTS) */
     int64_t swept_ns;     /* when nodes out of the map were last dropped */
-    /* the index in given.hosts of the seed that last gave a lane of the client the map: a
-     * lane without a map yet asks it first (a seed that hangs costs one lane only); shared
-     * by the client's lanes (pool.c), NULL: none */
+    /* the index in given.hosts of the seed that last gave an engine of the client the map:
+     * an engine without a map yet asks it first (a seed that hangs costs one engine only);
+     * the client's, shared by its engines; NULL: none */
     _Atomic size_t *seed_first;
     bool sweep_due;       /* a node was added or the map changed since */
 } redsem__topo;
@@ -162,8 +162,8 @@ int redsem__sentinel_ask_timeout(redsem__sentinel_ask *a);
 void redsem__sentinel_ask_cancel(redsem__sentinel_ask *a);
 
 /* The watch (sentinel.c): one subscription to +switch-master on one Sentinel and the address
- * it names, shared by every lane of a client (each lane's topology points to it). Made
- * before the lanes (NULL: out of memory), freed after them; in a forked child its memory
+ * it names, shared by every engine of a client (each engine's topology points to it). Made
+ * before the engines (NULL: out of memory), freed after them; in a forked child its memory
  * and connection are freed and its mutex left alone (the parent's threads may have held
  * it). */
 typedef struct redsem__sentinel_watch redsem__sentinel_watch;
