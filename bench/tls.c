@@ -20,7 +20,8 @@
  *    for each, never waiting; TLS_THREAD_ROUNDS rounds of a TCP batch and a TLS batch of
  *    TLS_THREAD_SECS each (alternating which goes first), pairs/s summed over the threads;
  *    TLS/TCP is the median of the per-round ratios.
- * 4. lanes: what each further TLS connection of one client costs (CPU, heap): run_lanes.
+ * 4. client: what one TLS client costs (CPU, heap: its TLS context and its connection):
+ *    run_client.
  *
  * There is no floor here: the raw hiredis 0.14 connections have no TLS. The TCP figures of
  * this workload are the library's, against this workload's own server. */
@@ -438,39 +439,16 @@ static void run_threads(bench_ctx *ctx, bench_ctx *cx, json_t *out)
     json_object_set_new(out, "threads", arr);
 }
 
-/* ---------------------------------------------------------------- 4. lanes */
+/* ---------------------------------------------------------------- 4. a client's cost */
 
-/* What each further TLS connection of a client costs: LANES threads ping one fresh client
- * (max_connections LANES) at once while the server holds every command (CLIENT PAUSE ... ALL:
- * it still accepts connections and does their TLS handshakes), so that every thread makes a
- * request lane of its own: its connection, TLS handshake and TIME. Per connection made: the
- * process's CPU (getrusage, all threads) and its heap in use (mallinfo2), both measured with
- * the lanes alive. Two CA files: the test CA alone, and the system's CA bundle followed by
- * the test CA (what a client verifying against the system's CA certificates loads) when the
- * system has one. LANES_ROUNDS rounds each, medians. */
-#define LANES 8
-#define LANES_ROUNDS 5
-#define LANES_PAUSE_MS 1500
+/* What one TLS client costs (CPU, heap), its TLS context and its one connection: a fresh
+ * client made and pinged, CLIENT_ROUNDS times, measured with it alive: the process's CPU
+ * (getrusage) and its heap in use (mallinfo2) from before redsem_client_new() to after the
+ * ping. Two CA files: the test CA alone, and the system's CA bundle followed by the test CA
+ * (what a client verifying against the system's CA certificates loads) when the system has
+ * one. Medians of the rounds. */
+#define CLIENT_ROUNDS 5
 #define SYSTEM_CA_BUNDLE "/etc/ssl/certs/ca-certificates.crt"
-
-typedef struct lanes_round {
-    redsem_client *c;
-    pthread_barrier_t go;
-    int rc[LANES];
-} lanes_round;
-
-typedef struct lanes_arg {
-    lanes_round *r;
-    int idx;
-} lanes_arg;
-
-static void *lanes_main(void *arg)
-{
-    lanes_arg *a = arg;
-    pthread_barrier_wait(&a->r->go);
-    a->r->rc[a->idx] = redsem_client_ping(a->r->c);
-    return NULL;
-}
 
 static double process_cpu_us(void)
 {
@@ -480,69 +458,41 @@ static double process_cpu_us(void)
            (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
-/* ca: the CA file; *cpu_us and *heap_kib per connection made, medians over the rounds. */
-static bool lanes_measure(bench_ctx *ctx, bench_ctx *cx, const char *ca, double *cpu_us,
-                          double *heap_kib, int *made)
+/* ca: the CA file; *cpu_us and *heap_kib per client, medians over the rounds; *conns the
+ * connections the last round's client made. */
+static void client_measure(bench_ctx *cx, const char *ca, double *cpu_us, double *heap_kib,
+                           int *conns)
 {
-    double cpu[LANES_ROUNDS], heap[LANES_ROUNDS];
-    redisContext *raw = bench_raw_connect(&cx[T_TCP]);
-    for (int round = 0; round < LANES_ROUNDS; round++) {
+    double cpu[CLIENT_ROUNDS], heap[CLIENT_ROUNDS];
+    for (int round = 0; round < CLIENT_ROUNDS; round++) {
         redsem_options *o = NULL;
-        lanes_round r;
+        redsem_client *c = NULL;
         char err[512] = "";
         if (redsem_options_new(&o) != REDSEM_OK ||
             redsem_options_set_url(o, cx[T_TLS].url) != REDSEM_OK ||
-            redsem_options_set_tls_ca(o, ca, NULL) != REDSEM_OK ||
-            redsem_options_set_command_timeout_ms(o, 10000) != REDSEM_OK ||
-            redsem_options_set_max_connections(o, LANES) != REDSEM_OK)
-            bench_die("tls lanes: options");
-        int rc = redsem_client_new_verbose(o, &r.c, err, sizeof err);
-        redsem_options_free(o);
-        if (rc != REDSEM_OK)
-            bench_die("tls lanes: connect: %s (%s)", redsem_err_name(rc), err);
-        redsem_client_stats st0, st1;
-        check(redsem_client_get_stats(r.c, &st0), r.c, "stats");
-        pthread_barrier_init(&r.go, NULL, LANES + 1);
-        pthread_t th[LANES];
-        lanes_arg args[LANES];
-        for (int i = 0; i < LANES; i++) {
-            args[i] = (lanes_arg){&r, i};
-            if (pthread_create(&th[i], NULL, lanes_main, &args[i]) != 0)
-                bench_die("pthread_create failed");
-        }
-        redisReply *pr = redisCommand(raw, "CLIENT PAUSE %d ALL", LANES_PAUSE_MS);
-        if (pr == NULL || pr->type == REDIS_REPLY_ERROR)
-            bench_die("tls lanes: CLIENT PAUSE failed");
-        freeReplyObject(pr);
+            redsem_options_set_tls_ca(o, ca, NULL) != REDSEM_OK)
+            bench_die("tls client: options");
         struct mallinfo2 m0 = mallinfo2();
         double c0 = process_cpu_us();
-        pthread_barrier_wait(&r.go);
-        /* the lanes are made while the pause holds their TIME; measured before it ends */
-        bench_sleep_ns((int64_t)(LANES_PAUSE_MS - 300) * 1000000);
+        int rc = redsem_client_new_verbose(o, &c, err, sizeof err);
+        redsem_options_free(o);
+        if (rc != REDSEM_OK)
+            bench_die("tls client: connect: %s (%s)", redsem_err_name(rc), err);
+        check(redsem_client_ping(c), c, "ping");
         double c1 = process_cpu_us();
         struct mallinfo2 m1 = mallinfo2();
-        for (int i = 0; i < LANES; i++) {
-            pthread_join(th[i], NULL);
-            check(r.rc[i], r.c, "ping");
-        }
-        pthread_barrier_destroy(&r.go);
-        check(redsem_client_get_stats(r.c, &st1), r.c, "stats");
-        int n = (int)(st1.connects - st0.connects);
-        *made = n;
-        if (n < 1)
-            bench_die("tls lanes: no lane was made");
-        cpu[round] = (c1 - c0) / n;
-        heap[round] = ((double)m1.uordblks - (double)m0.uordblks) / 1024.0 / n;
-        redsem_client_free(r.c);
-        (void)ctx;
+        redsem_client_stats st;
+        check(redsem_client_get_stats(c, &st), c, "stats");
+        *conns = (int)st.connects;
+        cpu[round] = c1 - c0;
+        heap[round] = ((double)m1.uordblks - (double)m0.uordblks) / 1024.0;
+        redsem_client_free(c);
     }
-    redisFree(raw);
-    *cpu_us = bench_median(cpu, LANES_ROUNDS);
-    *heap_kib = bench_median(heap, LANES_ROUNDS);
-    return true;
+    *cpu_us = bench_median(cpu, CLIENT_ROUNDS);
+    *heap_kib = bench_median(heap, CLIENT_ROUNDS);
 }
 
-static void run_lanes(bench_ctx *ctx, bench_ctx *cx, const char *dir, json_t *out)
+static void run_client(bench_ctx *ctx, bench_ctx *cx, const char *dir, json_t *out)
 {
     char bundle[400];
     snprintf(bundle, sizeof bundle, "%s/bundle.crt", dir);
@@ -550,29 +500,29 @@ static void run_lanes(bench_ctx *ctx, bench_ctx *cx, const char *dir, json_t *ou
     snprintf(cmd, sizeof cmd, "cat %s %s > %s 2>/dev/null", SYSTEM_CA_BUNDLE, cx[T_TLS].tls_ca,
              bundle);
     bool have_bundle = access(SYSTEM_CA_BUNDLE, R_OK) == 0 && system(cmd) == 0;
-    printf("\n== tls lanes: %d threads ping one client at once while the server is paused, each "
-           "making a connection; per connection made, with them alive (medians of %d rounds)\n",
-           LANES, LANES_ROUNDS);
+    printf("\n== tls client: what one TLS client costs, made and pinged, with it alive (its "
+           "TLS context and its connection; medians of %d rounds)\n",
+           CLIENT_ROUNDS);
     json_t *arr = json_array();
     for (int v = 0; v < (have_bundle ? 2 : 1); v++) {
         const char *ca = v == 0 ? cx[T_TLS].tls_ca : bundle;
-        bench_progress(ctx, "tls lanes: %s", v == 0 ? "test CA" : "system bundle + test CA");
+        bench_progress(ctx, "tls client: %s", v == 0 ? "test CA" : "system bundle + test CA");
         double cpu = 0, heap = 0;
-        int made = 0;
-        lanes_measure(ctx, cx, ca, &cpu, &heap, &made);
-        printf("  CA file %-26s: %d connections made per round; CPU %.0f us and heap %.0f KiB "
-               "per connection\n",
-               v == 0 ? "test CA" : "system bundle + test CA", made, cpu, heap);
+        int conns = 0;
+        client_measure(cx, ca, &cpu, &heap, &conns);
+        printf("  CA file %-26s: CPU %.0f us and heap %.0f KiB per client (%d connection%s)\n",
+               v == 0 ? "test CA" : "system bundle + test CA", cpu, heap, conns,
+               conns == 1 ? "" : "s");
         json_t *row = json_object();
         json_object_set_new(row, "ca", json_string(v == 0 ? "test" : "system+test"));
-        json_object_set_new(row, "connections_per_round", json_integer(made));
-        json_object_set_new(row, "cpu_us_per_connection", json_real(cpu));
-        json_object_set_new(row, "heap_kib_per_connection", json_real(heap));
+        json_object_set_new(row, "connections", json_integer(conns));
+        json_object_set_new(row, "cpu_us_per_client", json_real(cpu));
+        json_object_set_new(row, "heap_kib_per_client", json_real(heap));
         json_array_append_new(arr, row);
     }
     if (have_bundle)
         unlink(bundle);
-    json_object_set_new(out, "lanes", arr);
+    json_object_set_new(out, "client", arr);
     fflush(stdout);
 }
 
@@ -631,7 +581,7 @@ void bench_run_tls(bench_ctx *ctx)
     run_uncontended(ctx, cx, out);
     run_connect(ctx, cx, out);
     run_threads(ctx, cx, out);
-    run_lanes(ctx, cx, dir, out);
+    run_client(ctx, cx, dir, out);
     json_object_set_new(ctx->json, "tls", out);
 
     bench_server_stop(&srv);
