@@ -839,8 +839,8 @@ static void map_round_end(redsem__loop *l, int rc)
             wake_at(o, 1);
 }
 
-/* The judgement of a map question's outcome q on node n (cluster.c's ask_map): REDSEM_OK
- * (the map read), or the failure with its text in err. */
+/* The judgement of a map question's outcome q on node n (the map read by topo/cluster.c's
+ * redsem__cluster_read_map): REDSEM_OK, or the failure with its text in err. */
 static int map_judge(redsem__loop *l, const redsem__preq *q, redsem__node *n, char *err,
                      size_t errlen)
 {
@@ -1114,9 +1114,9 @@ static bool pause_resend(loop_op *o)
 
 /* o's request, written, ended with the earliest deadline of the requests in flight on its
  * connection (the server stalled: the pipe gives them all up then), before its own: it gives
- * up at its own deadline (o's timer), not earlier, as drive_threads.c's give_up_at_own_deadline. Its
- * not-after time (sent with it) was set from its own deadline, and a script that runs after
- * the caller gave up must find it passed. */
+ * up at its own deadline (o's timer), not earlier. Its not-after time (sent with it) was set
+ * from its own deadline, and a script that runs after the caller gave up must find it
+ * passed. */
 static void give_up_late(loop_op *o, int64_t deadline_ns)
 {
     o->late = true;

@@ -70,7 +70,7 @@ typedef struct redsem__call {
     int script, nkeys, flags; /* REDSEM__SCRIPT_*, the count of keys in ka, REDSEM__REQ_* */
     redsem__args ka;
     /* NULL, or the signal-list prefix of a script whose reply may carry wake-ups for waiters
-     * it granted (redsem__wake_push): the driver pushes them before it hands the reply on */
+     * it granted (redsem__wake_push_call): the driver pushes them before it hands the reply on */
     const char *wake_prefix;
     int64_t cap_ns; /* 0, or the call's own deadline (CLOCK_MONOTONIC ns; as
                      * redsem__call_cap_set) */

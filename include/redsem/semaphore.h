@@ -261,8 +261,9 @@ REDSEM_API REDSEM_WUR int redsem_sem_acquire_as(redsem_sem *sem, const char *hol
  *
  * All or nothing: the n permits are granted together or not at all, never some of them
  * (so two jobs needing 2 of a limit of 3 cannot deadlock as they can when each takes its
- * permits one by one). Refresh, release, renewal (redsem_renew_add()) and the fencing token
- * apply to the whole; redsem_permit_weight() returns n. n = 1 is redsem_sem_acquire().
+ * permits one by one). Refresh, release, renewal (redsem_permit_auto_renew()) and the
+ * fencing token apply to the whole; redsem_permit_weight() returns n. n = 1 is
+ * redsem_sem_acquire().
  * basic: granted iff the permits held + n <= limit; a waiter for many permits can be
  * overtaken by smaller requests (basic has no queue). fair and locked: strict arrival order
  * with weights: a request is granted iff the permits held + the permits wanted by the

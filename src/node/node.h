@@ -83,7 +83,7 @@ struct redsem__node {
     int64_t retry_ms;
     int sync_replicas;
     int64_t sync_timeout_ms;
-    bool allow_eviction; /* false: every connect reads INFO memory (check_eviction) */
+    bool allow_eviction; /* false: every connect reads INFO memory (judge_eviction, node.c) */
     redsem__conn conn;
     bool connected;
     /* the scripts the server holds: own_scripts, or the client's (set after node_init) */
