@@ -472,9 +472,9 @@ REDSEM_API const char *redsem_client_errmsg(const redsem_client *client);
  */
 REDSEM_API int redsem_client_ping(redsem_client *client);
 
-/** Counters of what a client has sent, for operators and benchmarks: its threads' and
- * renewer's connections, and those of its redsem_async loop engines (the default
- * build; what an engine counted stays after redsem_async_free()). Since: 0.1 */
+/** Counters of what a client has sent, for operators and benchmarks: on the connections of
+ * its threads and its renewer (which share them), and on those of its redsem_async loop
+ * engines (what an engine counted stays after redsem_async_free()). Since: 0.1 */
 typedef struct redsem_client_stats {
     uint64_t requests;     /* requests written to Redis (each EVALSHA, SET, BLPOP ... once;
                               the SCRIPT LOAD written with a script's first EVALSHA counts
