@@ -62,14 +62,28 @@ static void restart(fw_kind kind, int mode)
     fw_check_result res;
     fh_check(&r, &res);
     /* what each holder of the kill moment learned, and when */
-    int learned = 0, kept = 0, finished = 0, left_before = 0;
+    int learned = 0, kept = 0, finished = 0, left_before = 0, released_at_kill = 0;
     int64_t worst_learn = 0;
     for (int k = 0; k < nheld; k++) {
         fw_event e;
         /* sampled as a holder, but it left its section (and may have released) before the
          * kill: not a holder at the kill (a race of the sampling, more likely under load) */
-        if (fh_wait_event(&r, held[k], EV_END, tok[k], 0, 0, &e) && e.t_ns < t_before_kill) {
+        bool ended = fh_wait_event(&r, held[k], EV_END, tok[k], 0, 0, &e);
+        if (ended && e.t_ns < t_before_kill) {
             left_before++;
+            continue;
+        }
+        /* it left its section between the sampling's last moment and the restart, and its
+         * release came back REDSEM_OK: the release was written before the SIGKILL (a release
+         * written only after the restart finds nothing there: REDSEM_ELOST), so the old
+         * server ran it, or it was in flight and "maybe applied" (design.md section 10: a
+         * release re-sent after its reply was lost reports success). It gave its permit back
+         * before the restart: not an old holder after it (seen once under load: '1 of 3 old
+         * holders never learned', its section left 0-12 ms around the kill) */
+        fw_event rel;
+        if (mode == AT_ONCE && ended && e.t_ns < t_up &&
+            fh_wait_event(&r, held[k], EV_REL, tok[k], 0, 0, &rel) && rel.rc == REDSEM_OK) {
+            released_at_kill++;
             continue;
         }
         if (fh_wait_event(&r, held[k], EV_LOST, tok[k], 0, 0, &e)) {
@@ -103,19 +117,21 @@ static void restart(fw_kind kind, int mode)
     nheld -= left_before;
     fprintf(stderr,
             "SCENARIO %s %s: %d holders at the kill: %d learned they lost (worst %lld ms after "
-            "the restart), %d kept their permit, %d ended otherwise; overlaps above the limit "
+            "the restart), %d kept their permit, %d ended otherwise, %d released as it was "
+            "killed; overlaps above the limit "
             "%zu (%.1f ms); errors %zu, unknown %zu, lost %zu, release lost %zu, release errors %zu; "
             "server down %lld ms; tokens before %llu < after %llu\n",
             mode == AOF ? "6" : "5", label, nheld, learned, (long long)worst_learn, kept,
-            finished, res.violations, (double)res.violation_ns / 1e6, res.errors, res.unknown,
+            finished, released_at_kill, res.violations, (double)res.violation_ns / 1e6, res.errors, res.unknown,
             res.lost, res.rel_lost, res.rel_err, (long long)((t_up - t_kill) / 1000000),
             (unsigned long long)max_before, (unsigned long long)min_after);
     cr_expect_gt(nheld, 0, "nobody held at the kill: the scenario proves nothing");
     cr_expect_gt(min_after, max_before, "a token after the restart is not above those before");
     if (mode == AT_ONCE) {
         /* documented limit: overlaps allowed, but every old holder learns within 1 s */
-        cr_expect_eq(learned + finished, nheld, "%d of %d old holders never learned",
-                     nheld - learned - finished, nheld);
+        cr_expect_eq(learned + finished + released_at_kill, nheld,
+                     "%d of %d old holders never learned",
+                     nheld - learned - finished - released_at_kill, nheld);
         cr_expect_leq(worst_learn, 1000, "an old holder learned after %lld ms",
                       (long long)worst_learn);
     } else {
